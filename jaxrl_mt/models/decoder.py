@@ -1,0 +1,301 @@
+"""The decoder-only transformer of the Llama / Qwen2 / Qwen3 / SmolLM2 family, as pure functions.
+
+Parameters are a plain pytree whose layer weights are stacked on a leading layer axis and
+consumed by `jax.lax.scan`, so compile time does not grow with depth:
+
+    {"embed": [V, D],
+     "layers": {"attn_norm": [L, D], "q": [L, D, Hq*K], "k": [L, D, Hkv*K], "v": [L, D, Hkv*K],
+                "o": [L, Hq*K, D], ("q_bias", "k_bias", "v_bias"): [L, H*K],   # Qwen2
+                ("q_norm", "k_norm"): [L, K],                                  # Qwen3
+                "mlp_norm": [L, D], "gate": [L, D, F], "up": [L, D, F], "down": [L, F, D]},
+     "final_norm": [D],
+     ("lm_head": [D, V])}                                                       # untied heads
+
+Why plain functions rather than `flax.linen` modules: the tree above maps one-to-one onto the
+HF tensor names (import/export is a rename and a transpose), partition rules address it by
+path, and the jitted sampler, scorer and GRPO step only ever need `forward`.
+
+RoPE follows HF's rotate-half convention; GGUF's interleaved Q/K rows are un-permuted on import.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_mt.models.config import ModelConfig, ModelError
+
+Params = dict[str, Any]
+
+
+class KVCache(NamedTuple):
+    """A preallocated key/value cache over S slots."""
+
+    k: jax.Array  # [L, B, S, Hkv, K]
+    v: jax.Array  # [L, B, S, Hkv, K]
+    valid: jax.Array  # [B, S] bool: slot holds a real (non-pad) token
+    index: jax.Array  # [] int32: next slot to write
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+    """An empty cache for `batch` rows and `max_len` slots."""
+    dtype = dtype or cfg.jnp_dtype
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
+                   jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [K/2] and the attention (cos/sin) factor for the config's RoPE."""
+    dim, base = cfg.head_dim, cfg.rope_theta
+    inv = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    rs = cfg.rope_scaling_dict
+    if not rs:
+        return inv, 1.0
+    kind = rs.get("rope_type", "default")
+    if kind == "linear":
+        return inv / float(rs["factor"]), 1.0
+    if kind == "llama3":
+        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old_ctx = float(rs["original_max_position_embeddings"])
+        lo_wav, hi_wav = old_ctx / lo, old_ctx / hi
+        wav = 2 * math.pi / inv
+        out = np.where(wav > lo_wav, inv / factor, inv)
+        smooth = (old_ctx / wav - lo) / (hi - lo)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wav < hi_wav) & ~(wav > lo_wav)
+        return np.where(medium, smoothed, out), 1.0
+    if kind == "yarn":
+        factor = float(rs["factor"])
+        orig = rs.get("original_max_position_embeddings") or cfg.max_position_embeddings
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        att = rs.get("attention_factor")
+        if att is None:
+            if rs.get("mscale") and rs.get("mscale_all_dim"):
+                att = mscale(factor, rs["mscale"]) / mscale(factor, rs["mscale_all_dim"])
+            else:
+                att = mscale(factor)
+        beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+        def corr_dim(rot: float) -> float:
+            return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+        if rs.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2) - low) / (high - low), 0, 1)
+        extra = 1 - ramp
+        pos = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+        inv = (1 / (factor * pos)) * (1 - extra) + (1 / pos) * extra
+        return inv, float(att)
+    raise ModelError(f"unsupported rope_scaling type {kind!r}")
+
+
+def rope_cos_sin(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos and sin tables [B, T, K] for integer positions [B, T] (rotate-half layout)."""
+    inv, factor = rope_inv_freq(cfg)
+    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv, jnp.float32)  # [B, T, K/2]
+    ang = jnp.concatenate([ang, ang], axis=-1)  # [B, T, K]
+    return jnp.cos(ang) * factor, jnp.sin(ang) * factor
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates x [B, T, H, K] by cos/sin [B, T, K] (HF rotate-half)."""
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x.astype(jnp.float32) * cos[:, :, None] + rot.astype(jnp.float32) * sin[:, :, None]).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, computed in fp32."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention.
+
+    Args:
+      q: [B, T, Hq, K] queries.
+      k: [B, S, Hkv, K] keys.
+      v: [B, S, Hkv, K] values.
+      mask: [B, T, S] bool, True where a query may attend a key.
+
+    Returns:
+      [B, T, Hq, K].
+    """
+    b, t, hq, kd = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, t, hkv, hq // hkv, kd)  # [B, T, Hkv, G, K]
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = scores / math.sqrt(kd)
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [B, Hkv, G, T, S]
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, hq, kd)
+
+
+def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
+           k_all: jax.Array | None, v_all: jax.Array | None, write_at: jax.Array | None,
+           mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One decoder block. Returns the new residual [B, T, D] and this layer's keys/values.
+
+    Without a cache (`k_all is None`) the block attends to its own keys/values; with one, it
+    writes its keys/values at slot `write_at` of k_all/v_all [B, S, Hkv, K] and attends to all S.
+    """
+    b, t, _ = x.shape
+    dt = cfg.jnp_dtype
+    h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+    q = h @ lp["q"].astype(dt)
+    k = h @ lp["k"].astype(dt)
+    v = h @ lp["v"].astype(dt)
+    if cfg.attention_bias:
+        q, k, v = q + lp["q_bias"].astype(dt), k + lp["k_bias"].astype(dt), v + lp["v_bias"].astype(dt)
+    q = q.reshape(b, t, cfg.num_heads, cfg.head_dim)
+    k = k.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    v = v.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if k_all is not None:
+        k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype), (0, write_at, 0, 0))
+        v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype), (0, write_at, 0, 0))
+        att = attention(q, k_all.astype(dt), v_all.astype(dt), mask)
+    else:
+        k_all, v_all = k, v
+        att = attention(q, k, v, mask)
+    x = x + att.reshape(b, t, -1) @ lp["o"].astype(dt)
+    h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+    mlp = jax.nn.silu(h @ lp["gate"].astype(dt)) * (h @ lp["up"].astype(dt))
+    x = x + mlp @ lp["down"].astype(dt)
+    return x, k_all, v_all
+
+
+def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
+            token_mask: jax.Array, cache: KVCache | None = None, *, logits: str = "all",
+            remat: bool = False) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
+    """Runs the decoder.
+
+    Args:
+      params: the parameter pytree (see module docstring).
+      cfg: the model config.
+      tokens: [B, T] int token ids.
+      positions: [B, T] int RoPE positions.
+      token_mask: [B, T] bool, False on padding (pads are never attended to).
+      cache: optional KVCache; the T new tokens are written at slots cache.index..index+T-1.
+      logits: "all" for [B, T, V] logits, "last" for [B, 1, V] of the last position, "none".
+      remat: rematerialise each layer in the backward pass (saves activation memory).
+
+    Returns:
+      (logits fp32 or None, final hidden states [B, T, D] after the final norm, updated cache).
+    """
+    dt = cfg.jnp_dtype
+    b, t = tokens.shape
+    x = params["embed"].astype(dt)[tokens]  # [B, T, D]
+    cos, sin = rope_cos_sin(cfg, positions)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    layers = params["layers"]
+
+    if cache is None:
+        mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
+
+        def body(x, lp):
+            x, _, _ = _layer(cfg, lp, x, cos, sin, None, None, None, mask)
+            return x, None
+
+        body_fn = jax.checkpoint(body) if remat else body
+        x, _ = jax.lax.scan(body_fn, x, layers)
+        new_cache = None
+    else:
+        s = cache.k.shape[2]
+        idx = cache.index
+        valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, idx))  # [B, S]
+        slot = jnp.arange(s)[None, :]  # [1, S]
+        qslot = idx + jnp.arange(t)[:, None]  # [T, 1]
+        mask = (slot <= qslot)[None] & valid[:, None, :]  # [B, T, S]
+
+        def body(carry, lp_l):
+            x, kc, vc = carry
+            lp, l = lp_l
+            k_l = jax.lax.dynamic_index_in_dim(kc, l, 0, keepdims=False)
+            v_l = jax.lax.dynamic_index_in_dim(vc, l, 0, keepdims=False)
+            x, k_l, v_l = _layer(cfg, lp, x, cos, sin, k_l, v_l, idx, mask)
+            kc = jax.lax.dynamic_update_index_in_dim(kc, k_l, l, 0)
+            vc = jax.lax.dynamic_update_index_in_dim(vc, v_l, l, 0)
+            return (x, kc, vc), None
+
+        (x, kc, vc), _ = jax.lax.scan(body, (x, cache.k, cache.v),
+                                      (layers, jnp.arange(cfg.num_layers)))
+        new_cache = KVCache(kc, vc, valid, idx + t)
+
+    hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    if logits == "none":
+        return None, hidden, new_cache
+    h = hidden[:, -1:] if logits == "last" else hidden
+    return lm_head(params, cfg, h), hidden, new_cache
+
+
+def lm_head(params: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """Logits [..., V] in fp32 from final hidden states [..., D]."""
+    dt = cfg.jnp_dtype
+    if cfg.tie_word_embeddings:
+        w = params["embed"].astype(dt)  # [V, D]
+        return jnp.einsum("...d,vd->...v", hidden.astype(dt), w, preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", hidden.astype(dt), params["lm_head"].astype(dt),
+                      preferred_element_type=jnp.float32)
+
+
+def positions_from_mask(token_mask: jax.Array) -> jax.Array:
+    """RoPE positions [B, T] for left-padded rows: 0 at the first real token."""
+    return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+    """Shapes of every parameter (a pytree of tuples), in the module docstring's layout."""
+    L, D, F, V, K = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+    hq, hkv = cfg.num_heads * K, cfg.num_kv_heads * K
+    layers = {"attn_norm": (L, D), "q": (L, D, hq), "k": (L, D, hkv), "v": (L, D, hkv),
+              "o": (L, hq, D), "mlp_norm": (L, D), "gate": (L, D, F), "up": (L, D, F),
+              "down": (L, F, D)}
+    if cfg.attention_bias:
+        layers.update(q_bias=(L, hq), k_bias=(L, hkv), v_bias=(L, hkv))
+    if cfg.qk_norm:
+        layers.update(q_norm=(L, K), k_norm=(L, K))
+    shapes: Params = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head"] = (D, V)
+    return shapes
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array, scale: float = 0.02) -> Params:
+    """Random parameters (normal(0, scale) matrices, unit norms) for tests and benchmarks."""
+    shapes = param_shapes(cfg)
+    leaves, tree = jax.tree_util.tree_flatten(shapes, is_leaf=lambda s: isinstance(s, tuple))
+    keys = jax.random.split(rng, len(leaves))
+    paths = [jax.tree_util.keystr(p) for p, _ in
+             jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda s: isinstance(s, tuple))[0]]
+    out = []
+    for key, shape, path in zip(keys, leaves, paths):
+        if "norm" in path:
+            out.append(jnp.ones(shape, cfg.jnp_param_dtype))
+        else:
+            out.append((scale * jax.random.normal(key, shape)).astype(cfg.jnp_param_dtype))
+    return jax.tree_util.tree_unflatten(tree, out)

