@@ -1,0 +1,195 @@
+"""Teacher-forced scoring: per-token log-probabilities and pooled hidden states.
+
+One jitted function serves the RLSTA anchor reward (geometric-mean likelihood of an answer under
+a prompt), the GRPO loss (per-token log-probs under `jax.grad`) and SeDT's semantic signal (cosine
+of pooled hidden states). The vocabulary projection is computed in chunks over the time axis
+and rematerialised, so [B, T, V] logits never exist at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_mt.models.config import ModelConfig
+from jaxrl_mt.models.decoder import Params, forward, lm_head, positions_from_mask
+
+
+def token_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, *,
+                   temperature: float | jax.Array = 1.0, chunk: int = 128, remat: bool = False,
+                   with_entropy: bool = False) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """Log-probability of every token given the ones before it.
+
+    Args:
+      params, cfg: the model.
+      tokens: [B, T] ids (left or right padded).
+      token_mask: [B, T] bool, True on real tokens.
+      temperature: logits are divided by it before the softmax (as the sampler does).
+      chunk: time-chunk of the vocabulary projection.
+      remat: rematerialise decoder layers (for gradients of long sequences).
+      with_entropy: also return the per-token entropy of the predictive distribution.
+
+    Returns:
+      logp [B, T] (logp[:, t] = log p(tokens[:, t] | tokens[:, :t]); 0 at t = 0 and on pads),
+      hidden [B, T, D] final hidden states, entropy [B, T] or None.
+    """
+    b, t = tokens.shape
+    positions = positions_from_mask(token_mask)
+    _, hidden, _ = forward(params, cfg, tokens, positions, token_mask, logits="none", remat=remat)
+    h = hidden[:, :-1]  # [B, T-1, D] predicts tokens[:, 1:]
+    tgt = tokens[:, 1:]  # [B, T-1]
+    n = t - 1
+    c = max(1, min(chunk, n))
+    pad = (-n) % c
+    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+    tgt = jnp.pad(tgt, ((0, 0), (0, pad)))
+    hc = h.reshape(b, -1, c, h.shape[-1]).swapaxes(0, 1)  # [C, B, c, D]
+    tc = tgt.reshape(b, -1, c).swapaxes(0, 1)  # [C, B, c]
+
+    @jax.checkpoint
+    def one(args):
+        hx, tx = args
+        logits = lm_head(params, cfg, hx) / temperature  # [B, c, V] fp32
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        lp = jnp.take_along_axis(logits, tx[..., None], axis=-1)[..., 0] - lse  # [B, c]
+        if with_entropy:
+            p = jax.nn.softmax(logits, axis=-1)
+            ent = lse - jnp.sum(p * logits, axis=-1)
+        else:
+            ent = jnp.zeros_like(lp)
+        return lp, ent
+
+    lp, ent = jax.lax.map(one, (hc, tc))  # [C, B, c]
+    lp = lp.swapaxes(0, 1).reshape(b, -1)[:, :n]
+    ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
+    valid = token_mask[:, 1:] & token_mask[:, :-1]
+    lp = jnp.concatenate([jnp.zeros((b, 1)), jnp.where(valid, lp, 0.0)], axis=1)
+    ent = jnp.concatenate([jnp.zeros((b, 1)), jnp.where(valid, ent, 0.0)], axis=1)
+    return lp, hidden, (ent if with_entropy else None)
+
+
+def masked_mean(x: jax.Array, mask: jax.Array, axis: int = -1) -> jax.Array:
+    """Mean of x over `axis` where mask is True (0 where the mask is empty)."""
+    m = mask.astype(x.dtype)
+    return jnp.sum(x * m, axis=axis) / jnp.maximum(jnp.sum(m, axis=axis), 1.0)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "chunk"))
+def score_batch(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array,
+                target_mask: jax.Array, pool_mask: jax.Array, chunk: int = 128) -> dict[str, jax.Array]:
+    """Scores target spans and pools hidden states in one pass.
+
+    Args:
+      tokens: [B, T] ids; token_mask: [B, T] real tokens.
+      target_mask: [B, T] tokens whose log-probabilities are scored (the completion).
+      pool_mask: [B, T] tokens whose final hidden states are mean-pooled.
+
+    Returns:
+      logprobs [B, T] (0 off target), sum [B], count [B], mean [B], geo_mean [B] = exp(mean),
+      pooled [B, D].
+    """
+    lp, hidden, _ = token_logprobs(params, cfg, tokens, token_mask, chunk=chunk)
+    lp = jnp.where(target_mask, lp, 0.0)
+    count = jnp.sum(target_mask, axis=-1)
+    s = jnp.sum(lp, axis=-1)
+    mean = s / jnp.maximum(count, 1)
+    pooled = jnp.einsum("btd,bt->bd", hidden.astype(jnp.float32), pool_mask.astype(jnp.float32))
+    pooled = pooled / jnp.maximum(jnp.sum(pool_mask, axis=-1, keepdims=True), 1)
+    return {"logprobs": lp, "sum": s, "count": count, "mean": mean, "geo_mean": jnp.exp(mean),
+            "pooled": pooled}
+
+
+@dataclasses.dataclass
+class ScoreResult:
+    """Host-side scores of a list of (context, completion) pairs."""
+
+    logprobs: list[np.ndarray]  # per pair: [len(completion)] log-probs of the completion tokens
+    sum: np.ndarray  # [N]
+    mean: np.ndarray  # [N]
+    geo_mean: np.ndarray  # [N] exp(mean log-prob): the geometric-mean likelihood
+    pooled: np.ndarray  # [N, D] mean final hidden state over the pooled span
+
+
+def _bucket(n: int, minimum: int = 16) -> int:
+    b = minimum
+    while b < n:
+        b *= 2
+    return b
+
+
+class Scorer:
+    """Scores completions under contexts in bucketed, chunked batches of one jitted function."""
+
+    def __init__(self, params: Params, cfg: ModelConfig, *, pad_id: int = 0, batch_size: int = 8,
+                 chunk: int = 128):
+        self.params, self.cfg, self.pad_id = params, cfg, pad_id
+        self.batch_size, self.chunk = batch_size, chunk
+
+    def score(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
+              pool: str = "completion") -> ScoreResult:
+        """Scores each completion given its context.
+
+        Args:
+          contexts: token ids of each context (e.g. a rendered prompt).
+          completions: token ids of each completion (the scored span).
+          pool: which span's hidden states to mean-pool: "completion", "context" or "all".
+        """
+        if len(contexts) != len(completions):
+            raise ValueError(f"{len(contexts)} contexts but {len(completions)} completions")
+        if pool not in ("completion", "context", "all"):
+            raise ValueError(f"unknown pool {pool!r}")
+        n = len(contexts)
+        out_lp: list[np.ndarray] = []
+        sums, means, geos, pooled = [], [], [], []
+        max_ctx = self.cfg.max_position_embeddings
+        for start in range(0, n, self.batch_size):
+            ctx = [list(c) for c in contexts[start:start + self.batch_size]]
+            comp = [list(c) for c in completions[start:start + self.batch_size]]
+            lens = [len(a) + len(b) for a, b in zip(ctx, comp)]
+            if max(lens) > max_ctx:
+                raise ValueError(f"a context+completion of {max(lens)} tokens exceeds the model context {max_ctx}")
+            t = min(_bucket(max(lens)), max_ctx)
+            bsz = self.batch_size if n > self.batch_size else _bucket(len(ctx), 1)
+            tokens = np.full((bsz, t), self.pad_id, np.int32)
+            tmask = np.zeros((bsz, t), bool)
+            target = np.zeros((bsz, t), bool)
+            pmask = np.zeros((bsz, t), bool)
+            for i, (a, b) in enumerate(zip(ctx, comp)):
+                seq = a + b
+                tokens[i, : len(seq)] = seq
+                tmask[i, : len(seq)] = True
+                target[i, len(a): len(seq)] = True
+                if pool == "completion":
+                    pmask[i, len(a): len(seq)] = True
+                elif pool == "context":
+                    pmask[i, : len(a)] = True
+                else:
+                    pmask[i, : len(seq)] = True
+            r = jax.device_get(score_batch(self.params, self.cfg, tokens, tmask, target, pmask,
+                                           chunk=self.chunk))
+            for i, (a, b) in enumerate(zip(ctx, comp)):
+                out_lp.append(np.asarray(r["logprobs"][i, len(a): len(a) + len(b)]))
+            k = len(ctx)
+            sums.append(r["sum"][:k]); means.append(r["mean"][:k])
+            geos.append(r["geo_mean"][:k]); pooled.append(r["pooled"][:k])
+        return ScoreResult(out_lp, np.concatenate(sums), np.concatenate(means), np.concatenate(geos),
+                           np.concatenate(pooled))
+
+
+def cosine(a: np.ndarray, b: np.ndarray, eps: float = 1e-8) -> np.ndarray:
+    """Row-wise cosine similarity of [N, D] and [N, D] (or [D]) arrays."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    num = np.sum(a * b, axis=-1)
+    return num / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + eps)
+
+
+def embed_texts(scorer: Scorer, tokenizer: Any, texts: Sequence[str]) -> np.ndarray:
+    """Pooled hidden-state embeddings [N, D] of plain texts, through the same scorer."""
+    ids = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) or [scorer.pad_id] for t in texts]
+    return scorer.score([[]] * len(ids), ids, pool="completion").pooled
