@@ -112,7 +112,7 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
       tokens [B, N], logprobs [B, N], lengths [B], finish [B] (1 stop, 2 length).
     """
     b, p = tokens.shape
-    cache = init_cache(cfg, b, p + max_new)
+    cache = jax.lax.optimization_barrier(init_cache(cfg, b, p + max_new))  # no constant folding
     positions = positions_from_mask(token_mask)
     logits, _, cache = forward(params, cfg, tokens, positions, token_mask, cache, logits="last")
     prompt_len = jnp.sum(token_mask, axis=-1).astype(jnp.int32)  # [B]

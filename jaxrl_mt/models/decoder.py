@@ -152,13 +152,44 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return out.reshape(b, t, hq, kd)
 
 
+def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, cache_mask: jax.Array,
+                     k_new: jax.Array, v_new: jax.Array, new_mask: jax.Array) -> jax.Array:
+    """Attention over a read-only cache plus the new tokens' own keys/values.
+
+    Args:
+      q: [B, T, Hq, K] new queries.
+      k_cache, v_cache: [B, S, Hkv, K] cached keys/values (slots written by earlier calls).
+      cache_mask: [B, T, S] which cached slots each query may attend.
+      k_new, v_new: [B, T, Hkv, K] the new tokens' keys/values.
+      new_mask: [B, T, T] causal mask among the new tokens (and their padding).
+
+    Returns:
+      [B, T, Hq, K]. Equivalent to `attention` over the concatenated keys, without building it.
+    """
+    b, t, hq, kd = q.shape
+    hkv = k_new.shape[2]
+    qg = q.reshape(b, t, hkv, hq // hkv, kd)  # [B, T, Hkv, G, K]
+    neg = jnp.finfo(jnp.float32).min
+    s_old = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
+    s_new = jnp.einsum("btkgd,bskd->bkgts", qg, k_new, preferred_element_type=jnp.float32)
+    s_old = jnp.where(cache_mask[:, None, None], s_old / math.sqrt(kd), neg)  # [B, Hkv, G, T, S]
+    s_new = jnp.where(new_mask[:, None, None], s_new / math.sqrt(kd), neg)  # [B, Hkv, G, T, T]
+    m = jnp.maximum(jnp.max(s_old, -1, keepdims=True), jnp.max(s_new, -1, keepdims=True))
+    p_old, p_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
+    denom = jnp.sum(p_old, -1, keepdims=True) + jnp.sum(p_new, -1, keepdims=True)
+    out = (jnp.einsum("bkgts,bskd->btkgd", (p_old / denom).astype(v_cache.dtype), v_cache)
+           + jnp.einsum("bkgts,bskd->btkgd", (p_new / denom).astype(v_new.dtype), v_new))
+    return out.reshape(b, t, hq, kd)
+
+
 def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
            k_all: jax.Array | None, v_all: jax.Array | None, write_at: jax.Array | None,
            mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One decoder block. Returns the new residual [B, T, D] and this layer's keys/values.
 
-    Without a cache (`k_all is None`) the block attends to its own keys/values; with one, it
-    writes its keys/values at slot `write_at` of k_all/v_all [B, S, Hkv, K] and attends to all S.
+    Without a cache (`k_all is None`) the block attends to its own keys/values; with one
+    (k_all/v_all [B, S, Hkv, K], read only) it attends to the cache and its own keys/values.
+    Returns the new tokens' keys/values [B, T, Hkv, K] for the caller to write.
     """
     b, t, _ = x.shape
     dt = cfg.jnp_dtype
@@ -175,13 +206,11 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if k_all is not None:
-        k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype), (0, write_at, 0, 0))
-        v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype), (0, write_at, 0, 0))
-        att = attention(q, k_all.astype(dt), v_all.astype(dt), mask)
+    if k_all is not None:  # mask = (cache_mask [B, T, S], new_mask [B, T, T])
+        att = cached_attention(q, k_all.astype(dt), v_all.astype(dt), mask[0], k, v, mask[1])
     else:
-        k_all, v_all = k, v
         att = attention(q, k, v, mask)
+    k_all, v_all = k, v
     x = x + att.reshape(b, t, -1) @ lp["o"].astype(dt)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     mlp = jax.nn.silu(h @ lp["gate"].astype(dt)) * (h @ lp["up"].astype(dt))
@@ -229,21 +258,20 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         idx = cache.index
         valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, idx))  # [B, S]
         slot = jnp.arange(s)[None, :]  # [1, S]
-        qslot = idx + jnp.arange(t)[:, None]  # [T, 1]
-        mask = (slot <= qslot)[None] & valid[:, None, :]  # [B, T, S]
+        cache_mask = ((slot < idx) & cache.valid[:, :])[:, None, :]  # [B, 1, S]: earlier writes
+        cache_mask = jnp.broadcast_to(cache_mask, (b, t, s))
+        new_mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
 
-        def body(carry, lp_l):
-            x, kc, vc = carry
-            lp, l = lp_l
-            k_l = jax.lax.dynamic_index_in_dim(kc, l, 0, keepdims=False)
-            v_l = jax.lax.dynamic_index_in_dim(vc, l, 0, keepdims=False)
-            x, k_l, v_l = _layer(cfg, lp, x, cos, sin, k_l, v_l, idx, mask)
-            kc = jax.lax.dynamic_update_index_in_dim(kc, k_l, l, 0)
-            vc = jax.lax.dynamic_update_index_in_dim(vc, v_l, l, 0)
-            return (x, kc, vc), None
+        def body(x, xs):
+            lp, k_l, v_l = xs  # this layer's cache [B, S, Hkv, K], read only
+            x, new_k, new_v = _layer(cfg, lp, x, cos, sin, k_l, v_l, idx, (cache_mask, new_mask))
+            return x, (new_k, new_v)
 
-        (x, kc, vc), _ = jax.lax.scan(body, (x, cache.k, cache.v),
-                                      (layers, jnp.arange(cfg.num_layers)))
+        # Only the T new keys/values leave the scan; one in-place update writes them for all
+        # layers (writing inside the scan would copy a layer's cache per layer).
+        x, (nk, nv) = jax.lax.scan(body, x, (layers, cache.k, cache.v))  # nk: [L, B, T, Hkv, K]
+        kc = jax.lax.dynamic_update_slice(cache.k, nk.astype(cache.k.dtype), (0, 0, idx, 0, 0))
+        vc = jax.lax.dynamic_update_slice(cache.v, nv.astype(cache.v.dtype), (0, 0, idx, 0, 0))
         new_cache = KVCache(kc, vc, valid, idx + t)
 
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)

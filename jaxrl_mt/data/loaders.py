@@ -1,0 +1,522 @@
+"""Loaders: GSM8K, RLSTA MT-Add / MT-Refine, the LiC benchmark file, synthetic, scenario files.
+
+Every record read is checked field by field; a bad one raises :class:`DataError` with
+``path:line: field 'name': expected ...``. Loaders never look outside the path they are given:
+the samples shipped in ``jaxrl_mt/assets/data`` are reached with :func:`asset_path` or the
+``@`` prefix of a source spec (``gsm8k:@`` = the shipped GSM8K train sample).
+
+Source specs (:func:`load_source`):
+
+==========================  ==========================================================
+``gsm8k:FILE``              GSM8K jsonl (``question``, ``answer`` with ``#### n``), segmented
+                            with the rule-based segmenter
+``rlsta_add:FILE``          RLSTA MT-Add jsonl
+``rlsta_refine:FILE``       RLSTA MT-Refine jsonl (corrupted shards included)
+``lic:FILE[:task]``         LiC sharded-instructions JSON, one task (default ``math``)
+``synthetic:N[:steps]``     N synthetic arithmetic problems
+``hf:ID[:config[:split]]``  a GSM8K-shaped Hugging Face dataset (needs the hub or its cache)
+``tfds:NAME[:split]``       a GSM8K-shaped tensorflow-datasets dataset (needs the package)
+``tasks:FILE``              tasks saved with :func:`save_tasks_jsonl`
+==========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxrl_mt.data.records import DataError, Scenario, ShardedTask
+from jaxrl_mt.data.scenarios import join_shards
+from jaxrl_mt.data.segment import segment_rule_based
+from jaxrl_mt.data.synthetic import synthetic_tasks
+
+LIC_TASKS = ("code", "database", "actions", "math", "data2text", "summary")
+ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "data"
+DEFAULT_ASSETS = {
+    "gsm8k": "gsm8k/train_sample.jsonl",
+    "rlsta_add": "rlsta/mt_add_math_train_sample.jsonl",
+    "rlsta_refine": "rlsta/mt_refine_math_train_sample.jsonl",
+    "lic": "lic/lic_math_format_sample.json",
+}
+
+
+def asset_path(rel: str) -> Path:
+    """Path of a file shipped under ``jaxrl_mt/assets/data`` (e.g. ``"gsm8k/test_sample.jsonl"``)."""
+    p = ASSET_DIR / rel
+    if not p.exists():
+        raise DataError(f"no shipped data file {rel!r} under {ASSET_DIR}")
+    return p
+
+
+# --------------------------------------------------------------------------- field checks
+
+
+def _short(value: Any, n: int = 60) -> str:
+    r = repr(value)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def _str(d: Mapping, field: str, where: str, *, nonempty: bool = True) -> str:
+    if field not in d:
+        raise DataError(f"{where}: field '{field}': missing")
+    v = d[field]
+    if not isinstance(v, str) or (nonempty and not v.strip()):
+        raise DataError(f"{where}: field '{field}': expected a non-empty string, got {_short(v)}")
+    return v
+
+
+def _str_list(d: Mapping, field: str, where: str, *, min_len: int = 1) -> list[str]:
+    if field not in d:
+        raise DataError(f"{where}: field '{field}': missing")
+    v = d[field]
+    if not isinstance(v, list) or len(v) < min_len or not all(isinstance(s, str) and s.strip() for s in v):
+        what = "a non-empty list of strings" if min_len <= 1 else f"a list of at least {min_len} non-empty strings"
+        raise DataError(f"{where}: field '{field}': expected {what}, got {_short(v)}")
+    return v
+
+
+def _shard_objs(d: Mapping, field: str, where: str, *, allow_empty_list: bool = False, text: bool = True) -> list[dict]:
+    """A list of ``{"shard_id": int, "shard": str}``; ids unique. Returned sorted by id."""
+    if field not in d:
+        raise DataError(f"{where}: field '{field}': missing")
+    v = d[field]
+    if not isinstance(v, list) or (not v and not allow_empty_list):
+        raise DataError(f"{where}: field '{field}': expected a non-empty list of shard objects, got {_short(v)}")
+    seen = set()
+    for k, s in enumerate(v):
+        if not isinstance(s, Mapping):
+            raise DataError(f"{where}: field '{field}[{k}]': expected an object, got {_short(s)}")
+        sid = s.get("shard_id")
+        if not isinstance(sid, int) or isinstance(sid, bool):
+            raise DataError(f"{where}: field '{field}[{k}].shard_id': expected an integer, got {_short(sid)}")
+        if sid in seen:
+            raise DataError(f"{where}: field '{field}[{k}].shard_id': duplicate id {sid}")
+        seen.add(sid)
+        if text and (not isinstance(s.get("shard"), str) or not s["shard"].strip()):
+            raise DataError(f"{where}: field '{field}[{k}].shard': expected a non-empty string, got {_short(s.get('shard'))}")
+    return sorted(v, key=lambda s: s["shard_id"])
+
+
+def gold_from_gsm8k_answer(answer: str) -> str:
+    """The final answer of a GSM8K solution: the text after ``####``, commas removed.
+
+    Raises:
+      DataError: no ``####`` or nothing after it.
+    """
+    if not isinstance(answer, str) or "####" not in answer:
+        raise DataError(f"expected a GSM8K solution ending in '#### <answer>', got {_short(answer)}")
+    gold = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    if not gold:
+        raise DataError(f"empty final answer after '####' in {_short(answer)}")
+    return gold
+
+
+def _gold(d: Mapping, field: str, where: str) -> str:
+    try:
+        return gold_from_gsm8k_answer(_str(d, field, where))
+    except DataError as e:
+        if str(e).startswith(where):
+            raise
+        raise DataError(f"{where}: field '{field}': {e}") from None
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _read_jsonl(path) -> Iterator[tuple[str, int, dict]]:
+    """Yields ``(where, index, obj)`` per non-blank line; ``where`` is ``path:line``."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    index = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{where}: expected a JSON object, got {_short(obj)}")
+            yield where, index, obj
+            index += 1
+
+
+def _read_json_array(path) -> Iterator[tuple[str, dict]]:
+    """Yields ``(path:line, obj)`` for each element of a top-level JSON list (line = its start)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    text = Path(path).read_text(encoding="utf-8")
+    dec = json.JSONDecoder()
+
+    def line_of(pos: int) -> int:
+        return text.count("\n", 0, pos) + 1
+
+    def skip(pos: int) -> int:
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+        return pos
+
+    pos = skip(0)
+    if not text.startswith("[", pos):
+        raise DataError(f"{path}:{line_of(pos)}: expected a JSON list of records")
+    pos = skip(pos + 1)
+    if text.startswith("]", pos):
+        return
+    while True:
+        where = f"{path}:{line_of(pos)}"
+        try:
+            obj, pos = dec.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{where}: expected a JSON object, got {_short(obj)}")
+        yield where, obj
+        pos = skip(pos)
+        if text.startswith(",", pos):
+            pos = skip(pos + 1)
+        elif text.startswith("]", pos):
+            break
+        else:
+            raise DataError(f"{path}:{line_of(pos)}: invalid JSON (expected ',' or ']')")
+
+
+# --------------------------------------------------------------------------- GSM8K
+
+
+def _gsm8k_tasks(rows: Iterable[tuple[str, str, Mapping]], *, max_shards: int, source: str, segmenter=None) -> list[ShardedTask]:
+    """Tasks from ``(where, task_id, {"question", "answer"})`` rows; every row is checked first.
+
+    ``segmenter``: ``None`` for the rule-based one, else an object with
+    ``segment(questions) -> [(target, conditions)]`` (e.g. :class:`LLMSegmenter`), called once.
+    """
+    checked = []
+    for where, task_id, d in rows:
+        checked.append((task_id, _str(d, "question", where).strip(), _gold(d, "answer", where)))
+    questions = [q for _, q, _ in checked]
+    if segmenter is None:
+        segs = [segment_rule_based(q, max_shards) for q in questions]
+        name = "rule_based"
+    else:
+        segs = segmenter.segment(questions)
+        name = type(segmenter).__name__
+    return [
+        ShardedTask(
+            task_id=task_id,
+            domain="math",
+            target=target,
+            conditions=tuple(conds),
+            full_prompt=question,
+            answer=gold,
+            metadata=(("segmenter", name), ("source", source)),
+        )
+        for (task_id, question, gold), (target, conds) in zip(checked, segs)
+    ]
+
+
+def load_gsm8k(path, *, max_shards: int = 10, split: str | None = None, segmenter=None) -> list[ShardedTask]:
+    """Loads a GSM8K jsonl file and shards each question.
+
+    Args:
+      path: jsonl with ``{"question", "answer"}`` per line.
+      max_shards: cap on shards per problem (target + conditions), rule-based segmenter.
+      split: name used in task ids ``gsm8k/<split>/<i>`` (default: the file stem).
+      segmenter: ``None`` (rule-based) or e.g. an :class:`~jaxrl_mt.data.segment.LLMSegmenter`.
+    """
+    split = split or Path(path).stem
+    rows = ((where, f"gsm8k/{split}/{i}", d) for where, i, d in _read_jsonl(path))
+    return _gsm8k_tasks(rows, max_shards=max_shards, source="gsm8k", segmenter=segmenter)
+
+
+def load_gsm8k_hf(
+    dataset_id: str = "openai/gsm8k", config: str | None = "main", split: str = "train", *, max_shards: int = 10, segmenter=None
+) -> list[ShardedTask]:
+    """Loads a GSM8K-shaped dataset from the Hugging Face hub (or its local cache).
+
+    Raises:
+      DataError: the dataset cannot be loaded (offline, unknown id) or a record is malformed.
+    """
+    try:
+        import datasets  # noqa: PLC0415 - optional at run time
+    except ImportError as e:  # pragma: no cover
+        raise DataError(f"hf:{dataset_id}: the 'datasets' package is not installed") from e
+    try:
+        ds = datasets.load_dataset(dataset_id, config, split=split)
+    except Exception as e:  # noqa: BLE001 - datasets raises many kinds
+        raise DataError(f"hf:{dataset_id}: cannot load ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    name = dataset_id.replace("/", "_")
+    rows = ((f"hf:{dataset_id}:{split}:{i}", f"hf/{name}/{split}/{i}", d) for i, d in enumerate(ds))
+    return _gsm8k_tasks(rows, max_shards=max_shards, source="hf", segmenter=segmenter)
+
+
+def load_gsm8k_tfds(
+    name: str = "gsm8k", split: str = "train", *, data_dir: str | None = None, max_shards: int = 10, segmenter=None
+) -> list[ShardedTask]:
+    """Loads a GSM8K-shaped tensorflow-datasets dataset (``question``/``answer`` text features).
+
+    Raises:
+      DataError: tensorflow-datasets is not installed, or the dataset cannot be loaded.
+    """
+    try:
+        import tensorflow_datasets as tfds  # noqa: PLC0415 - optional extra [tfds]
+    except ImportError as e:
+        raise DataError(f"tfds:{name}: tensorflow-datasets is not installed (pip install jaxrl_mt[tfds])") from e
+    try:
+        ds = tfds.load(name, split=split, data_dir=data_dir)
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"tfds:{name}: cannot load ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    rows = (
+        (f"tfds:{name}:{split}:{i}", f"tfds/{name}/{split}/{i}", {k: (v.decode("utf-8") if isinstance(v, bytes) else v) for k, v in ex.items()})
+        for i, ex in enumerate(tfds.as_numpy(ds))
+    )
+    return _gsm8k_tasks(rows, max_shards=max_shards, source="tfds", segmenter=segmenter)
+
+
+# --------------------------------------------------------------------------- RLSTA
+
+
+def load_rlsta_add(path) -> list[ShardedTask]:
+    """Loads RLSTA's MT-Add jsonl: ``{"question", "answer", "shards", "task_id"}``.
+
+    ``shards[0]`` is the target, the rest are the conditions; the full prompt is the original
+    GSM8K question and the answer its gold number.
+    """
+    out = []
+    for where, _, d in _read_jsonl(path):
+        task_id = _str(d, "task_id", where)
+        question = _str(d, "question", where)
+        shards = _str_list(d, "shards", where, min_len=1)
+        if len(shards) < 2:
+            raise DataError(f"{where}: field 'shards': expected a target and at least one condition, got {len(shards)} shard")
+        out.append(
+            ShardedTask(
+                task_id=task_id,
+                domain="math",
+                target=shards[0].strip(),
+                conditions=tuple(s.strip() for s in shards[1:]),
+                full_prompt=question.strip(),
+                answer=_gold(d, "answer", where),
+                metadata=(("source", "rlsta_add"),),
+            )
+        )
+    return out
+
+
+def load_rlsta_refine(path) -> list[ShardedTask]:
+    """Loads RLSTA's MT-Refine jsonl.
+
+    Fields: ``task_id``, ``shards`` and ``modified_shard`` (lists of ``{"shard_id", "shard"}``),
+    ``modification_type``, ``answer`` (the ORIGINAL problem's solution). The lowest shard id is
+    the target. A modified shard identical to its original is not a corruption and becomes
+    ``None`` (metadata ``identical_modified`` counts them); the full prompt is rebuilt from the
+    clean shards (the file has no question).
+    """
+    out = []
+    for where, _, d in _read_jsonl(path):
+        task_id = _str(d, "task_id", where)
+        shards = _shard_objs(d, "shards", where)
+        if len(shards) < 2:
+            raise DataError(f"{where}: field 'shards': expected a target and at least one condition, got {len(shards)} shard")
+        mtype = _str(d, "modification_type", where)
+        modified = _shard_objs(d, "modified_shard", where, allow_empty_list=True)
+        ids = [s["shard_id"] for s in shards]
+        for m in modified:
+            if m["shard_id"] not in ids:
+                raise DataError(f"{where}: field 'modified_shard': shard_id {m['shard_id']} is not in 'shards' {ids}")
+            if m["shard_id"] == ids[0]:
+                raise DataError(f"{where}: field 'modified_shard': shard_id {m['shard_id']} is the target shard")
+        answer = _gold(d, "answer", where)
+        target, conds = shards[0]["shard"].strip(), tuple(s["shard"].strip() for s in shards[1:])
+        mod = {m["shard_id"]: m["shard"].strip() for m in modified}
+        corrupted, identical = [], 0
+        for s, c in zip(shards[1:], conds):
+            m = mod.get(s["shard_id"])
+            if m is not None and m == c:
+                identical += 1
+                m = None
+            corrupted.append(m)
+        out.append(
+            ShardedTask(
+                task_id=task_id,
+                domain="math",
+                target=target,
+                conditions=conds,
+                full_prompt=join_shards(target, conds),
+                answer=answer,
+                corrupted=tuple(corrupted),
+                metadata=(
+                    ("identical_modified", identical),
+                    ("modification_type", mtype),
+                    ("source", "rlsta_refine"),
+                ),
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- LiC
+
+_LIC_PROMPT_FIELDS = ("question", "fully_specified_question", "query", "instruction")
+_LIC_ANSWER_FIELDS = ("answer", "reference_answer", "solution")
+
+
+def load_lic(path, task: str = "math") -> list[ShardedTask]:
+    """Loads one task of the LiC sharded-instructions JSON (the whole 600-instruction file).
+
+    Every record is checked for ``task_id``, ``task`` (one of :data:`LIC_TASKS`) and ``shards``
+    (objects with integer ``shard_id``); records of the selected task are checked further: shard
+    texts non-empty, and for ``math`` a ``question`` and a GSM8K ``answer``. Shard ids are
+    sorted; the first is the high-level intent (the target).
+
+    Non-math tasks: the full prompt is the first text field among ``question``,
+    ``fully_specified_question``, ``query``, ``instruction`` (else the joined shards); the answer
+    is ``answer``/``reference_answer``/``solution`` as text (else ""); the task-specific fields
+    are kept as JSON text in metadata ``lic_extra``. LiC's ``summary`` shards carry document
+    ids, not text, and are rejected with a DataError.
+
+    Raises:
+      DataError: ``path:line: field ...`` for a malformed record, or an unknown task.
+    """
+    if task not in LIC_TASKS:
+        raise DataError(f"unknown LiC task {task!r}; valid tasks: {', '.join(LIC_TASKS)}")
+    out = []
+    for where, d in _read_json_array(path):
+        task_id = _str(d, "task_id", where)
+        rec_task = _str(d, "task", where)
+        if rec_task not in LIC_TASKS:
+            raise DataError(f"{where}: field 'task': expected one of {', '.join(LIC_TASKS)}, got {rec_task!r}")
+        if rec_task != task:
+            _shard_objs(d, "shards", where, text=False)
+            continue
+        shards = _shard_objs(d, "shards", where)
+        target, conds = shards[0]["shard"].strip(), tuple(s["shard"].strip() for s in shards[1:])
+        if task == "math":
+            full_prompt = _str(d, "question", where).strip()
+            answer = _gold(d, "answer", where) if "####" in str(d.get("answer", "")) else _str(d, "answer", where).strip()
+            extra = {}
+        else:
+            full_prompt = next((d[f].strip() for f in _LIC_PROMPT_FIELDS if isinstance(d.get(f), str) and d[f].strip()), None)
+            full_prompt = full_prompt or join_shards(target, conds)
+            ans = next((d[f] for f in _LIC_ANSWER_FIELDS if f in d), "")
+            answer = ans if isinstance(ans, str) else json.dumps(ans, ensure_ascii=False)
+            extra = {k: v for k, v in d.items() if k not in ("task_id", "task", "shards")}
+        meta = {"source": "lic", "lic_task": task}
+        if extra:
+            meta["lic_extra"] = json.dumps(extra, ensure_ascii=False, sort_keys=True)
+        out.append(
+            ShardedTask(
+                task_id=task_id,
+                domain=task,
+                target=target,
+                conditions=conds,
+                full_prompt=full_prompt,
+                answer=answer,
+                metadata=tuple(sorted(meta.items())),
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- task / scenario files
+
+
+def save_tasks_jsonl(path, tasks: Iterable[ShardedTask]) -> None:
+    """Writes tasks, one JSON object per line (:meth:`ShardedTask.to_json`)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for t in tasks:
+            f.write(json.dumps(t.to_json(), ensure_ascii=False) + "\n")
+
+
+def load_tasks_jsonl(path) -> list[ShardedTask]:
+    """Reads tasks written by :func:`save_tasks_jsonl`, checking every field."""
+    return [ShardedTask.from_json(d, where=where) for where, _, d in _read_jsonl(path)]
+
+
+def save_scenarios_jsonl(path, scenarios: Iterable[Scenario]) -> None:
+    """Writes scenarios, one JSON object per line (:meth:`Scenario.to_json`)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for s in scenarios:
+            f.write(json.dumps(s.to_json(), ensure_ascii=False) + "\n")
+
+
+def load_scenarios_jsonl(path) -> list[Scenario]:
+    """Reads scenarios written by :func:`save_scenarios_jsonl`, checking every field."""
+    return [Scenario.from_json(d, where=where) for where, _, d in _read_jsonl(path)]
+
+
+# --------------------------------------------------------------------------- source specs
+
+SOURCE_KINDS = ("gsm8k", "rlsta_add", "rlsta_refine", "lic", "synthetic", "hf", "tfds", "tasks")
+
+
+def _resolve(kind: str, file: str) -> str:
+    if file == "@":
+        if kind not in DEFAULT_ASSETS:
+            raise DataError(f"source {kind!r} has no shipped sample; valid: {', '.join(DEFAULT_ASSETS)}")
+        return str(asset_path(DEFAULT_ASSETS[kind]))
+    if file.startswith("@"):
+        return str(asset_path(file[1:]))
+    return file
+
+
+def load_source(spec: str, *, segmenter=None) -> list[ShardedTask]:
+    """Loads tasks from a source spec such as ``"gsm8k:data/train.jsonl"`` (see module doc).
+
+    A FILE starting with ``@`` names a shipped sample: ``@`` alone is the default one for the
+    source, ``@gsm8k/test_sample.jsonl`` a given one. ``segmenter`` (e.g. an ``LLMSegmenter``)
+    replaces the rule-based segmenter for the sources that need segmenting (gsm8k, hf, tfds).
+
+    Raises:
+      DataError: unknown source kind (listing the valid ones) or bad arguments.
+    """
+    kind, sep, rest = spec.partition(":")
+    if not sep or kind not in SOURCE_KINDS:
+        raise DataError(f"unknown source {spec!r}; expected KIND:ARG with KIND one of {', '.join(SOURCE_KINDS)}")
+    if not rest:
+        raise DataError(f"source {spec!r}: missing argument after '{kind}:'")
+    if kind == "gsm8k":
+        return load_gsm8k(_resolve(kind, rest), segmenter=segmenter)
+    if kind == "rlsta_add":
+        return load_rlsta_add(_resolve(kind, rest))
+    if kind == "rlsta_refine":
+        return load_rlsta_refine(_resolve(kind, rest))
+    if kind == "tasks":
+        return load_tasks_jsonl(_resolve(kind, rest))
+    if kind == "lic":
+        file, task = rest, "math"
+        head, sep2, tail = rest.rpartition(":")
+        if sep2 and tail in LIC_TASKS:
+            file, task = head, tail
+        return load_lic(_resolve(kind, file), task=task)
+    if kind == "synthetic":
+        parts = rest.split(":")
+        try:
+            n = int(parts[0])
+            steps = int(parts[1]) if len(parts) > 1 else 2
+        except ValueError:
+            raise DataError(f"source {spec!r}: expected synthetic:N[:steps] with integers") from None
+        return synthetic_tasks(n, steps=steps)
+    if kind == "hf":
+        parts = rest.split(":")
+        dataset_id = parts[0]
+        config = parts[1] if len(parts) > 1 and parts[1] else ("main" if dataset_id.endswith("gsm8k") else None)
+        split = parts[2] if len(parts) > 2 else "train"
+        return load_gsm8k_hf(dataset_id, config, split, segmenter=segmenter)
+    if kind == "tfds":
+        parts = rest.split(":")
+        return load_gsm8k_tfds(parts[0], parts[1] if len(parts) > 1 else "train", segmenter=segmenter)
+    raise DataError(f"unhandled source {kind!r}")  # pragma: no cover
+
+
+def iter_sources(specs: Sequence[str]) -> Iterator[ShardedTask]:
+    """All tasks of several source specs, in order."""
+    for s in specs:
+        yield from load_source(s)

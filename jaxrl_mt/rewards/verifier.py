@@ -1,0 +1,311 @@
+"""Numeric answer extraction and verification for math word problems.
+
+One verifier serves RLSTA training rewards and the LiC evaluator, in two modes:
+
+- ``strict`` (the LiC harness): the single extracted answer must equal the gold number, up to a
+  relative tolerance of 1e-6.
+- ``lenient`` (RLSTA's released code): any of the last three numbers in the text is within 1e-3
+  (absolute) of the gold number.
+
+Extraction priority (``extract_answer``): the last ``\\boxed{...}`` (nested braces handled) >
+the last ``#### x`` > the last "the answer is x" / "final answer: x" > the last number in the text.
+A marker whose span holds no number is skipped, and the next priority is tried.
+
+Numbers understood: ``1,234`` (commas as thousands separators only), ``$5``, ``\\$5``, ``50%``
+(read as 50), ``-3`` (a minus right before a digit or ``$``, not after a word or digit, so
+``10-3`` is two numbers), ``3.5``, ``.5``, ``3/4``, ``\\frac{3}{4}`` (also ``\\dfrac``,
+``\\tfrac``). Extracted answers are returned as normalised numeric strings: integers without a
+decimal point (``"1234"``), other values as Python's shortest round-trip float (``"0.75"``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = [
+    "MODES",
+    "STRICT_REL_TOL",
+    "LENIENT_ABS_TOL",
+    "LENIENT_LAST_K",
+    "extract_answer",
+    "extract_marked_answer",
+    "find_numbers",
+    "format_number",
+    "parse_number",
+    "verify",
+    "verify_batch",
+    "verify_both",
+]
+
+MODES = ("strict", "lenient")
+STRICT_REL_TOL = 1e-6  # relative tolerance of strict mode (LiC harness: numeric equality)
+LENIENT_ABS_TOL = 1e-3  # absolute tolerance of lenient mode (RLSTA's released code)
+LENIENT_LAST_K = 3  # lenient mode looks at this many trailing numbers
+
+# An unsigned magnitude: thousands-separated integer or plain digits, optional decimals, or ".5".
+_MAG = r"(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"
+# A sign is a minus (ASCII or Unicode) not glued to a preceding word, digit or closing bracket.
+_SIGN = r"(?:(?<![\w)\]}])[-\u2212])"
+_NUMBER_RE = re.compile(
+    r"(?P<frac>(?P<fsign>" + _SIGN + r")?\\[dt]?frac\s*"
+    r"\{\s*(?P<fnum>[-\u2212]?" + _MAG + r")\s*\}\s*\{\s*(?P<fden>[-\u2212]?" + _MAG + r")\s*\})"
+    r"|(?P<plain>(?P<sign>" + _SIGN + r")?(?:\\?\$\s*(?P<sign2>[-\u2212])?)?"
+    r"(?<![A-Za-z\d/])(?P<num>" + _MAG + r")"
+    r"(?:/(?P<den>" + _MAG + r")(?![/\d]))?"
+    r"(?P<pct>\s*\\?%)?)"
+)
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_HASH_RE = re.compile(r"####")
+# "answer" as a noun ("The answer is", "Final answer:"), not the verb ("before I answer: is ...").
+_ANSWER_RE = re.compile(
+    r"(?<!\bI\s)(?<!\bto\s)(?<!\bwe\s)(?<!\byou\s)(?<!\bcan\s)(?<!\bwill\s)(?<!\bnot\s)"
+    r"\banswer\b[\s*_]*(?:is\b|:|=)",
+    re.IGNORECASE,
+)
+# Wrappers allowed around a bare number in ``parse_number``.
+_STRIP_RE = re.compile(r"^(?:\\\(|\\\[|\$\$?)\s*|\s*(?:\\\)|\\\]|\$\$?)$")
+
+
+def _magnitude(text: str) -> float:
+    """Value of a ``_MAG`` match (commas are thousands separators)."""
+    return float(text.replace(",", ""))
+
+
+def _signed(text: str) -> float:
+    """Value of an optionally signed ``_MAG`` match."""
+    if text[:1] in "-\u2212":
+        return -_magnitude(text[1:])
+    return _magnitude(text)
+
+
+def _match_value(m: re.Match) -> float | None:
+    """Numeric value of one ``_NUMBER_RE`` match (None for a zero denominator)."""
+    if m.group("frac"):
+        den = _signed(m.group("fden"))
+        if den == 0:
+            return None
+        value = _signed(m.group("fnum")) / den
+        return -value if m.group("fsign") else value
+    value = _magnitude(m.group("num"))
+    if m.group("den"):
+        den = _magnitude(m.group("den"))
+        if den == 0:
+            return None
+        value /= den
+    negative = bool(m.group("sign")) != bool(m.group("sign2"))  # "-$-5" reads as +5
+    return -value if negative else value
+
+
+def find_numbers(text: str) -> list[float]:
+    """All numbers in ``text``, in order of appearance.
+
+    Args:
+      text: free text (model output, LaTeX, markdown).
+
+    Returns:
+      The values of every number token (see the module docstring for the syntax understood).
+    """
+    values = []
+    for m in _NUMBER_RE.finditer(text):
+        value = _match_value(m)
+        if value is not None and math.isfinite(value):
+            values.append(value)
+    return values
+
+
+def format_number(value: float) -> str:
+    """Normalised string of a number: ``"42"``, ``"-3"``, ``"0.75"``."""
+    if value == 0:
+        return "0"  # also folds -0.0
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def parse_number(s: str | float | int | None) -> float | None:
+    """Parses a string that *is* one number (not a sentence holding one).
+
+    Accepts surrounding whitespace, a trailing period, ``$...$`` / ``\\(...\\)`` math delimiters and
+    the syntax listed in the module docstring: ``"1,234"``, ``"$5"``, ``"-3"``, ``"50%"``,
+    ``"3/4"``, ``"\\frac{3}{4}"``. Use ``extract_answer`` to find an answer inside free text.
+
+    Args:
+      s: the string (ints and floats are passed through as floats).
+
+    Returns:
+      The value, or None if ``s`` is not a single number.
+    """
+    if s is None or isinstance(s, bool):
+        return None
+    if isinstance(s, (int, float)):
+        return float(s) if math.isfinite(s) else None
+    text = str(s).strip().rstrip(".").strip()
+    previous = None
+    while previous != text:  # peel nested delimiters such as "$\(5\)$"
+        previous = text
+        text = _STRIP_RE.sub("", text)
+    m = _NUMBER_RE.fullmatch(text)
+    if m is None:
+        return None
+    value = _match_value(m)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every ``\\boxed{...}`` (balanced braces), in order."""
+    contents = []
+    for m in _BOXED_RE.finditer(text):
+        depth, start = 1, m.end()
+        for i in range(start, len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    contents.append(text[start:i])
+                    break
+    return contents
+
+
+def _line_after(text: str, pos: int) -> str:
+    """The rest of the line starting at ``pos``."""
+    end = text.find("\n", pos)
+    return text[pos:] if end < 0 else text[pos:end]
+
+
+def _first_number(span: str) -> float | None:
+    numbers = find_numbers(span)
+    return numbers[0] if numbers else None
+
+
+def _last_number(span: str) -> float | None:
+    numbers = find_numbers(span)
+    return numbers[-1] if numbers else None
+
+
+def _marked_value(text: str) -> float | None:
+    """The value after an explicit answer marker (boxed > #### > answer phrase), if any."""
+    for content in reversed(_boxed_contents(text)):
+        value = _last_number(content)
+        if value is not None:
+            return value
+    for marker in (_HASH_RE, _ANSWER_RE):
+        for m in reversed(list(marker.finditer(text))):
+            value = _first_number(_line_after(text, m.end()))
+            if value is not None:
+                return value
+    return None
+
+
+def _extract_value(text: str) -> float | None:
+    """The answer's value following the extraction priority (see module docstring)."""
+    value = _marked_value(text)
+    return _last_number(text) if value is None else value
+
+
+def extract_marked_answer(text: str) -> str | None:
+    """Like ``extract_answer`` but only from an explicit marker (boxed, ####, "answer is").
+
+    Args:
+      text: a model response.
+
+    Returns:
+      The normalised numeric string, or None if no marker is followed by a number.
+    """
+    value = _marked_value(text)
+    return None if value is None else format_number(value)
+
+
+def extract_answer(text: str) -> str | None:
+    """Extracts the final numeric answer of a response.
+
+    Priority: the last ``\\boxed{...}`` > the last ``#### x`` > the last "the answer is x" /
+    "final answer: x" (case-insensitive; the first number on the rest of that line) > the last
+    number in the text.
+
+    Args:
+      text: a model response.
+
+    Returns:
+      The normalised numeric string (``"1234"``, ``"0.75"``, ``"-3"``), or None if the text holds
+      no number.
+    """
+    value = _extract_value(text)
+    return None if value is None else format_number(value)
+
+
+def _gold_value(gold: str | float | int) -> float:
+    """The gold answer's value: a bare number, or else extracted like a response."""
+    value = parse_number(gold)
+    if value is None and isinstance(gold, str):
+        value = _extract_value(gold)
+    if value is None:
+        raise ValueError(f"gold answer {gold!r} holds no number")
+    return value
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown verification mode {mode!r}; expected one of {MODES}")
+
+
+def _verify_value(text: str, gold_value: float, mode: str) -> float:
+    if mode == "strict":
+        value = _extract_value(text)
+        ok = value is not None and math.isclose(
+            value, gold_value, rel_tol=STRICT_REL_TOL, abs_tol=1e-12
+        )
+    else:
+        tail = find_numbers(text)[-LENIENT_LAST_K:]
+        ok = any(abs(v - gold_value) <= LENIENT_ABS_TOL for v in tail)
+    return 1.0 if ok else 0.0
+
+
+def verify(text: str, gold: str | float | int, mode: str = "strict") -> float:
+    """Scores one response against the gold answer.
+
+    Args:
+      text: the model response.
+      gold: the gold answer, e.g. ``"72"``, ``"1,000"``, ``"3/4"`` or a GSM8K solution ending in
+        ``#### 72``.
+      mode: ``"strict"`` (extracted answer equals gold, relative tolerance 1e-6) or ``"lenient"``
+        (any of the last three numbers within 1e-3 of gold).
+
+    Returns:
+      1.0 if correct, else 0.0.
+
+    Raises:
+      ValueError: unknown ``mode``, or a gold answer that holds no number.
+    """
+    _check_mode(mode)
+    return _verify_value(text, _gold_value(gold), mode)
+
+
+def verify_batch(
+    texts: Sequence[str], golds: Sequence[str | float | int], mode: str = "strict"
+) -> np.ndarray:
+    """Scores a batch of responses.
+
+    Args:
+      texts: ``B`` responses.
+      golds: ``B`` gold answers.
+      mode: ``"strict"`` or ``"lenient"`` (see ``verify``).
+
+    Returns:
+      ``[B]`` float32 array of 0/1 scores.
+    """
+    _check_mode(mode)
+    if len(texts) != len(golds):
+        raise ValueError(f"verify_batch: {len(texts)} texts but {len(golds)} gold answers")
+    scores = [_verify_value(t, _gold_value(g), mode) for t, g in zip(texts, golds)]
+    return np.asarray(scores, dtype=np.float32)  # [B]
+
+
+def verify_both(text: str, gold: str | float | int) -> dict[str, float]:
+    """Scores one response in both modes: ``{"strict": s, "lenient": l}``."""
+    gold_value = _gold_value(gold)
+    return {mode: _verify_value(text, gold_value, mode) for mode in MODES}
