@@ -154,7 +154,8 @@ def export_hf_folder(cfg: ModelConfig, params: Params, out_dir: str | os.PathLik
     try:
         (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
         (tmp / "generation_config.json").write_text(json.dumps(generation_config(cfg), indent=2))
-        save_file(params_to_hf(cfg, params), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tensors = {k: v.astype(cfg.jnp_param_dtype, copy=False) for k, v in params_to_hf(cfg, params).items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         for f in extra_files:
