@@ -31,3 +31,21 @@ def tmp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     cache.mkdir()
     monkeypatch.setenv("JAXRL_MT_CACHE", str(cache))
     yield cache
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model) -> Path:
+    """A tiny random-weight Llama (2 layers, width 32) with the embedded model's tokenizer and
+    chat template, saved as an HF folder: real tokenization, fast forward passes."""
+    import jax
+
+    from jaxrl_mt.models.config import ModelConfig
+    from jaxrl_mt.models.decoder import init_params
+    from jaxrl_mt.models.hf_io import export_hf_folder
+
+    cfg = ModelConfig(vocab_size=embedded_model.cfg.vocab_size, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, tie_word_embeddings=True,
+                      max_position_embeddings=4096, bos_token_id=1, eos_token_id=(2,), pad_token_id=2)
+    params = init_params(cfg, jax.random.PRNGKey(0), scale=0.5)
+    out = tmp_path_factory.mktemp("tiny") / "tiny-chat-llama"
+    return export_hf_folder(cfg, params, out, tokenizer=embedded_model.tokenizer)

@@ -76,6 +76,10 @@ class ModelConfig:
                 raise ModelError(
                     f"{where}: unsupported architecture {archs or mt!r}; supported: "
                     f"{sorted(SUPPORTED_ARCHITECTURES)}")
+        if float(d.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ModelError(f"{where}: partial_rotary_factor={d['partial_rotary_factor']} is not supported")
+        if d.get("use_sliding_window"):
+            raise ModelError(f"{where}: use_sliding_window=true is not supported")
         try:
             heads = int(d["num_attention_heads"])
             hidden = int(d["hidden_size"])

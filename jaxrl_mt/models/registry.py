@@ -104,7 +104,13 @@ def resolve(spec: str) -> Path:
 def load_tokenizer(folder: str | os.PathLike) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder))
+    files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any((Path(folder) / f).is_file() for f in files):
+        raise ModelError(f"{folder}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:  # transformers raises many kinds
+        raise ModelError(f"{folder}: tokenizer failed to load ({type(e).__name__}: {e})") from None
 
 
 def load_model(spec: str = DEFAULT_MODEL, *, param_dtype: str = "float32", dtype: str = "float32",

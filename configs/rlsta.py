@@ -1,0 +1,103 @@
+"""RLSTA: GRPO on the last turn of multi-turn histories with a single-turn anchor reward.
+
+Presets: `paper` (the published recipe) and `cpu` (embedded SmolLM2-135M, <= 15 min on 2 cores).
+Use: python -m jaxrl_mt.train --config configs/rlsta.py:cpu --config.rl.steps=4
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config(preset: str = "paper") -> ConfigDict:
+    c = ConfigDict()
+    c.method = "rlsta"  # "rlsta" | "grpo" (alpha = 0) | "icpo"
+    c.model = "builtin:smollm2-135m-instruct"  # policy initialisation (model spec)
+    c.ref_model = ""  # frozen reference for the anchor reward and KL ("" = same as model)
+    c.workdir = "runs/rlsta"  # checkpoints, logs, caches; an existing run resumes
+    c.seed = 0  # global seed (data order, sampling, filtering)
+    c.param_dtype = "float32"  # parameter dtype ("float32" | "bfloat16")
+    c.dtype = "float32"  # compute dtype
+    c.system_prompt = ""  # system prompt ("" = the chat template's default)
+
+    c.data = ConfigDict()
+    c.data.add_source = "rlsta_add:@"  # MT-Add problems: comma-separated source specs ("" = none)
+    c.data.refine_source = "rlsta_refine:@"  # MT-Refine problems: comma-separated source specs ("" = none)
+    c.data.limit = 0  # training problems per source (0 = all), plus `heldout`
+    c.data.heldout = 8  # problems per source held out for the before/after evaluation
+    c.data.shuffle_shards = False  # shuffle MT-Add condition order
+    c.data.max_turns = 0  # skip problems with more user turns than this (0 = no limit)
+
+    c.history = ConfigDict()
+    c.history.temperature = 0.7  # sampling temperature of the history turns
+    c.history.max_new_tokens = 256  # budget per history turn
+
+    c.filter = ConfigDict()
+    c.filter.enabled = True  # latent-capability filtering (keep st_acc > mt_acc)
+    c.filter.k = 8  # samples per item for single- and multi-turn accuracy
+    c.filter.cap_per_problem = 2  # kept histories per problem
+    c.filter.temperature = 1.0  # sampling temperature of the filtering samples
+
+    c.rl = ConfigDict()
+    c.rl.steps = 500  # optimizer steps
+    c.rl.batch_size = 16  # prompts per step
+    c.rl.group_size = 8  # G: completions per prompt
+    c.rl.lr = 3e-7  # peak learning rate
+    c.rl.schedule = "constant"  # "constant" | "cosine" | "linear"
+    c.rl.warmup_steps = 0  # linear warmup steps
+    c.rl.weight_decay = 0.0  # AdamW weight decay
+    c.rl.max_grad_norm = 1.0  # global-norm clipping (0 = off)
+    c.rl.grad_accum = 1  # micro-batches per optimizer step
+    c.rl.mu = 1  # inner GRPO iterations per rollout batch
+    c.rl.beta = 1e-4  # KL coefficient
+    c.rl.kl_estimator = "k3"  # "k1" | "k3"
+    c.rl.epsilon_low = 0.2  # clip range below 1
+    c.rl.epsilon_high = 0.2  # clip range above 1
+    c.rl.loss_type = "grpo"  # "grpo" (seq-mean-token-mean) | "token_mean" | "dr_grpo"
+    c.rl.scale_rewards = True  # divide advantages by the group std
+    c.rl.temperature = 1.0  # rollout sampling temperature
+    c.rl.top_p = 1.0  # rollout nucleus
+    c.rl.max_new_tokens = 1024  # rollout budget
+    c.rl.alpha = 1.0  # weight of the anchor reward R_s (0 = plain GRPO)
+    c.rl.anchor_prompt = "full"  # anchor context: "full" single-turn prompt | "merged" user turns
+    c.rl.zero_anchor_for_wrong = False  # zero R_s of wrong answers in groups with a correct one
+    c.rl.verifier_mode = "lenient"  # reward verifier: "strict" (LiC) | "lenient" (RLSTA code)
+    c.rl.remat = False  # rematerialise layers in the backward pass
+    c.rl.max_batch = 64  # rows per sampler call
+
+    c.eval = ConfigDict()
+    c.eval.max_new_tokens = 512  # greedy budget of the held-out evaluation
+    c.eval.every = 0  # evaluate every N steps (0 = only before and after training)
+
+    c.log = ConfigDict()
+    c.log.every = 1  # metrics every N steps
+    c.log.samples_every = 10  # sample-completion table every N steps
+    c.log.n_samples = 4  # rows in the table
+
+    c.checkpoint = ConfigDict()
+    c.checkpoint.every = 50  # save every N steps
+    c.checkpoint.keep = 3  # checkpoints kept
+    c.export = True  # export the final policy to <workdir>/export as an HF folder
+
+    if preset == "paper":
+        pass
+    elif preset == "cpu":
+        c.workdir = "runs/rlsta_cpu"
+        c.data.add_source = "synthetic:24:1,rlsta_add:@"  # easy two-number problems + RLSTA's
+        c.data.limit = 12
+        c.data.max_turns = 4
+        c.data.heldout = 4
+        c.history.max_new_tokens = 32
+        c.history.temperature = 0.7
+        c.filter.enabled = False
+        c.rl.steps = 6
+        c.rl.batch_size = 2
+        c.rl.group_size = 4
+        c.rl.lr = 1e-6
+        c.rl.max_new_tokens = 64
+        c.rl.max_batch = 16
+        c.rl.remat = True
+        c.eval.max_new_tokens = 64
+        c.log.samples_every = 3
+        c.checkpoint.every = 3
+    else:
+        raise ValueError(f"unknown preset {preset!r}; expected 'paper' or 'cpu'")
+    return c

@@ -1,0 +1,100 @@
+"""Run logging: TensorBoard events, a JSONL metrics log, sample tables and end-of-run PNG curves."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+
+class MetricsLog:
+    """Writes scalars to TensorBoard (tensorboardX) and `<workdir>/metrics.jsonl` from process 0."""
+
+    def __init__(self, workdir: str | Path, *, enabled: bool = True):
+        self.dir = Path(workdir)
+        self.enabled = enabled
+        self.jsonl = self.dir / "metrics.jsonl"
+        self.tb = None
+        if enabled:
+            try:
+                from tensorboardX import SummaryWriter
+
+                self.tb = SummaryWriter(str(self.dir / "tb"))
+            except ImportError:  # TensorBoard is optional; the JSONL log is not
+                self.tb = None
+
+    def truncate_after(self, step: int) -> None:
+        """Drops log lines of steps > step (a resumed run rewrites them)."""
+        if not self.enabled or not self.jsonl.exists():
+            return
+        lines = [ln for ln in self.jsonl.read_text().splitlines() if ln.strip()]
+        keep = [ln for ln in lines if json.loads(ln).get("step", 0) <= step]
+        self.jsonl.write_text("".join(k + "\n" for k in keep))
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        clean = {k: float(v) for k, v in values.items()}
+        with open(self.jsonl, "a") as f:
+            f.write(json.dumps({"step": step, **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}) + "\n")
+        if self.tb is not None:
+            for k, v in clean.items():
+                self.tb.add_scalar(k, v, step)
+
+    def samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> str:
+        """Logs a markdown table of sample completions; returns it."""
+        if not rows:
+            return ""
+        cols = list(rows[0].keys())
+        esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")[:300]  # noqa: E731
+        md = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+        md += "".join("| " + " | ".join(esc(r[c]) for c in cols) + " |\n" for r in rows)
+        if self.enabled:
+            with open(self.dir / "samples.md", "a") as f:
+                f.write(f"\n## step {step}\n\n{md}")
+            if self.tb is not None:
+                self.tb.add_text("samples", md, step)
+        return md
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.flush()
+            self.tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The JSONL metrics log as a list of dicts."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+
+
+def plot_curves(path: str | Path, out_png: str | Path, keys: Sequence[str]) -> Path:
+    """Plots the given metric keys against step into one PNG (one panel per key)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(path)
+    keys = [k for k in keys if any(k in r for r in rows)]
+    n = max(len(keys), 1)
+    cols = min(3, n)
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+    for ax, k in zip(axes.flat, keys):
+        pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o", ms=3)
+        ax.set_title(k, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return Path(out_png)

@@ -1,0 +1,123 @@
+"""The RLSTA training loop on a tiny model: resume determinism, start-up errors, outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from configs.rlsta import get_config
+from jaxrl_mt.rl import loop as loop_mod
+from jaxrl_mt.rl.loop import ConfigError, Trainer, validate_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_config(model_dir: Path, workdir: Path, steps: int = 5):
+    c = get_config("cpu")
+    c.model = str(model_dir)
+    c.workdir = str(workdir)
+    c.data.limit = 4
+    c.data.heldout = 1
+    c.data.max_turns = 4
+    c.history.max_new_tokens = 6
+    c.rl.steps = steps
+    c.rl.batch_size = 2
+    c.rl.group_size = 2
+    c.rl.max_new_tokens = 8
+    c.rl.beta = 0.04
+    c.rl.lr = 1e-3
+    c.rl.remat = False
+    c.eval.max_new_tokens = 6
+    c.checkpoint.every = 1
+    c.log.samples_every = 2
+    c.export = False
+    return c
+
+
+def train_rows(workdir: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r for r in rows if "reward/total" in r}
+
+
+def test_killed_run_resumes_identically(tiny_chat_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    full = tmp_path / "full"
+    Trainer(tiny_config(tiny_chat_model_dir, full)).run()
+
+    crashed = tmp_path / "crashed"
+    original = Trainer.update
+    calls = {"n": 0}
+
+    def crash_on_third(self, params, opt_state, batch):
+        calls["n"] += 1
+        if calls["n"] == 3:  # dies in the middle of step 3, after checkpoint 2
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, params, opt_state, batch)
+
+    monkeypatch.setattr(Trainer, "update", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny_config(tiny_chat_model_dir, crashed)).run()
+    monkeypatch.setattr(Trainer, "update", original)
+    assert sorted(train_rows(crashed)) == [1, 2]
+    Trainer(tiny_config(tiny_chat_model_dir, crashed)).run()  # resumes at step 2
+
+    a, b = train_rows(full), train_rows(crashed)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
+    compared = 0
+    for step in (3, 4, 5):
+        for k, v in a[step].items():
+            if k.startswith("perf/") or not isinstance(v, float):
+                continue
+            assert math.isclose(v, b[step][k], rel_tol=1e-6, abs_tol=1e-6), (step, k, v, b[step][k])
+            compared += 1
+    assert compared > 30
+    assert a[5]["train/kl"] > 0  # the policy moved away from the reference
+    for f in ("summary.txt", "curves.png", "samples.md", "config.json"):
+        assert (full / f).exists(), f
+
+
+def test_bad_config_values_fail_at_start(tmp_path: Path) -> None:
+    base = get_config("cpu")
+    base.workdir = str(tmp_path / "w")
+    cases = [("rl.alpha", -0.5, "rl.alpha must be >= 0"), ("rl.group_size", 1, "G) must be >= 2"),
+             ("rl.kl_estimator", "k2", "rl.kl_estimator"), ("rl.loss_type", "nope", "rl.loss_type")]
+    for key, value, msg in cases:
+        c = get_config("cpu")
+        c.workdir = str(tmp_path / "w")
+        sect, name = key.split(".")
+        setattr(getattr(c, sect), name, value)
+        with pytest.raises(ConfigError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+            validate_config(c)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    c = get_config("cpu")
+    c.workdir = str(blocker / "sub")
+    with pytest.raises(ConfigError, match="not writable"):
+        validate_config(c)
+
+
+def test_empty_dataset_fails_at_start(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    c = get_config("cpu")
+    c.workdir = str(tmp_path / "w")
+    c.data.add_source = f"rlsta_add:{empty}"
+    c.data.refine_source = ""
+    with pytest.raises(ConfigError, match="empty dataset"):
+        loop_mod.load_scenarios(c)
+
+
+def _train_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jaxrl_mt.train", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_rejects_unknown_key_and_bad_alpha(tmp_path: Path) -> None:
+    r = _train_cli("--config", "configs/rlsta.py:cpu", "--config.rl.alhpa=1.0")
+    assert r.returncode != 0 and "alhpa" in r.stderr
+    r = _train_cli("--config", "configs/rlsta.py:cpu", f"--config.workdir={tmp_path / 'w'}", "--config.rl.alpha=-1")
+    assert r.returncode == 2 and "rl.alpha must be >= 0" in r.stderr
