@@ -165,7 +165,7 @@ class Trainer:
         self.is_main = jax.process_index() == 0
         self.system = c.system_prompt or None
         self._stop_signal: int | None = None
-        self.train_scen, self.held_scen = load_scenarios(c)
+        self.train_scen, self.held_scen = self.load_data()  # fails fast on bad or empty data
         saved = self.wd / "config.json"
         conf = config_to_dict(c)
         if self.is_main:
@@ -193,6 +193,10 @@ class Trainer:
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
 
     # ------------------------------------------------------------------ stages
+
+    def load_data(self) -> tuple[list[Any], list[Any]]:
+        """Training and held-out scenarios (before any model is loaded)."""
+        return load_scenarios(self.c)
 
     def _items(self, name: str, scenarios: Sequence[Scenario], seed: int) -> list[TrainItem]:
         path = self.wd / name

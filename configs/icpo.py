@@ -1,0 +1,39 @@
+"""ICPO: GRPO that rewards asking or hedging on underspecified prompts and correct answers on complete ones.
+
+Presets: `paper` (lr 1e-6, batch 64, G = 8) and `cpu` (embedded model, minutes on 2 cores).
+"""
+
+import os
+import sys
+
+from ml_collections import ConfigDict
+
+sys.path.insert(0, os.path.dirname(__file__))
+from rlsta import get_config as _rlsta  # noqa: E402
+
+
+def get_config(preset: str = "paper") -> ConfigDict:
+    c = _rlsta(preset)
+    c.method = "icpo"
+    c.workdir = c.workdir.replace("rlsta", "icpo")
+    c.data.add_source = "gsm8k:@"  # problems to make complete / underspecified prompts from
+    c.data.refine_source = ""  # unused by ICPO
+    c.rl.alpha = 0.0  # no anchor term in ICPO's reward
+    c.rl.verifier_mode = "strict"  # verifier for complete prompts
+    c.filter.enabled = False  # no histories, no filtering
+    c.icpo = ConfigDict()
+    c.icpo.underspecified_ratio = 0.5  # fraction of prompts with 1-2 conditions removed
+    c.icpo.judge = "rule"  # response-type judge: "rule" or a backend spec ("local", "http:URL#model")
+    if preset == "paper":
+        c.rl.lr = 1e-6
+        c.rl.batch_size = 64
+        c.rl.group_size = 8
+    elif preset == "cpu":
+        c.data.add_source = "synthetic:24:1,gsm8k:@"
+        c.data.limit = 16
+        c.data.heldout = 4
+        c.rl.steps = 6
+        c.rl.batch_size = 2
+        c.rl.group_size = 4
+        c.rl.max_new_tokens = 64
+    return c
