@@ -17,6 +17,7 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.param_dtype = "float32"  # parameter dtype ("float32" | "bfloat16")
     c.dtype = "float32"  # compute dtype
     c.system_prompt = ""  # system prompt ("" = the chat template's default)
+    c.mesh_shape = "auto"  # device mesh "data,fsdp,tensor" (e.g. "2,2,2"); "auto": all devices on data
 
     c.data = ConfigDict()
     c.data.add_source = "rlsta_add:@"  # MT-Add problems: comma-separated source specs ("" = none)

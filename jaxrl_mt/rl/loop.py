@@ -28,6 +28,7 @@ from jaxrl_mt.data.records import DataError, Scenario
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.registry import Model, load_model
+from jaxrl_mt.parallel import make_mesh, shard_batch, shard_params
 from jaxrl_mt.rewards.anchor import anchor_reward, zero_anchor_for_wrong
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES, group_advantages
@@ -172,14 +173,17 @@ class Trainer:
             saved.write_text(json.dumps(conf, indent=2, sort_keys=True))
         self.model = load_model(c.model, param_dtype=c.param_dtype, dtype=c.dtype)
         self.tok = self.model.tokenizer
+        self.mesh = self._make_mesh()
+        if self.mesh is not None:
+            self.model.params = shard_params(self.model.params, self.mesh)
         if c.ref_model and c.ref_model != c.model:
             ref = load_model(c.ref_model, param_dtype=c.param_dtype, dtype=c.dtype, with_tokenizer=False)
             if ref.cfg.vocab_size != self.model.cfg.vocab_size:
                 raise ConfigError(f"ref_model {c.ref_model!r} has another vocabulary than {c.model!r}")
-            self.ref_params = ref.params
+            self.ref_params = ref.params if self.mesh is None else shard_params(ref.params, self.mesh)
         else:
             self.ref_params = self.model.params  # immutable arrays: updates never touch them
-        self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch)
+        self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch, mesh=self.mesh)
         self.ref_scorer = Scorer(self.ref_params, self.model.cfg, pad_id=self.model.pad_id,
                                  batch_size=min(16, c.rl.batch_size * c.rl.group_size))
         rl = c.rl
@@ -193,6 +197,22 @@ class Trainer:
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
 
     # ------------------------------------------------------------------ stages
+
+    def _make_mesh(self) -> Any:
+        """The device mesh from `mesh_shape` ("data,fsdp,tensor"; "auto": all devices on data)."""
+        spec = self.c.mesh_shape
+        if spec == "auto":
+            return make_mesh((-1, 1, 1)) if jax.device_count() > 1 else None
+        try:
+            shape = tuple(int(x) for x in spec.split(","))
+        except ValueError:
+            raise ConfigError(f"mesh_shape must be 'auto' or 'data,fsdp,tensor' integers, got {spec!r}") from None
+        if len(shape) != 3:
+            raise ConfigError(f"mesh_shape needs 3 entries (data, fsdp, tensor), got {spec!r}")
+        try:
+            return make_mesh(shape)
+        except ValueError as e:
+            raise ConfigError(f"mesh_shape {spec!r}: {e}") from None
 
     def load_data(self) -> tuple[list[Any], list[Any]]:
         """Training and held-out scenarios (before any model is loaded)."""
@@ -333,6 +353,8 @@ class Trainer:
         for _ in range(c.mu):
             for s in range(0, n, mb):
                 micro = {k: v[s:s + mb] for k, v in batch.items()}
+                if self.mesh is not None:
+                    micro = dict(zip(micro, shard_batch(self.mesh, list(micro.values()))))
                 params, opt_state, m = step_fn(params, opt_state, micro)
                 m = jax.device_get(m)
                 if not m["finite"]:
