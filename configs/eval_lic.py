@@ -1,0 +1,55 @@
+"""LiC evaluation: `python -m jaxrl_mt.evaluate --config configs/eval_lic.py[:PRESET]`.
+
+Presets:
+  cpu  the embedded model on a handful of synthetic and LiC-sample instructions, N=2, short
+       replies, all 8 scenarios; a few minutes on 2 CPU cores.
+  lic  paper-like: N=10 runs at temperature 1.0, replies up to 1024 tokens.
+
+Any field can be overridden, e.g. `--config.runs=4 --config.scenarios=full,sharded`; a
+misspelt field is an error at start-up.
+"""
+
+import ml_collections
+
+LIC_SCENARIOS = ("full", "concat", "sharded", "recap", "snowball", "mt_refine", "atr", "aiwr")
+
+
+def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
+    """The evaluation config of `preset` ("cpu" or "lic")."""
+    if preset not in ("cpu", "lic"):
+        raise ValueError(f"configs/eval_lic.py: unknown preset {preset!r}; valid: cpu, lic")
+    c = ml_collections.ConfigDict()
+    c.model = "builtin:smollm2-135m-instruct"  # builtin:NAME, HF folder, hub id, or workdir:PATH (training checkpoint)
+    c.dtype = "float32"  # parameter and compute dtype of the evaluated model (float32 | bfloat16)
+    c.dataset = ("synthetic:2", "lic:@")  # task source specs (jaxrl_mt.data.load_source); '@' = shipped sample
+    c.task = "math"  # LiC task selected from lic: sources without an explicit task (only math is scored)
+    c.limit = 2  # at most this many instructions per source (0: all)
+    c.scenarios = LIC_SCENARIOS  # scenario kinds, comma-separated on the command line
+    c.shuffle_shards = False  # shuffle the reveal order of condition shards (seeded)
+    c.runs = 2  # N: simulated conversations per instruction and scenario
+    c.temperature = 1.0  # assistant sampling temperature (0: greedy)
+    c.top_p = 1.0  # assistant nucleus sampling mass (1.0: off)
+    c.max_new_tokens = 96  # assistant reply budget per turn, in tokens
+    c.max_batch = 32  # at most this many conversations per sampler call
+    c.system_prompt = ""  # system prompt of the assistant ("": the chat template's default)
+    c.protocol = "lic"  # lic: stop at the first correct answer attempt, score the last attempt | final_turn
+    c.verifier_mode = "strict"  # answer check: strict (LiC: extracted answer == gold) | lenient (RLSTA)
+    c.judge = "rule"  # answer-attempt judge: rule | local | local:MODEL | http:URL#MODEL
+    c.judge_max_new_tokens = 16  # reply budget of an LLM judge
+    c.user_simulator = "fixed"  # user side: fixed (verbatim shards in order) | local | local:MODEL | http:URL#MODEL
+    c.user_max_new_tokens = 128  # reply budget of an LLM user simulator
+    c.user_temperature = 0.0  # sampling temperature of an LLM user simulator
+    c.strategy = "plain"  # how the assistant answers: plain (another method, e.g. sedt, registers its own)
+    c.workdir = "/tmp/jaxrl_mt_eval_cpu"  # transcripts.jsonl, report.json, report.md and plots go here
+    c.seed = 0  # seed of the scenarios (shard order, corruption), the sampler and the bootstrap
+    c.bootstrap = 1000  # bootstrap replicates of the confidence intervals
+    c.plots = True  # write the PNG plots
+    if preset == "lic":
+        c.dataset = ("lic:@",)
+        c.limit = 0
+        c.runs = 10
+        c.temperature = 1.0
+        c.max_new_tokens = 1024
+        c.max_batch = 64
+        c.workdir = "/tmp/jaxrl_mt_eval_lic"
+    return c

@@ -1,0 +1,424 @@
+"""LiC conversation simulation: plan the runs, judge and score each assistant turn, keep transcripts.
+
+The conversations themselves are advanced by ``jaxrl_mt.conversations.run_conversations`` (one
+batched sampler call per turn for the whole batch); this module adds what the LiC benchmark
+needs around it:
+
+- :func:`plan_runs`: N ``ConversationRun`` per (instruction, scenario), ``conv_id`` =
+  ``"{task_id}|{kind}|{run}"``, built with ``jaxrl_mt.data.build_scenario``.
+- :class:`TurnScorer`: the ``on_turn`` callback. It classifies each new reply with the judge
+  (rule-based or LLM, one batched call per turn), extracts and checks the answer with the
+  training verifier (``jaxrl_mt.rewards.verifier``), records the verdict in ``turn.info`` and,
+  under the ``lic`` protocol, ends a conversation at its first correct answer attempt. Finished
+  conversations are handed to a sink (the transcript file) as soon as they finish.
+- Scoring protocols (pure functions of the per-turn verdicts, so a report can be recomputed from
+  transcripts): ``lic`` scores the last answer attempt (0 when none); ``final_turn`` scores the
+  last turn only (RLSTA's MT-Add / MT-Refine evaluation).
+- :class:`TranscriptStore`: ``transcripts.jsonl``, one line per finished conversation, appended
+  as they finish; on restart the conversations already there are skipped.
+- Strategies: how a batch of runs is answered. ``"plain"`` is ``run_conversations`` itself;
+  another method (SeDT) registers a function with the same signature through
+  :func:`register_strategy` and is selected with the config field ``strategy``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxrl_mt.conversations import ConversationRun, UserPolicy, run_conversations
+from jaxrl_mt.data.records import DataError, ShardedTask, canonical_kind
+from jaxrl_mt.data.scenarios import build_scenario
+from jaxrl_mt.rewards.judge import classify_llm, classify_rule_based
+from jaxrl_mt.rewards.verifier import extract_answer, verify
+from jaxrl_mt.sampling import Sampler, SamplingConfig
+
+__all__ = [
+    "LIC_SCENARIOS",
+    "PROTOCOLS",
+    "EvalError",
+    "Judge",
+    "TranscriptStore",
+    "TurnScorer",
+    "canonical_scenarios",
+    "conv_id",
+    "first_answer_turn",
+    "get_strategy",
+    "judge_turn",
+    "make_judge",
+    "plan_runs",
+    "register_strategy",
+    "run_score",
+    "simulate",
+    "transcript_record",
+]
+
+log = logging.getLogger(__name__)
+
+LIC_SCENARIOS = ("full", "concat", "sharded", "recap", "snowball", "mt_refine", "atr", "aiwr")
+PROTOCOLS = ("lic", "final_turn")
+STOP_CORRECT = "correct_answer"  # stop_reason of a lic conversation ended by a correct answer
+CONTEXT_MARGIN = 16  # tokens of chat-template overhead assumed per extra user turn
+
+
+class EvalError(ValueError):
+    """Bad evaluation input (config value, data, workdir); the message is one line naming it."""
+
+
+def conv_id(task_id: str, kind: str, run: int) -> str:
+    """The id of run ``run`` of instruction ``task_id`` in scenario ``kind``."""
+    return f"{task_id}|{kind}|{run}"
+
+
+def canonical_scenarios(kinds: Iterable[str]) -> tuple[str, ...]:
+    """Canonical LiC scenario kinds (``mt_add`` -> ``sharded``), order kept, duplicates dropped.
+
+    Raises:
+      EvalError: an unknown kind, or one that is not a LiC scenario (e.g. ``underspecified``).
+    """
+    out: list[str] = []
+    for k in kinds:
+        try:
+            c = canonical_kind(k)
+        except DataError as e:
+            raise EvalError(f"config field 'scenarios': {e}") from None
+        if c not in LIC_SCENARIOS:
+            raise EvalError(f"config field 'scenarios': {k!r} is not a LiC evaluation scenario; "
+                            f"valid: {', '.join(LIC_SCENARIOS)}")
+        if c not in out:
+            out.append(c)
+    if not out:
+        raise EvalError("config field 'scenarios': no scenario given")
+    return tuple(out)
+
+
+def plan_runs(tasks: Sequence[ShardedTask], kinds: Sequence[str], runs: int, *, seed: int = 0,
+              system: str | None = None, shuffle: bool = False
+              ) -> tuple[list[ConversationRun], list[dict[str, str]]]:
+    """The conversations of an evaluation: ``runs`` per (task, scenario kind).
+
+    Scenario-major order (all runs of a kind are adjacent) so that a sampler chunk mostly holds
+    prompts of similar length.
+
+    Args:
+      tasks: the instructions.
+      kinds: canonical scenario kinds.
+      runs: N, runs per instruction and scenario.
+      seed: the scenario seed (shard order when ``shuffle``, corruption for mt_refine/atr/aiwr).
+      system: the system prompt (None: the chat template's default).
+      shuffle: shuffle the order of condition shards (seeded, same for the N runs).
+
+    Returns:
+      ``(runs, skipped)``: skipped lists ``{"task_id", "kind", "reason"}`` for tasks that cannot
+      make a kind (e.g. nothing to corrupt for mt_refine).
+    """
+    if runs < 1:
+        raise EvalError(f"config field 'runs': expected >= 1, got {runs}")
+    out: list[ConversationRun] = []
+    skipped: list[dict[str, str]] = []
+    for kind in kinds:
+        for task in tasks:
+            try:
+                sc = build_scenario(task, kind, seed=seed, shuffle=shuffle)
+            except DataError as e:
+                skipped.append({"task_id": task.task_id, "kind": kind, "reason": str(e)})
+                continue
+            for r in range(runs):
+                meta = {"task_id": task.task_id, "kind": kind, "run": r, "answer": task.answer,
+                        "domain": task.domain, "question": task.full_prompt, "n_planned": len(sc.turns)}
+                out.append(ConversationRun(conv_id=conv_id(task.task_id, kind, r), system=system,
+                                           user_turns=list(sc.turns), meta=meta))
+    return out, skipped
+
+
+# --------------------------------------------------------------------------- judging and scores
+
+
+class Judge:
+    """Labels assistant replies with the LiC response types (``jaxrl_mt.rewards.judge``)."""
+
+    def __init__(self, backend: Any = None, *, max_new_tokens: int = 16, name: str = "rule"):
+        """Args:
+          backend: None for the rule-based judge, else a ChatBackend for ``classify_llm``.
+          max_new_tokens: the LLM judge's reply budget.
+          name: how the report names this judge.
+        """
+        self.backend = backend
+        self.max_new_tokens = max_new_tokens
+        self.name = name
+        self.stats: dict[str, int] = {}
+
+    def classify(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str]) -> list[str]:
+        """One label per reply; an LLM judge is asked once per domain present (once in math)."""
+        if self.backend is None:
+            return [classify_rule_based(t, d) for t, d in zip(texts, domains)]
+        labels: list[str] = [""] * len(texts)
+        for dom in dict.fromkeys(domains):
+            idx = [i for i, d in enumerate(domains) if d == dom]
+            got = classify_llm(self.backend, [texts[i] for i in idx], [questions[i] for i in idx],
+                               domain=dom, max_new_tokens=self.max_new_tokens, stats=self.stats)
+            for i, lab in zip(idx, got):
+                labels[i] = lab
+        return labels
+
+
+def make_judge(spec: str, *, model: Any = None, max_new_tokens: int = 16, **backend_kw: Any) -> Judge:
+    """``"rule"`` or a backend spec (``"local"``, ``"local:MODEL"``, ``"http:URL#MODEL"``)."""
+    if spec == "rule":
+        return Judge(name="rule")
+    from jaxrl_mt.eval.user_sim import backend_for
+
+    return Judge(backend_for(spec, model=model, **backend_kw), max_new_tokens=max_new_tokens, name=spec)
+
+
+def judge_turn(text: str, gold: str, label: str, mode: str) -> dict[str, Any]:
+    """The verdict stored in ``turn.info``: the judge's label and the verifier's check.
+
+    Returns:
+      ``{"label", "answer_attempt", "extracted", "correct"}``; ``correct`` is the verifier's
+      score of the reply (0/1) whatever the label, ``extracted`` its extracted answer (or None).
+    """
+    return {"label": label, "answer_attempt": label == "answer_attempt",
+            "extracted": extract_answer(text), "correct": float(verify(text, gold, mode))}
+
+
+def run_score(turns: Sequence[Mapping[str, Any]], protocol: str) -> tuple[float, int | None]:
+    """A conversation's score from its per-turn verdicts.
+
+    Args:
+      turns: per turn, a mapping with ``answer_attempt`` and ``correct`` (as ``judge_turn``).
+      protocol: ``"lic"``: the correctness of the last answer attempt (0 when there is none);
+        ``"final_turn"``: the correctness of the last turn.
+
+    Returns:
+      ``(score in {0, 1}, 1-based turn that was scored or None)``.
+    """
+    if protocol == "lic":
+        for k in range(len(turns) - 1, -1, -1):
+            if turns[k]["answer_attempt"]:
+                return float(turns[k]["correct"]), k + 1
+        return 0.0, None
+    if protocol == "final_turn":
+        return (float(turns[-1]["correct"]), len(turns)) if turns else (0.0, None)
+    raise EvalError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+
+
+def first_answer_turn(turns: Sequence[Mapping[str, Any]]) -> int | None:
+    """1-based turn of the first answer attempt, or None."""
+    return next((k + 1 for k, t in enumerate(turns) if t["answer_attempt"]), None)
+
+
+def transcript_record(run: ConversationRun, protocol: str) -> dict[str, Any]:
+    """The JSON line of a finished conversation (every turn, verdicts, score)."""
+    turns = []
+    for t in run.turns:
+        turns.append({"index": t.index, "user": t.user, "assistant": t.assistant,
+                      "finish_reason": t.finish_reason, "new_tokens": len(t.tokens),
+                      "prompt_tokens": t.prompt_tokens, **t.info})
+    score, scored = run_score(turns, protocol)
+    m = run.meta
+    return {"conv_id": run.conv_id, "task_id": m["task_id"], "kind": m["kind"], "run": m["run"],
+            "gold": m["answer"], "domain": m["domain"], "protocol": protocol,
+            "n_planned_turns": m["n_planned"], "n_turns": len(turns), "stop_reason": run.stop_reason,
+            "score": score, "scored_turn": scored, "first_answer_turn": first_answer_turn(turns),
+            "turns": turns}
+
+
+class TurnScorer:
+    """The ``on_turn`` callback: judge, verify, stop (lic) and flush finished conversations."""
+
+    def __init__(self, runs: Sequence[ConversationRun], judge: Judge, *, protocol: str,
+                 verifier_mode: str, sink: Callable[[list[dict[str, Any]]], None] | None = None):
+        """Args:
+          runs: every run of the batch (those finished without a turn callback, e.g. a user
+            policy that ended them, are flushed at the next call or by :meth:`flush`).
+          judge: the response-type judge.
+          protocol: ``"lic"`` or ``"final_turn"``.
+          verifier_mode: ``"strict"`` or ``"lenient"``.
+          sink: receives transcript records of finished conversations.
+        """
+        if protocol not in PROTOCOLS:
+            raise EvalError(f"config field 'protocol': unknown {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+        self.runs, self.judge, self.protocol, self.mode = list(runs), judge, protocol, verifier_mode
+        self.sink = sink
+        self.flushed: set[str] = set()
+
+    def __call__(self, live: Sequence[ConversationRun]) -> None:
+        texts = [r.turns[-1].assistant for r in live]
+        labels = self.judge.classify(texts, [r.meta["question"] for r in live], [r.meta["domain"] for r in live])
+        for r, text, label in zip(live, texts, labels):
+            turn = r.turns[-1]
+            turn.info.update(judge_turn(text, r.meta["answer"], label, self.mode))
+            sim = r.meta.get("user_sim")
+            if sim and len(sim) >= len(r.turns):
+                s = sim[len(r.turns) - 1]
+                turn.info.update({"user_unit": s["unit"], "user_check": s["reason"], "user_fallback": s["fallback"]})
+            if self.protocol == "lic" and turn.info["answer_attempt"] and turn.info["correct"]:
+                r.done, r.stop_reason = True, STOP_CORRECT
+            elif len(r.turns) >= r.meta["n_planned"]:
+                r.done, r.stop_reason = True, r.stop_reason or "no_more_turns"
+        self.flush()
+
+    def flush(self) -> int:
+        """Hands finished, not yet flushed conversations to the sink; returns how many."""
+        done = [r for r in self.runs if r.done and r.turns and r.conv_id not in self.flushed]
+        if done and self.sink is not None:
+            self.sink([transcript_record(r, self.protocol) for r in done])
+        self.flushed.update(r.conv_id for r in done)
+        return len(done)
+
+
+class ContextGuard:
+    """Wraps a user policy: ends a conversation whose next prompt would not fit the context.
+
+    The next prompt's length is bounded by the last prompt, the last reply, the new user message
+    and ``CONTEXT_MARGIN`` template tokens; such a conversation stops with ``"context_full"``.
+    """
+
+    def __init__(self, user: UserPolicy, tokenizer: Any, max_context: int, max_new_tokens: int):
+        self.user, self.tokenizer = user, tokenizer
+        self.limit = max_context - max_new_tokens
+        self.stopped = 0
+
+    def next_user_turns(self, runs: Sequence[ConversationRun]) -> list[str | None]:
+        nexts = self.user.next_user_turns(runs)
+        out: list[str | None] = []
+        for r, u in zip(runs, nexts):
+            if u is not None and r.turns:
+                last = r.turns[-1]
+                need = last.prompt_tokens + len(last.tokens) + len(self.tokenizer.encode(u)) + CONTEXT_MARGIN
+                if need > self.limit:
+                    r.stop_reason = "context_full"
+                    self.stopped += 1
+                    u = None
+            out.append(u)
+        return out
+
+
+# --------------------------------------------------------------------------- strategies
+
+Strategy = Callable[..., list[ConversationRun]]
+STRATEGIES: dict[str, Strategy] = {"plain": run_conversations}
+
+
+def register_strategy(name: str, fn: Strategy) -> None:
+    """Registers how batches are answered under ``config.strategy == name``.
+
+    ``fn(sampler, runs, sampling, *, seed, user, on_turn, progress) -> runs`` must advance the
+    runs like ``run_conversations`` (one batched sampler call per turn, ``on_turn`` after each
+    turn with the runs that got a reply). SeDT registers ``"sedt"`` here.
+    """
+    STRATEGIES[name] = fn
+
+
+def get_strategy(name: str) -> Strategy:
+    """The registered strategy (importing ``jaxrl_mt.sedt`` first for ``"sedt"``)."""
+    if name not in STRATEGIES and name == "sedt":
+        try:
+            import jaxrl_mt.sedt  # noqa: F401  (registers itself)
+        except ImportError as e:
+            raise EvalError(f"config field 'strategy': 'sedt' is unavailable ({e})") from None
+    if name not in STRATEGIES:
+        raise EvalError(f"config field 'strategy': unknown {name!r}; valid: {', '.join(sorted(STRATEGIES))}")
+    return STRATEGIES[name]
+
+
+def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: SamplingConfig, *,
+             judge: Judge, protocol: str, verifier_mode: str, user: UserPolicy | None = None,
+             seed: int = 0, strategy: str = "plain",
+             sink: Callable[[list[dict[str, Any]]], None] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Simulates every run in lockstep and returns their transcript records.
+
+    Args:
+      sampler: the evaluated model's sampler (its ``max_batch`` caps each sampler call).
+      runs: fresh conversations from :func:`plan_runs`.
+      sampling: sampling settings of the assistant.
+      judge, protocol, verifier_mode: see :class:`TurnScorer`.
+      user: the user policy (default: fixed order); wrapped in a :class:`ContextGuard`.
+      seed: the sampling seed.
+      strategy: a registered strategy name.
+      sink: receives records as conversations finish (e.g. ``TranscriptStore.append``).
+      progress: ``progress(turn_index, n_active)``.
+
+    Returns:
+      One transcript record per run, in the order of ``runs``.
+    """
+    from jaxrl_mt.conversations import FixedOrderUser
+
+    records: dict[str, dict[str, Any]] = {}
+
+    def collect(recs: list[dict[str, Any]]) -> None:
+        for rec in recs:
+            records[rec["conv_id"]] = rec
+        if sink is not None:
+            sink(recs)
+
+    if not runs:
+        return []
+    scorer = TurnScorer(runs, judge, protocol=protocol, verifier_mode=verifier_mode, sink=collect)
+    guard = ContextGuard(user or FixedOrderUser(), sampler.tokenizer, sampler.cfg.max_position_embeddings,
+                         sampling.max_new_tokens)
+    get_strategy(strategy)(sampler, runs, sampling, seed=seed, user=guard, on_turn=scorer, progress=progress)
+    for r in runs:  # e.g. ended by the user policy after their last on_turn
+        r.done = True
+    scorer.flush()
+    return [records[r.conv_id] for r in runs if r.conv_id in records]
+
+
+# --------------------------------------------------------------------------- transcripts
+
+_REQUIRED = ("conv_id", "task_id", "kind", "run", "score", "turns")
+
+
+class TranscriptStore:
+    """``transcripts.jsonl``: one JSON line per finished conversation, appended and flushed."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        """The records already written, by conv_id (a later duplicate replaces an earlier one).
+
+        A last line cut short by an interruption is dropped (and removed from the file); any
+        other unreadable line is an error.
+
+        Raises:
+          EvalError: ``path:line: ...`` for a malformed line or a record missing a field.
+        """
+        if not self.path.exists():
+            return {}
+        lines = self.path.read_text(encoding="utf-8").split("\n")
+        out: dict[str, dict[str, Any]] = {}
+        last = max((i for i, s in enumerate(lines) if s.strip()), default=-1)
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                if i == last and not line.endswith("}"):
+                    log.warning("%s:%d: dropping a truncated last line", self.path, i + 1)
+                    self.path.write_text("".join(s + "\n" for s in lines[:i] if s.strip()), encoding="utf-8")
+                    break
+                raise EvalError(f"{self.path}:{i + 1}: invalid JSON ({e.msg} at column {e.colno})") from None
+            missing = [f for f in _REQUIRED if not isinstance(rec, dict) or f not in rec]
+            if missing:
+                raise EvalError(f"{self.path}:{i + 1}: field '{missing[0]}': missing")
+            out[rec["conv_id"]] = rec
+        return out
+
+    def append(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Appends records, one line each, and flushes them to disk."""
+        if not records:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            for rec in records:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())

@@ -1,0 +1,265 @@
+"""Command line LiC evaluation.
+
+    python -m jaxrl_mt.evaluate --config configs/eval_lic.py:cpu --config.workdir=/tmp/eval_cpu
+    python -m jaxrl_mt.evaluate --config configs/eval_lic.py:lic --config.model=workdir:/runs/rlsta
+
+Loads the model (a registry spec, or ``workdir:PATH`` for a training checkpoint through
+``jaxrl_mt.rl.loop.load_policy``) and the instructions (source specs), plans N runs per
+instruction and scenario, simulates all of them in lockstep (one sampler call per turn for the
+whole batch), and writes into the workdir:
+
+- ``transcripts.jsonl``: one line per finished conversation, appended as they finish. A rerun
+  with the same workdir skips the conversations already there (resume); the results-defining
+  config fields are kept in ``eval_config.json`` and a rerun with different ones is refused.
+- ``report.json``, ``report.md`` and PNG plots, built from the transcripts.
+
+Bad input (an unknown scenario, task or source, a record without an answer, a failing backend)
+ends the command with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxrl_mt.backends import BackendError
+from jaxrl_mt.data.loaders import LIC_TASKS, load_source
+from jaxrl_mt.data.records import DataError, ShardedTask
+from jaxrl_mt.eval.report import build_report, write_report
+from jaxrl_mt.eval.simulator import (
+    PROTOCOLS,
+    EvalError,
+    TranscriptStore,
+    canonical_scenarios,
+    get_strategy,
+    make_judge,
+    plan_runs,
+    simulate,
+)
+from jaxrl_mt.models.config import ModelError
+from jaxrl_mt.rewards.verifier import MODES, verify
+
+__all__ = ["RESULT_FIELDS", "evaluate", "load_eval_model", "load_tasks", "normalize_config"]
+
+EXIT_BAD_INPUT = 2
+TRANSCRIPTS, RUN_CONFIG = "transcripts.jsonl", "eval_config.json"
+# Config fields that define the results of a conversation: a resumed run must keep them.
+RESULT_FIELDS = ("model", "dtype", "dataset", "task", "shuffle_shards", "temperature", "top_p",
+                 "max_new_tokens", "system_prompt", "protocol", "verifier_mode", "judge",
+                 "user_simulator", "user_temperature", "strategy", "seed")
+BACKEND_KINDS = ("local", "http")
+
+
+def _tuple(value: Any, field: str) -> tuple[str, ...]:
+    """A tuple of strings; ``"a,b"`` items (from the command line) are split at commas."""
+    items = [value] if isinstance(value, str) else list(value)
+    out = tuple(s.strip() for item in items for s in str(item).split(",") if s.strip())
+    if not out:
+        raise EvalError(f"config field '{field}': expected at least one value, got {value!r}")
+    return out
+
+
+def _backend_spec(value: str, field: str, default: str) -> str:
+    if value != default and value.partition(":")[0] not in BACKEND_KINDS:
+        raise EvalError(f"config field '{field}': unknown {value!r}; expected '{default}', 'local', "
+                        "'local:MODEL' or 'http:URL#MODEL'")
+    return value
+
+
+def normalize_config(cfg: Any) -> dict[str, Any]:
+    """Checks a config (ConfigDict or mapping) and returns it as a plain dict.
+
+    Raises:
+      EvalError: ``config field 'name': ...`` for the first bad value.
+    """
+    c = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+    c["dataset"] = _tuple(c["dataset"], "dataset")
+    c["scenarios"] = canonical_scenarios(_tuple(c["scenarios"], "scenarios"))
+    if c["task"] not in LIC_TASKS:
+        raise EvalError(f"config field 'task': unknown task {c['task']!r}; valid: {', '.join(LIC_TASKS)}")
+    if c["task"] != "math":
+        raise EvalError(f"config field 'task': task {c['task']!r} cannot be scored here (numeric verifier); "
+                        "supported: math")
+    if c["protocol"] not in PROTOCOLS:
+        raise EvalError(f"config field 'protocol': unknown {c['protocol']!r}; valid: {', '.join(PROTOCOLS)}")
+    if c["verifier_mode"] not in MODES:
+        raise EvalError(f"config field 'verifier_mode': unknown {c['verifier_mode']!r}; valid: {', '.join(MODES)}")
+    checks = (("runs", c["runs"] >= 1), ("max_new_tokens", c["max_new_tokens"] >= 1),
+              ("max_batch", c["max_batch"] >= 1), ("temperature", c["temperature"] >= 0),
+              ("top_p", 0 < c["top_p"] <= 1), ("limit", c["limit"] >= 0), ("bootstrap", c["bootstrap"] >= 1))
+    for name, ok in checks:
+        if not ok:
+            raise EvalError(f"config field '{name}': bad value {c[name]!r}")
+    _backend_spec(c["judge"], "judge", "rule")
+    _backend_spec(c["user_simulator"], "user_simulator", "fixed")
+    get_strategy(c["strategy"])
+    if not str(c["workdir"]).strip():
+        raise EvalError("config field 'workdir': empty")
+    return c
+
+
+def _with_task(spec: str, task: str) -> str:
+    """``lic:FILE`` -> ``lic:FILE:task`` (an explicit ``lic:FILE:TASK`` is kept)."""
+    if spec.startswith("lic:") and spec.rpartition(":")[2] not in LIC_TASKS:
+        return f"{spec}:{task}"
+    return spec
+
+
+def load_tasks(sources: Sequence[str], *, task: str = "math", limit: int = 0) -> list[ShardedTask]:
+    """The instructions of every source, each checked for a scorable answer.
+
+    Raises:
+      EvalError: a duplicate task id, a non-math task, or an answer without a number (naming
+        the source and task id); DataError from the loaders names file, line and field.
+    """
+    out: list[ShardedTask] = []
+    seen: dict[str, str] = {}
+    for spec in sources:
+        tasks = load_source(_with_task(spec, task))
+        for t in tasks[: limit or None]:
+            if t.task_id in seen:
+                raise EvalError(f"source {spec!r}: duplicate task id {t.task_id!r} (also in {seen[t.task_id]!r})")
+            if "|" in t.task_id:
+                raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'task_id' must not contain '|'")
+            if t.domain != "math":
+                raise EvalError(f"source {spec!r}: task {t.task_id!r} is a {t.domain!r} task; only math is scored")
+            try:
+                verify("", t.answer)
+            except ValueError:
+                raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'answer': {t.answer!r} holds no "
+                                "number") from None
+            seen[t.task_id] = spec
+            out.append(t)
+    if not out:
+        raise EvalError(f"config field 'dataset': no instructions in {list(sources)}")
+    return out
+
+
+def load_eval_model(spec: str, *, dtype: str = "float32") -> Any:
+    """A registry Model for a model spec; ``workdir:PATH`` loads a training checkpoint's policy."""
+    if spec.startswith("workdir:"):
+        try:
+            from jaxrl_mt.rl.loop import load_policy
+        except ImportError as e:
+            raise EvalError(f"config field 'model': {spec!r} needs jaxrl_mt.rl.loop.load_policy ({e})") from None
+        return load_policy(spec.split(":", 1)[1])
+    from jaxrl_mt.models.registry import load_model
+
+    return load_model(spec, param_dtype=dtype, dtype=dtype)
+
+
+def _check_workdir(workdir: Path, c: Mapping[str, Any]) -> None:
+    """Refuses to resume transcripts written under different results-defining fields."""
+    want = json.loads(json.dumps({k: c[k] for k in RESULT_FIELDS}))
+    path = workdir / RUN_CONFIG
+    if path.exists() and (workdir / TRANSCRIPTS).exists():
+        have = json.loads(path.read_text(encoding="utf-8"))
+        for k in RESULT_FIELDS:
+            if have.get(k) != want[k]:
+                raise EvalError(f"{path}: field '{k}': the transcripts there were made with {have.get(k)!r}, "
+                                f"this run has {want[k]!r}; use another workdir")
+    workdir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(want, indent=2) + "\n", encoding="utf-8")
+
+
+def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
+             log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Runs (or resumes) an evaluation and writes its outputs.
+
+    Args:
+      cfg: the config (see ``configs/eval_lic.py``).
+      model: an already loaded Model to evaluate instead of loading ``cfg.model``.
+      sampler: a ready Sampler of that model (default: ``Sampler.from_model(model, max_batch=...)``).
+      log: progress messages (default: stderr).
+
+    Returns:
+      ``{"report", "files", "n_planned", "n_resumed", "n_generated", "seconds"}``.
+    """
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    c = normalize_config(cfg)
+    tasks = load_tasks(c["dataset"], task=c["task"], limit=c["limit"])
+    system = c["system_prompt"] or None
+    runs, skipped = plan_runs(tasks, c["scenarios"], c["runs"], seed=c["seed"], system=system,
+                              shuffle=c["shuffle_shards"])
+    for s in skipped:
+        log(f"skipping {s['kind']} for {s['task_id']}: {s['reason']}")
+    workdir = Path(c["workdir"])
+    _check_workdir(workdir, c)
+    store = TranscriptStore(workdir / TRANSCRIPTS)
+    done = store.load()
+    todo = [r for r in runs if r.conv_id not in done]
+    log(f"{len(tasks)} instructions, {len(c['scenarios'])} scenarios, {len(runs)} conversations "
+        f"({len(runs) - len(todo)} already in {store.path})")
+    t0 = time.perf_counter()
+    stats: dict[str, Any] = {}
+    if todo:
+        from jaxrl_mt.eval.user_sim import make_user
+        from jaxrl_mt.sampling import Sampler, SamplingConfig
+
+        if model is None and sampler is None:
+            model = load_eval_model(c["model"], dtype=c["dtype"])
+        sampler = sampler if sampler is not None else Sampler.from_model(model, max_batch=c["max_batch"])
+        judge = make_judge(c["judge"], model=model, max_new_tokens=c["judge_max_new_tokens"])
+        user = make_user(c["user_simulator"], model=model, max_new_tokens=c["user_max_new_tokens"],
+                         temperature=c["user_temperature"])
+        sampling = SamplingConfig(max_new_tokens=c["max_new_tokens"], temperature=c["temperature"], top_p=c["top_p"])
+        written = [0]
+
+        def sink(recs: list[dict[str, Any]]) -> None:
+            store.append(recs)
+            written[0] += len(recs)
+
+        def progress(k: int, n: int) -> None:
+            log(f"turn {k + 1}: {n} active conversations, {written[0]}/{len(todo)} finished, "
+                f"{time.perf_counter() - t0:.0f}s")
+
+        recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
+                        verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],
+                        sink=sink, progress=progress)
+        stats = {"new_tokens": int(sum(t["new_tokens"] for r in recs for t in r["turns"])),
+                 "judge": dict(judge.stats)}
+        if hasattr(user, "summary"):
+            stats["user_sim"] = user.summary()
+    seconds = time.perf_counter() - t0
+    planned = {r.conv_id for r in runs}
+    records = [r for cid, r in store.load().items() if cid in planned]
+    missing = planned - {r["conv_id"] for r in records}
+    if missing:
+        raise EvalError(f"{store.path}: {len(missing)} planned conversations have no transcript, "
+                        f"e.g. {sorted(missing)[0]!r}")
+    extra = {"model": c["model"], "config": c, "skipped": skipped,
+             "this_invocation": {"n_generated": len(todo), "seconds": seconds, **stats}}
+    report = build_report(records, scenarios=c["scenarios"], protocol=c["protocol"], n_boot=c["bootstrap"],
+                          seed=c["seed"], extra=extra)
+    files = write_report(report, workdir, plots=c["plots"])
+    log(f"wrote {', '.join(str(p) for p in files.values())}")
+    return {"report": report, "files": files, "n_planned": len(runs), "n_resumed": len(runs) - len(todo),
+            "n_generated": len(todo), "seconds": seconds}
+
+
+def main(argv: Sequence[str]) -> None:
+    from absl import app
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    cfg = _CONFIG.value
+    if cfg is None:
+        raise app.UsageError("--config is required, e.g. --config configs/eval_lic.py:cpu")
+    try:
+        result = evaluate(cfg)
+    except (EvalError, DataError, ModelError, BackendError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    print((Path(result["files"]["report.md"])).read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    from absl import app
+    from ml_collections import config_flags
+
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "evaluation config file[:preset]", lock_config=True)
+    app.run(main)

@@ -1,0 +1,182 @@
+"""Training and sampling memory of big models: `python -m jaxrl_mt.memory_table --batch 8 --length 4096`.
+
+Prints, for Qwen2.5-0.5B, -3B and -7B (configs below, from their published `config.json`), the
+bytes of the parameters, gradients, AdamW state, KV cache and training activations at a given
+batch (rows) and sequence length, with and without rematerialisation.
+
+Exact terms (from the code that allocates them):
+  * parameters: `models.decoder.param_shapes` x bytes of `--param-dtype`;
+  * gradients: the same (`jax.grad` returns the parameter dtype);
+  * optimizer state: `jax.eval_shape` of `rl.optim.make_optimizer(...).init` (AdamW: mu and nu
+    in the parameter dtype, optax's default, plus int32 counters; `--grad-accum` > 1 adds
+    optax.MultiSteps' accumulated gradient);
+  * KV cache: `models.decoder.init_cache` = 2 (k, v) x L x B x S x Hkv x K x bytes(dtype) + B x S
+    validity bits (bool bytes).
+
+Estimated term (documented in docs/scaling.md): activations kept for the backward pass of the
+GRPO loss (`rl.step.loss_fn`), per decoder layer (b = bytes of the compute dtype):
+
+    layer(B, T) = B*T*b*(4*D + 3*Hq*K + 3*Hkv*K + 4*F)      # x, norm, x', norm'; q, q_rope, attn;
+                                                            # k, k_rope, v; gate, silu, up, product
+                + B*Hq*T*T*(4 + b)                           # fp32 scores + probabilities
+    head(B)     = 3 * B * c * V * 4                          # one fp32 vocab chunk (c = 128), remat'd
+    no remat:   L * layer(B, T) + head(B)
+    remat:      L * B*T*D*b + layer(B, T) + head(B)          # scan carries only; one layer live
+
+The attention matrix is materialised (no flash attention), so the T^2 term dominates long
+sequences; on a mesh, every term is divided by the number of devices that split it (parameters,
+gradients and optimizer state by fsdp x tensor, activations and cache by data x fsdp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_mt.models.config import ModelConfig
+from jaxrl_mt.models.decoder import init_cache, param_shapes
+
+# Qwen2.5 base/instruct config.json values (Hugging Face Qwen/Qwen2.5-{0.5B,3B,7B}).
+QWEN25 = {
+    "Qwen2.5-0.5B": ModelConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+                                num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1e6, rms_norm_eps=1e-6,
+                                tie_word_embeddings=True, attention_bias=True, max_position_embeddings=32768,
+                                architecture="qwen2"),
+    "Qwen2.5-3B": ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36,
+                              num_heads=16, num_kv_heads=2, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+                              tie_word_embeddings=True, attention_bias=True, max_position_embeddings=32768,
+                              architecture="qwen2"),
+    "Qwen2.5-7B": ModelConfig(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+                              num_heads=28, num_kv_heads=4, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+                              tie_word_embeddings=False, attention_bias=True, max_position_embeddings=32768,
+                              architecture="qwen2"),
+}
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+LM_HEAD_CHUNK = 128  # scoring.token_logprobs' default time chunk
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRow:
+    """Bytes of one model's training / sampling state at a batch and length."""
+
+    name: str  # model name
+    n_params: int  # parameter count
+    params: int  # parameter bytes
+    grads: int  # gradient bytes
+    opt_state: int  # optimizer state bytes
+    kv_cache: int  # KV cache bytes (batch rows x length slots)
+    act_no_remat: int  # activation estimate without remat
+    act_remat: int  # activation estimate with remat
+    remat: bool  # which activation column the total uses
+
+    @property
+    def train_total(self) -> int:
+        """Parameters + gradients + optimizer state + activations (the chosen remat setting)."""
+        return self.params + self.grads + self.opt_state + (self.act_remat if self.remat else self.act_no_remat)
+
+
+def n_params(cfg: ModelConfig) -> int:
+    """Exact parameter count from `param_shapes`."""
+    leaves = jax.tree_util.tree_leaves(param_shapes(cfg), is_leaf=lambda s: isinstance(s, tuple))
+    return int(sum(math.prod(s) for s in leaves))
+
+
+def _tree_bytes(tree) -> int:
+    return int(sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
+
+
+def param_bytes(cfg: ModelConfig) -> int:
+    """Bytes of the parameters in `cfg.param_dtype`."""
+    return n_params(cfg) * jnp.dtype(cfg.param_dtype).itemsize
+
+
+def opt_state_bytes(cfg: ModelConfig, *, grad_accum: int = 1) -> int:
+    """Exact bytes of the trainer's optimizer state (`make_optimizer`), via `jax.eval_shape`."""
+    from jaxrl_mt.rl.optim import make_optimizer
+
+    abstract = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s, cfg.jnp_param_dtype), param_shapes(cfg),
+                                      is_leaf=lambda s: isinstance(s, tuple))
+    opt = make_optimizer(1e-6, weight_decay=0.01, max_grad_norm=1.0, grad_accum_steps=grad_accum)
+    return _tree_bytes(jax.eval_shape(opt.init, abstract))
+
+
+def kv_cache_bytes(cfg: ModelConfig, batch: int, length: int) -> int:
+    """Exact bytes of `init_cache(cfg, batch, length)` (k, v, validity, index)."""
+    return _tree_bytes(jax.eval_shape(lambda: init_cache(cfg, batch, length)))
+
+
+def activation_bytes(cfg: ModelConfig, batch: int, length: int, *, remat: bool, chunk: int = LM_HEAD_CHUNK) -> int:
+    """Estimated activation bytes of one GRPO loss backward pass (formula in the module docstring)."""
+    b = jnp.dtype(cfg.dtype).itemsize
+    B, T, D, F = batch, length, cfg.hidden_size, cfg.intermediate_size
+    hq, hkv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    layer = B * T * b * (4 * D + 3 * hq + 3 * hkv + 4 * F) + B * cfg.num_heads * T * T * (4 + b)
+    head = 3 * B * min(chunk, T) * cfg.vocab_size * 4
+    if remat:
+        return cfg.num_layers * B * T * D * b + layer + head
+    return cfg.num_layers * layer + head
+
+
+def memory_row(name: str, cfg: ModelConfig, batch: int, length: int, *, remat: bool = False,
+               grad_accum: int = 1) -> MemoryRow:
+    """All columns of one model (the config's param_dtype and dtype apply)."""
+    p = param_bytes(cfg)
+    return MemoryRow(name=name, n_params=n_params(cfg), params=p, grads=p,
+                     opt_state=opt_state_bytes(cfg, grad_accum=grad_accum),
+                     kv_cache=kv_cache_bytes(cfg, batch, length),
+                     act_no_remat=activation_bytes(cfg, batch, length, remat=False),
+                     act_remat=activation_bytes(cfg, batch, length, remat=True), remat=remat)
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def format_table(rows: Sequence[MemoryRow], *, batch: int, length: int, param_dtype: str, dtype: str) -> str:
+    """A markdown table, GiB (2^30 bytes)."""
+    head = (f"batch {batch} x length {length}; parameters {param_dtype}, compute {dtype}; GiB; "
+            f"total = params + grads + AdamW + activations ({'remat' if rows and rows[0].remat else 'no remat'})")
+    cols = ["model", "params", "param", "grads", "AdamW state", "KV cache", "act. (no remat)", "act. (remat)",
+            "train total"]
+    lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append(f"| {r.name} | {r.n_params / 1e9:.3f}B | {gib(r.params)} | {gib(r.grads)} | {gib(r.opt_state)} | "
+                     f"{gib(r.kv_cache)} | {gib(r.act_no_remat)} | {gib(r.act_remat)} | {gib(r.train_total)} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jaxrl_mt.memory_table", description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=8, help="sequences (rows) per step")
+    ap.add_argument("--length", type=int, default=4096, help="tokens per sequence (also the KV-cache slots)")
+    ap.add_argument("--param-dtype", default="fp32", help="fp32 | bf16")
+    ap.add_argument("--dtype", default=None, help="compute dtype fp32 | bf16 (default: --param-dtype)")
+    ap.add_argument("--remat", action="store_true", help="use the remat activations in the total")
+    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per update (MultiSteps state)")
+    ap.add_argument("--models", default=",".join(QWEN25), help=f"comma-separated subset of {list(QWEN25)}")
+    a = ap.parse_args(argv)
+    for flag, v in (("--param-dtype", a.param_dtype), ("--dtype", a.dtype)):
+        if v is not None and v not in DTYPES:
+            ap.error(f"{flag} must be one of fp32, bf16; got {v!r}")
+    if a.batch < 1 or a.length < 1 or a.grad_accum < 1:
+        ap.error(f"--batch, --length and --grad-accum must be >= 1, got {a.batch}, {a.length}, {a.grad_accum}")
+    pd = DTYPES[a.param_dtype]
+    cd = DTYPES[a.dtype or a.param_dtype]
+    names = [n.strip() for n in a.models.split(",") if n.strip()]
+    for n in names:
+        if n not in QWEN25:
+            ap.error(f"--models: unknown model {n!r}; known: {', '.join(QWEN25)}")
+    rows = [memory_row(n, QWEN25[n].replace(param_dtype=pd, dtype=cd), a.batch, a.length, remat=a.remat,
+                       grad_accum=a.grad_accum) for n in names]
+    print(format_table(rows, batch=a.batch, length=a.length, param_dtype=pd, dtype=cd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

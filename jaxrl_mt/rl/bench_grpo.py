@@ -1,0 +1,378 @@
+"""Wall time and peak memory of one GRPO step: our JAX stack against TRL's ``GRPOTrainer``.
+
+    python -m jaxrl_mt.rl.bench_grpo [--model SPEC] [--prompts 4] [--group 4] [--new-tokens 128]
+        [--beta 1e-4] [--steps 2] [--threads N] [--no-remat] [--only ours|trl] [--json OUT]
+
+Both sides run the same configuration: the same chat-formatted GSM8K questions (the shipped
+sample), ``G`` generations per prompt, exactly ``--new-tokens`` new tokens per completion (no stop
+ids on our side, ``min_new_tokens`` on TRL's), temperature 1, the KL coefficient ``beta`` (so both
+do a reference forward), AdamW at lr 1e-6 with global-norm clipping at 1 and a constant schedule,
+the "grpo" loss, one optimizer update per step (no gradient accumulation, ``num_iterations = 1``),
+fp32, and gradient checkpointing on both sides (TRL's default; ours: ``LossConfig.remat``).
+``--no-remat`` turns it off on both: ours then needs about 9.3 GiB of XLA temporaries for
+16 x 256 tokens of the 135M model, which can exhaust a small machine.
+
+One step is generation -> rewards -> advantages -> (reference log-probs) -> loss, backward and the
+optimizer update. Ours: ``Sampler.generate_ids`` -> ``verify`` + ``anchor_reward`` (a reference
+forward of each completion under its anchor prompt) -> ``group_advantages`` -> ``assemble_rollouts``
+-> ``completion_logprobs`` (reference, for the KL term) -> the jitted ``make_train_step`` step.
+TRL: ``GRPOTrainer`` with a reward function that calls the same verifier (it has no anchor reward).
+
+Each side runs in its own subprocess, so peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) is that
+side's alone, and each is pinned to ``--threads`` CPUs (default: all), which sizes XLA's thread
+pool and torch's ``set_num_threads`` alike. On a machine shared with other jobs, torch's OpenMP
+threads spin at every barrier while another process holds a core, so fewer threads than cores can
+be much faster there; the driver prints ``uptime`` before and after. The first step includes XLA
+compilation (ours) or torch warm-up (TRL); steady state is the mean of the later steps. Per-phase
+times come from our own timers and, for TRL, from timers wrapped around ``GRPOTrainer._generate``
+and ``_generate_and_score_completions``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+SIDES = ("ours", "trl")
+LR = 1e-6
+MAX_GRAD_NORM = 1.0
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def pin_cpus(n: int) -> None:
+    """Restricts this process to `n` of its CPUs, so XLA's and torch's thread pools both size to `n`."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if n < len(cpus):
+        os.sched_setaffinity(0, cpus[:n])
+
+
+def load_prompts(n: int) -> list[dict[str, str]]:
+    """The first `n` questions of the shipped GSM8K sample: ``{"question", "gold"}`` each."""
+    from jaxrl_mt.data.loaders import DEFAULT_ASSETS, asset_path, gold_from_gsm8k_answer
+
+    path = asset_path(DEFAULT_ASSETS["gsm8k"])
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            try:
+                rows.append({"question": d["question"], "gold": gold_from_gsm8k_answer(d["answer"])})
+            except (KeyError, ValueError) as e:
+                raise ValueError(f"{path}:{line_no}: bad GSM8K record ({e})") from None
+            if len(rows) == n:
+                return rows
+    raise ValueError(f"{path}: only {len(rows)} questions, --prompts asked for {n}")
+
+
+def summarize(step_s: Sequence[float]) -> dict[str, float]:
+    """First step time and the mean of the later steps (NaN with a single step)."""
+    later = list(step_s[1:])
+    return {"first_step_s": float(step_s[0]),
+            "steady_step_s": float(sum(later) / len(later)) if later else float("nan")}
+
+
+def _mean_later(xs: Sequence[float]) -> float:
+    later = list(xs[1:])
+    return float(sum(later) / len(later)) if later else float("nan")
+
+
+# ----------------------------------------------------------------------------- our stack
+
+
+def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
+    """Times `spec["steps"]` GRPO steps of our stack; returns times, rewards and peak RSS."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxrl_mt.chat import encode_prompt
+    from jaxrl_mt.models.registry import load_model
+    from jaxrl_mt.rewards.anchor import anchor_reward
+    from jaxrl_mt.rewards.verifier import verify
+    from jaxrl_mt.rl.grpo import group_advantages
+    from jaxrl_mt.rl.optim import make_optimizer
+    from jaxrl_mt.rl.step import LossConfig, assemble_rollouts, completion_logprobs, make_train_step
+    from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
+    from jaxrl_mt.scoring import Scorer
+
+    t0 = time.perf_counter()
+    model = load_model(spec["model_path"])
+    G, T = spec["group"], spec["new_tokens"]
+    sampler = Sampler.from_model(model)
+    ref_params = model.params  # immutable arrays: the updates never touch them
+    n_rows = len(spec["prompts"]) * G
+    ref_scorer = Scorer(ref_params, model.cfg, pad_id=model.pad_id, batch_size=min(16, n_rows))
+    optimizer = make_optimizer(LR, max_grad_norm=MAX_GRAD_NORM)
+    lc = LossConfig(beta=spec["beta"], loss_type="grpo", temperature=1.0, max_completion_length=T,
+                    remat=spec["remat"])
+    params, opt_state = model.params, optimizer.init(model.params)
+    jax.block_until_ready(opt_state)
+    setup_s = time.perf_counter() - t0
+    rss_loaded = peak_rss_mb()
+
+    prompts = [encode_prompt(model.tokenizer, [{"role": "user", "content": p["question"]}]) for p in spec["prompts"]]
+    rows = [p for p in prompts for _ in range(G)]
+    golds = [p["gold"] for p in spec["prompts"] for _ in range(G)]
+    anchors = [p["question"] for p in spec["prompts"] for _ in range(G)]
+    sampling = SamplingConfig(max_new_tokens=T, temperature=1.0)
+    never_stop = [[] for _ in rows]  # no stop ids: every row runs to exactly T tokens
+    steps: dict[str, list[float]] = {"step_s": [], "generate_s": [], "score_s": [], "update_s": [],
+                                     "reward": [], "loss": []}
+    train_steps: dict[int, Any] = {}
+    for step in range(spec["steps"]):
+        t_step = time.perf_counter()
+        sampler.params = params
+        res = sampler.generate_ids(rows, sampling, seed=jax.random.fold_in(jax.random.PRNGKey(0), step),
+                                   stop_ids=never_stop)
+        t_gen = time.perf_counter()
+        if int(res.lengths.min()) != T or int(res.lengths.max()) != T:
+            raise RuntimeError(f"completions have {res.lengths.min()}..{res.lengths.max()} tokens, expected {T}")
+        rv = np.array([verify(t, g, "lenient") for t, g in zip(res.texts, golds)])
+        rs = anchor_reward(ref_scorer, model.tokenizer, anchors, res.tokens)
+        reward = rv + rs
+        adv = np.asarray(group_advantages(jnp.asarray(reward, jnp.float32), G))
+        P = bucket(max(len(p) for p in rows), 32)
+        C = bucket(T, 16)
+        batch = assemble_rollouts(rows, res.tokens, model.pad_id, P, C)
+        batch["advantages"] = adv.astype(np.float32)
+        if lc.beta > 0:
+            batch["ref_logp"] = np.asarray(completion_logprobs(ref_params, model.cfg, batch["tokens"],
+                                                               batch["token_mask"], prompt_len=P, temperature=1.0))
+        t_score = time.perf_counter()
+        if P not in train_steps:
+            train_steps[P] = make_train_step(model.cfg, optimizer, lc, P)
+        params, opt_state, m = train_steps[P](params, opt_state, batch)
+        m = jax.device_get(m)
+        jax.block_until_ready(params)
+        t_end = time.perf_counter()
+        if not m["finite"]:
+            raise RuntimeError(f"step {step}: non-finite loss or gradient (loss={float(m['loss'])})")
+        for k, v in (("step_s", t_end - t_step), ("generate_s", t_gen - t_step), ("score_s", t_score - t_gen),
+                     ("update_s", t_end - t_score), ("reward", float(reward.mean())), ("loss", float(m["loss"]))):
+            steps[k].append(v)
+        print(f"[ours] step {step + 1}: {t_end - t_step:.1f}s (generate {t_gen - t_step:.1f}, "
+              f"score {t_score - t_gen:.1f}, update {t_end - t_score:.1f})", file=sys.stderr, flush=True)
+    return {"side": "ours", "setup_s": setup_s, "prompt_tokens": [len(p) for p in prompts],
+            "completion_tokens": T, "rss_after_load_mb": rss_loaded, **summarize(steps["step_s"]),
+            "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
+            "phases_first_s": {k: steps[k][0] for k in ("generate_s", "score_s", "update_s")},
+            "steps": steps, "backend": f"jax {jax.__version__} {jax.default_backend()}",
+            "peak_rss_mb": peak_rss_mb()}
+
+
+# ----------------------------------------------------------------------------- TRL
+
+
+def _timed(fn: Callable[..., Any], sink: list[float]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - t0)
+
+    return wrapper
+
+
+def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
+    """Times `spec["steps"]` steps of TRL's GRPOTrainer; returns times, rewards and peak RSS."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    import trl
+    from trl import GRPOConfig, GRPOTrainer
+
+    from jaxrl_mt.rewards.verifier import verify
+
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)
+    G, T = spec["group"], spec["new_tokens"]
+    n_rows = len(spec["prompts"]) * G
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(spec["model_path"])
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": p["question"]}], "gold": p["gold"]}
+                              for p in spec["prompts"]])
+
+    def verifier_reward(prompts: list, completions: list, gold: list[str], **_: Any) -> list[float]:
+        return [verify(c[0]["content"] if isinstance(c, list) else c, g, "lenient") for c, g in zip(completions, gold)]
+
+    out_dir = tempfile.mkdtemp(prefix="bench_grpo_trl_")
+    args = GRPOConfig(
+        output_dir=out_dir, per_device_train_batch_size=n_rows, gradient_accumulation_steps=1, num_generations=G,
+        max_completion_length=T, generation_kwargs={"min_new_tokens": T}, beta=spec["beta"], temperature=1.0,
+        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=MAX_GRAD_NORM, loss_type="grpo",
+        num_iterations=1, use_vllm=False, report_to=[], logging_steps=1, max_steps=spec["steps"], bf16=False,
+        fp16=False, gradient_checkpointing=spec["remat"], use_cpu=True, save_strategy="no", shuffle_dataset=False,
+        seed=0, dataloader_num_workers=0, model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True,
+    )
+    step_s: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            step_s.append(time.perf_counter() - self.t0)
+            print(f"[trl] step {len(step_s)}: {step_s[-1]:.1f}s", file=sys.stderr, flush=True)
+
+    trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=verifier_reward, args=args, train_dataset=data,
+                          processing_class=tok, callbacks=[StepTimer()])
+    gen_s: list[float] = []
+    gen_score_s: list[float] = []
+    trainer._generate = _timed(trainer._generate, gen_s)
+    trainer._generate_and_score_completions = _timed(trainer._generate_and_score_completions, gen_score_s)
+    setup_s = time.perf_counter() - t0
+    rss_loaded = peak_rss_mb()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    if len(step_s) != spec["steps"] or len(gen_s) != spec["steps"]:
+        raise RuntimeError(f"TRL ran {len(step_s)} steps / {len(gen_s)} generations, expected {spec['steps']}")
+    lengths = [h.get("completions/mean_length") for h in logs]
+    if any(L is not None and abs(L - T) > 1e-6 for L in lengths):
+        raise RuntimeError(f"TRL completions were not {T} tokens long: mean lengths {lengths}")
+    score_s = [a - b for a, b in zip(gen_score_s, gen_s)]
+    update_s = [a - b for a, b in zip(step_s, gen_score_s)]
+    steps = {"step_s": step_s, "generate_s": gen_s, "score_s": score_s, "update_s": update_s,
+             "reward": [h.get("reward") for h in logs], "loss": [h.get("loss") for h in logs]}
+    return {"side": "trl", "setup_s": setup_s, "completion_tokens": T, "rss_after_load_mb": rss_loaded,
+            **summarize(step_s),
+            "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
+            "phases_first_s": {k: steps[k][0] for k in ("generate_s", "score_s", "update_s")},
+            "steps": steps, "completion_mean_length": lengths,
+            "backend": f"trl {trl.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads",
+            "peak_rss_mb": peak_rss_mb()}
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def run_side(side: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Runs one side in a fresh Python subprocess and returns its result dict."""
+    with tempfile.TemporaryDirectory(prefix="bench_grpo_") as d:
+        spec_path, out_path = Path(d) / "spec.json", Path(d) / "result.json"
+        spec_path.write_text(json.dumps(spec))
+        env = dict(os.environ)
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        cmd = [sys.executable, "-m", "jaxrl_mt.rl.bench_grpo", "--worker", side, "--spec", str(spec_path),
+               "--result", str(out_path)]
+        proc = subprocess.run(cmd, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {side} worker failed with exit code {proc.returncode}")
+        return json.loads(out_path.read_text())
+
+
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    """A plain-text table of the per-side figures and the ours/TRL ratios."""
+    rows = [("first step (s)", "first_step_s"), ("steady step (s)", "steady_step_s"),
+            ("  generate (s)", ("phases_steady_s", "generate_s")), ("  score (s)", ("phases_steady_s", "score_s")),
+            ("  update (s)", ("phases_steady_s", "update_s")), ("setup/load (s)", "setup_s"),
+            ("RSS after load (MiB)", "rss_after_load_mb"), ("peak RSS (MiB)", "peak_rss_mb")]
+
+    def get(r: dict[str, Any], key: Any) -> float:
+        if isinstance(key, tuple):
+            return float(r[key[0]][key[1]])
+        return float(r[key])
+
+    sides = [s for s in SIDES if s in results]
+    head = f"{'':24s}" + "".join(f"{s:>12s}" for s in sides) + (f"{'ours/trl':>12s}" if len(sides) == 2 else "")
+    lines = [head]
+    for label, key in rows:
+        vals = [get(results[s], key) for s in sides]
+        line = f"{label:24s}" + "".join(f"{v:12.2f}" for v in vals)
+        if len(sides) == 2:
+            line += f"{vals[0] / vals[1]:12.2f}" if vals[1] else f"{'-':>12s}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _load() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return ""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m jaxrl_mt.rl.bench_grpo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model spec (builtin:NAME or HF folder)")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    ap.add_argument("--group", type=int, default=4, help="G, generations per prompt")
+    ap.add_argument("--new-tokens", type=int, default=128, help="new tokens per completion (forced)")
+    ap.add_argument("--beta", type=float, default=1e-4, help="KL coefficient (> 0: reference forward)")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per side (the first includes compilation)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="CPU threads per side (torch threads; both workers are pinned to this many CPUs)")
+    ap.add_argument("--no-remat", dest="remat", action="store_false",
+                    help="no gradient checkpointing (default: on, on both sides)")
+    ap.add_argument("--only", choices=SIDES, default=None, help="run one side only")
+    ap.add_argument("--json", default=None, help="write the results to this JSON file")
+    ap.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    for name in ("prompts", "new_tokens", "steps", "threads"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if a.group < 2:
+        ap.error(f"--group must be >= 2 for group-relative advantages, got {a.group}")
+    if a.beta < 0:
+        ap.error(f"--beta must be >= 0, got {a.beta}")
+    return a
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.worker:
+        spec = json.loads(Path(a.spec).read_text())
+        pin_cpus(spec["threads"])  # before jax / torch start their thread pools
+        res = run_ours(spec) if a.worker == "ours" else run_trl(spec)
+        Path(a.result).write_text(json.dumps(res))
+        return 0
+    from jaxrl_mt.models.registry import resolve
+
+    spec = {"model": a.model, "model_path": str(resolve(a.model)), "prompts": load_prompts(a.prompts),
+            "group": a.group, "new_tokens": a.new_tokens, "beta": a.beta, "steps": a.steps,
+            "threads": a.threads, "remat": a.remat}
+    load_before = _load()
+    results = {side: run_side(side, spec) for side in SIDES if a.only in (None, side)}
+    load_after = _load()
+    print(f"GRPO step: {a.model}, {a.prompts} prompts x G={a.group}, {a.new_tokens} new tokens, beta={a.beta}, "
+          f"{a.steps} steps, {a.threads} threads per side ({os.cpu_count()} CPUs), "
+          f"gradient checkpointing {'on' if a.remat else 'off'}")
+    print(format_table(results))
+    print(f"load before: {load_before}\nload after:  {load_after}")
+    if a.json:
+        out = {"config": {k: v for k, v in spec.items() if k != "prompts"},
+               "questions": [p["question"] for p in spec["prompts"]], "results": results,
+               "uptime_before": load_before, "uptime_after": load_after}
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

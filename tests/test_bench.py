@@ -1,0 +1,64 @@
+"""`python -m jaxrl_mt.bench`: a tiny smoke run of both modes, with transformers as the reference."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxrl_mt.bench import main, measure_bandwidth, random_prompts
+from tests.test_sampling import tiny_hf_llama
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "tiny"
+    tiny_hf_llama(out)
+    return out
+
+
+def run_bench(tmp_path, capsys, *argv: str) -> tuple[dict, str]:
+    out = tmp_path / "bench.json"
+    assert main([*argv, "--repeats", "1", "--bandwidth-mb", "8", "--json", str(out)]) == 0
+    return json.loads(out.read_text()), capsys.readouterr().out
+
+
+def check_numbers(r: dict, tokens: int) -> None:
+    for side in ("ours", "transformers"):
+        s = r[side]
+        assert s["tokens_per_s"] == pytest.approx(tokens / s["steady_s"])
+        assert s["roofline_fraction"] == pytest.approx(s["steps_per_s"] / r["roofline_steps_per_s"])
+        assert s["first_s"] > 0 and s["steady_s"] >= s["best_s"] > 0
+    assert r["ratio_tokens_per_s"] == pytest.approx(r["ours"]["tokens_per_s"] / r["transformers"]["tokens_per_s"])
+    assert r["roofline_steps_per_s"] == pytest.approx(r["bandwidth_gb_s"] * 1e9 / r["param_bytes"])
+    assert r["torch_threads"] == r["cpus"]
+
+
+def test_sampling_smoke(folder, tmp_path, capsys):
+    # shapes (batch 4, prompt 32, 32 new) as in test_sampling, so a full run compiles them once
+    r, text = run_bench(tmp_path, capsys, "sampling", "--model", str(folder), "--batch", "3", "--new-tokens", "20",
+                        "--prompt-len", "9")
+    assert r["prompt_lens"] == [9, 8, 6]
+    check_numbers(r, 3 * 20)
+    assert r["agree_rows"] == 3  # greedy parity with transformers on the same weights
+    assert "ratio ours / transformers" in text and "torch threads = " in text and "of roofline" in text
+
+
+def test_scoring_smoke(folder, tmp_path, capsys):
+    r, text = run_bench(tmp_path, capsys, "scoring", "--model", str(folder), "--batch", "4", "--prompt-len", "16")
+    check_numbers(r, 4 * 16)
+    assert r["max_abs_logprob_diff"] < 1e-4
+    assert "teacher-forced" in text
+
+
+def test_helpers():
+    assert measure_bandwidth(8, repeats=2) > 1e8  # bytes/s: any machine reads faster than 100 MB/s
+    rows = random_prompts(50, 4, 8, exclude=[7, 9])
+    assert [len(r) for r in rows] == [8, 7, 6, 5]
+    assert all(3 <= t < 50 and t not in (7, 9) for r in rows for t in r)
+    assert random_prompts(50, 4, 8, exclude=[7, 9]) == rows  # deterministic
+
+
+def test_unknown_model_exits_2(capsys):
+    assert main(["sampling", "--model", "builtin:nope", "--no-reference"]) == 2
+    assert capsys.readouterr().err.startswith("error: --model: unknown builtin model 'nope'")

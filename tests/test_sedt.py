@@ -1,0 +1,376 @@
+"""SeDT: the relevance math by hand, the guard, one scoring path, batching, the evaluator strategy.
+
+Model-backed tests use the session's tiny random Llama (2 layers, width 32) with the embedded
+model's tokenizer and chat template (``tiny_chat_model_dir`` in conftest).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from jaxrl_mt import scoring
+from jaxrl_mt.conversations import ConversationRun
+from jaxrl_mt.eval.sedt_eval import correction_outcomes, parse_overrides, plan, report_md, run_eval
+from jaxrl_mt.sampling import Sampler, SamplingConfig
+from jaxrl_mt.sedt import (
+    CONFIRMED,
+    UNCERTAIN,
+    Annotation,
+    SeDTConfig,
+    annotate,
+    annotate_batch,
+    content_words,
+    correction_prompt,
+    coverage,
+    format_prompt,
+    guard_replace,
+    jaccard,
+    labels_from_relevance,
+    make_embedder,
+    positional_weights,
+    relevance,
+    respond,
+    returns_to_go,
+    sedt_final_turn,
+    sedt_strategy,
+    should_trigger,
+)
+
+C, U = CONFIRMED, UNCERTAIN
+MATH_ANCHOR = "Compute the final numeric answer to the word problem"
+
+
+# --------------------------------------------------------------------------- pure math
+
+
+def test_positional_curve_by_hand_symmetric_and_peaked():
+    np.testing.assert_allclose(positional_weights(1), [1.0])
+    np.testing.assert_allclose(positional_weights(4), [0.4, 0.8, 0.8, 0.4])  # c = 1.5: 1 - |t - c| / 2.5
+    np.testing.assert_allclose(positional_weights(5), [1 / 3, 2 / 3, 1, 2 / 3, 1 / 3])
+    for n in range(1, 13):
+        p = positional_weights(n)
+        np.testing.assert_allclose(p, p[::-1])  # symmetric
+        mid = (n - 1) // 2
+        assert p.max() == pytest.approx(p[mid]) and np.all(p > 0) and np.all(p <= 1)
+        assert np.all(np.diff(p[: mid + 1]) > 0)  # rises strictly to the middle (then falls by symmetry)
+    with pytest.raises(ValueError, match="at least one turn"):
+        positional_weights(0)
+
+
+def test_content_words_and_jaccard_by_hand():
+    anchor = content_words(MATH_ANCHOR)
+    assert anchor == {"compute", "final", "numeric", "answer", "word", "problem"}
+    turn = content_words("What is the final answer to this problem?")
+    assert turn == {"final", "answer", "problem"}
+    assert jaccard(turn, anchor) == 0.5  # 3 shared / 6 in the union
+    shard = content_words("Natalia sold clips to 48 of her friends in April.")
+    assert shard == {"natalia", "sold", "clips", "48", "friends", "april"}
+    assert jaccard(shard, anchor) == 0.0
+    assert content_words("She paid $1,234.50 for 3 apples") == {"paid", "1234.50", "3", "apples"}
+    assert jaccard(content_words("red apples"), content_words("green apples and pears")) == 1 / 4
+    assert jaccard(frozenset(), frozenset()) == 0.0
+
+
+def test_relevance_rtg_and_labels_by_hand():
+    cfg = SeDTConfig()
+    sem, lex, pos = np.array([0.9, 0.5, 0.2]), np.array([0.5, 0.0, 0.0]), positional_weights(3)  # pos .5 1 .5
+    rel = relevance(sem, lex, pos, cfg)
+    # 0.6*0.9 + 0.2*0.5 + 0.2*0.5 = 0.74; 0.6*0.5 + 0.2*1 = 0.5; 0.6*0.2 + 0.2*0.5 = 0.22 -> floor 0.5
+    np.testing.assert_allclose(rel, [0.74, 0.5, 0.5])
+    np.testing.assert_allclose(returns_to_go(rel), [1.74, 1.0, 0.5])
+    assert labels_from_relevance(rel) == (C, U, U)  # mean 0.58
+    rel0 = relevance(sem, lex, pos, SeDTConfig(last_shard_floor=0.0))
+    np.testing.assert_allclose(rel0, [0.74, 0.5, 0.22])  # no floor: the raw value
+    assert labels_from_relevance([0.1, 0.9]) == (U, C)
+    assert labels_from_relevance([0.4, 0.4, 0.4]) == (U, U, U)  # nothing is strictly above the mean
+    assert labels_from_relevance([0.2, 0.5, 0.5, 0.6]) == (U, C, C, C)  # mean 0.45
+
+
+def test_rtg_non_increasing_and_last_shard_guarantee_on_random_inputs():
+    rng = np.random.default_rng(0)
+    for n in range(1, 11):
+        for _ in range(50):
+            cfg = SeDTConfig(last_shard_floor=float(rng.uniform()))
+            shards = [f"turn {i}" for i in range(n)]
+            ann = annotate(shards, rng.uniform(size=n), MATH_ANCHOR, cfg)
+            rtg = np.array(ann.rtg)
+            assert np.all(np.diff(rtg) <= 1e-12)  # R̂ non-increasing
+            assert rtg[0] == pytest.approx(sum(ann.rel)) and rtg[-1] == pytest.approx(ann.rel[-1])
+            assert ann.rel[-1] >= cfg.last_shard_floor  # the last-shard guarantee
+            assert all(0 <= r <= 1 for r in ann.rel)
+            mean = np.mean(ann.rel)
+            assert ann.labels == tuple(C if r > mean else U for r in ann.rel)
+
+
+def test_sem_maps_cosine_to_unit_interval():
+    from jaxrl_mt.sedt import sem_from_cosine
+
+    np.testing.assert_allclose(sem_from_cosine([-1.0, 0.0, 0.5, 1.0]), [0.0, 0.5, 0.75, 1.0])
+    np.testing.assert_allclose(sem_from_cosine([-0.3, 0.4], "clip"), [0.0, 0.4])
+
+
+def _ann(rel, labels, shards=None) -> Annotation:
+    n = len(rel)
+    shards = tuple(shards or [f"s{i}" for i in range(n)])
+    return Annotation(shards, MATH_ANCHOR, (0.5,) * n, (0.0,) * n, tuple(positional_weights(n)), tuple(rel),
+                      tuple(returns_to_go(np.array(rel))), tuple(labels))
+
+
+def test_trigger_thresholds():
+    cfg = SeDTConfig()  # trigger when rel[-1]/max < 0.8 or UNCERTAIN fraction > 0.5
+    shards = ["Tom has 3 apples.", "He buys 4 more.", "How many now?"]
+    assert not should_trigger(_ann([0.6, 0.7, 0.6], [U, C, C], shards), cfg)  # 0.857, 1/3 uncertain
+    assert should_trigger(_ann([0.6, 0.7, 0.5], [C, C, U], shards), cfg)  # 0.5/0.7 = 0.714 < 0.8
+    assert should_trigger(_ann([0.6, 0.7, 0.6], [U, C, U], shards), cfg)  # 2/3 uncertain > 0.5
+    assert not should_trigger(_ann([0.6, 0.7, 0.6], [U, C, U], shards), SeDTConfig(self_correct=False))
+    assert not should_trigger(_ann([0.6, 0.7, 0.5], [U, U, U], shards), cfg)  # no CONFIRMED words: nothing to cover
+
+
+def test_guard_replaces_only_when_confirmed_coverage_strictly_rises():
+    words = content_words("Natalia sold clips to 48 of her friends in April.")  # 6 words
+    orig = "Natalia sold 48 clips."  # natalia, sold, 48, clips: 4/6
+    assert coverage(orig, words) == pytest.approx(4 / 6)
+    assert not guard_replace(orig, "The answer is 72.", words)  # 0/6
+    assert not guard_replace(orig, "Clips: Natalia sold 48, answer 72.", words)  # equal 4/6: keep
+    assert guard_replace(orig, "Natalia sold 48 clips to friends in April, so 72.", words)  # 6/6
+    assert not guard_replace(orig, "Natalia sold 48 clips to friends.", frozenset())  # nothing confirmed
+    rng = random.Random(0)
+    vocab = [f"w{i}" for i in range(12)]
+    for _ in range(3000):
+        words = frozenset(rng.sample(vocab, rng.randint(0, 6)))
+        a = " ".join(rng.sample(vocab, rng.randint(0, 8)))
+        b = " ".join(rng.sample(vocab, rng.randint(0, 8)))
+        assert guard_replace(a, b, words) == (len(content_words(b) & words) > len(content_words(a) & words))
+
+
+def test_zero_hurt_without_a_coverage_increase():
+    """A right original is never swapped for a wrong correction that covers no more confirmed words."""
+    ann = _ann([0.7, 0.8, 0.5], [U, C, U], ["How many clips in all?", "Natalia sold 48 clips in April.",
+                                            "She sold half as many in May."])
+    words = ann.confirmed_words
+    right = "Natalia sold 48 clips in April and 24 in May. The answer is 72."
+    wrong = "The answer is 50."
+    assert coverage(wrong, words) <= coverage(right, words) and not guard_replace(right, wrong, words)
+    infos = [{"original": right, "correction": wrong, "replaced": guard_replace(right, wrong, words)}]
+    assert correction_outcomes(infos, ["72"]) == {"replaced": 0, "helped": 0, "hurt": 0, "neutral": 0}
+    # the evaluation counts a hurt case when one does happen (a replacement that raised coverage)
+    hurt = [{"original": "The answer is 72.", "correction": "Natalia sold 48 clips in April. The answer is 48.",
+             "replaced": True}]
+    helped = [{"original": "The answer is 5.", "correction": "48 in April, 24 in May: the answer is 72.",
+               "replaced": True}]
+    assert correction_outcomes(hurt + helped, ["72", "72"]) == {"replaced": 2, "helped": 1, "hurt": 1, "neutral": 0}
+
+
+def test_prompt_format_exact():
+    ann = _ann([0.74, 0.5, 0.5], [C, U, U], ["How many?", "Tom has 3 \"red\" apples.", "He buys 4."])
+    assert format_prompt(ann, 'End with "The answer is <number>."') == (
+        "Here is everything I told you, one message per line as (return-to-go, label, message).\n"
+        "Return-to-go is how relevant that message and all later ones are to the task (higher means more); "
+        "CONFIRMED messages are key facts, UNCERTAIN ones may matter less.\n"
+        '(1.74, CONFIRMED, "How many?")\n'
+        '(1.00, UNCERTAIN, "Tom has 3 \\"red\\" apples.")\n'
+        '(0.50, UNCERTAIN, "He buys 4.")\n'
+        "Task: Compute the final numeric answer to the word problem. Use every CONFIRMED message. "
+        'End with "The answer is <number>."')
+    cp = correction_prompt(ann, "It is 7.")
+    assert "Key facts (CONFIRMED):\n- How many?\nOther messages (UNCERTAIN):\n- Tom has" in cp
+    assert "Proposed answer:\nIt is 7." in cp
+
+
+def test_config_and_input_errors():
+    with pytest.raises(ValueError, match="'w_sem', 'w_lex', 'w_pos'"):
+        SeDTConfig(w_sem=0.7)
+    with pytest.raises(ValueError, match="field 'sem_map'"):
+        SeDTConfig(sem_map="raw")
+    with pytest.raises(ValueError, match="field 'last_shard_floor'"):
+        SeDTConfig(last_shard_floor=1.5)
+    with pytest.raises(ValueError, match="field 'encoder'"):
+        SeDTConfig(encoder="mpnet")
+    assert SeDTConfig().anchor("code") == "Write a complete Python function"
+    assert parse_overrides(["trigger_last_rel=0.7", "keep_history=true"]) == SeDTConfig(trigger_last_rel=0.7,
+                                                                                          keep_history=True)
+    with pytest.raises(ValueError, match="--set 'trigger=1'"):
+        parse_overrides(["trigger=1"])
+    with pytest.raises(ValueError, match="conversation 0, message 1: expected a 'assistant' message"):
+        respond(None, [[{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+                        {"role": "user", "content": "c"}]])
+    with pytest.raises(ValueError, match="conversation 1, message 1: the last message must be the user's"):
+        respond(None, [[{"role": "user", "content": "a"}],
+                       [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]])
+
+
+def test_sentence_transformers_encoder_missing_is_a_clear_error():
+    try:
+        import sentence_transformers  # noqa: F401
+        pytest.skip("sentence-transformers is installed")
+    except ImportError:
+        pass
+    with pytest.raises(ValueError, match="needs the sentence-transformers package"):
+        make_embedder(SeDTConfig(encoder="st:/nonexistent"))
+
+
+# --------------------------------------------------------------------------- with a (tiny) model
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_chat_model_dir):
+    from jaxrl_mt.models.registry import load_model
+
+    return load_model(str(tiny_chat_model_dir))
+
+
+class CountingSampler(Sampler):
+    """A real Sampler that records the batch size of every generate_ids call."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls: list[int] = []
+
+    def generate_ids(self, prompts, sampling, **kw):
+        self.calls.append(len(prompts))
+        return super().generate_ids(prompts, sampling, **kw)
+
+
+def _sampler(m) -> CountingSampler:
+    # chunks of 4 rows and one prompt bucket: most calls share one compiled program
+    return CountingSampler(m.params, m.cfg, m.tokenizer, eos_ids=m.eos_ids, pad_id=m.pad_id, max_batch=4,
+                           min_prompt_bucket=512)
+
+
+@pytest.fixture
+def score_spy(monkeypatch):
+    """Records every Scorer.score call (its pool) and every score_batch call (batch rows)."""
+    calls: dict[str, list] = {"score": [], "score_batch": []}
+    real_score, real_batch = scoring.Scorer.score, scoring.score_batch
+
+    def score(self, contexts, completions, *, pool="completion"):
+        calls["score"].append((len(contexts), pool))
+        return real_score(self, contexts, completions, pool=pool)
+
+    def score_batch(*a, **kw):
+        calls["score_batch"].append(a[2].shape[0])
+        return real_batch(*a, **kw)
+
+    monkeypatch.setattr(scoring.Scorer, "score", score)
+    monkeypatch.setattr(scoring, "score_batch", score_batch)
+    return calls
+
+
+def test_sem_goes_through_the_scorer_the_anchor_reward_uses(tiny, score_spy):
+    from jaxrl_mt.rewards.anchor import anchor_reward
+
+    s = _sampler(tiny)
+    cfg = SeDTConfig()
+    convs = [["How many clips did Natalia sell?", "She sold 48 in April.", "Half as many in May."],
+             ["How many apples?", "Tom has 3 apples."]]
+    anns = annotate_batch(make_embedder(cfg, s), convs, ["math", "math"], cfg)
+    assert score_spy["score"] == [(6, "completion")]  # ONE call: 5 distinct turns + 1 anchor
+    assert len(score_spy["score_batch"]) >= 1  # ... through the jitted scorer
+    # parity: the same numbers from embed_texts + cosine directly
+    ref = scoring.Scorer(tiny.params, tiny.cfg, pad_id=tiny.pad_id)
+    e = scoring.embed_texts(ref, tiny.tokenizer, convs[0] + [MATH_ANCHOR])
+    want = (scoring.cosine(e[:3], e[3]) + 1) / 2
+    np.testing.assert_allclose(anns[0].sem, want, rtol=1e-5, atol=1e-6)
+    # the RLSTA anchor reward goes through the very same function
+    n = len(score_spy["score"])
+    anchor_reward(ref, tiny.tokenizer, ["What is 2+2?"], [tiny.tokenizer.encode("4")])
+    assert len(score_spy["score"]) == n + 1
+
+
+def _runs(n_turns=(3, 2, 4)):
+    runs, finals = [], []
+    facts = ["Tom has 3 apples.", "He buys 4 more apples.", "He eats 2 apples.", "He gives 1 away."]
+    for i, n in enumerate(n_turns):
+        turns = ["How many apples does Tom have now?", *facts[: n - 1]]
+        r = ConversationRun(conv_id=f"c{i}", system="Solve it.", user_turns=turns,
+                            meta={"domain": "math", "n_planned": n})
+        runs.append(r)
+        finals.append(turns[-1])
+    return runs, finals
+
+
+def test_final_turn_is_batched_and_guarded(tiny, score_spy):
+    from jaxrl_mt.conversations import run_conversations
+    from jaxrl_mt.sedt import GivenUser
+
+    s = _sampler(tiny)
+    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0)
+    runs, finals = _runs()
+    for k in range(3):  # history: every turn but the last, with the shared runner
+        live = [r for r in runs if len(r.turns) < len(r.user_turns) - 1]
+        if live:
+            nexts = [r.user_turns[len(r.turns)] for r in live]
+            run_conversations(s, live, sampling, seed=k, user=GivenUser(live, nexts), max_turns=1)
+    s.calls.clear()
+    score_spy["score"].clear()
+    cfg = SeDTConfig(trigger_uncertain_frac=-1.0)  # always trigger (every run has CONFIRMED words)
+    infos = sedt_final_turn(s, runs, finals, sampling, cfg=cfg, seed=3)
+    assert s.calls == [3, 3]  # one sampler call for the SeDT turns, one for the corrections
+    assert len(score_spy["score"]) == 1  # one scorer call for all turns
+    for r, f, info in zip(runs, finals, infos):
+        assert len(r.turns) == len(r.user_turns) and r.turns[-1].user == f
+        assert info["triggered"]
+        words = frozenset().union(*[content_words(sh) for sh, lab in zip(info["annotation"]["shards"],
+                                                                          info["annotation"]["labels"]) if lab == C])
+        assert info["replaced"] == (coverage(info["correction"], words) > coverage(info["original"], words))
+        assert r.turns[-1].assistant == (info["correction"] if info["replaced"] else info["original"])
+        assert info["prompt"].count("\n(") == len(r.user_turns)
+    # no trigger -> no correction call
+    runs2, finals2 = _runs((2, 2, 2))
+    run_conversations(s, runs2, sampling, user=GivenUser(runs2, [r.user_turns[0] for r in runs2]), max_turns=1)
+    s.calls.clear()
+    infos = sedt_final_turn(s, runs2, finals2, sampling, cfg=SeDTConfig(self_correct=False))
+    assert s.calls == [3] and not any(i["triggered"] or i["correction"] for i in infos)
+
+
+def test_strategy_in_the_lic_simulator(tiny):
+    from jaxrl_mt.data import synthetic_tasks
+    from jaxrl_mt.eval.simulator import Judge, get_strategy, plan_runs, simulate
+
+    assert get_strategy("sedt") is sedt_strategy
+    s = _sampler(tiny)
+    tasks = synthetic_tasks(2, steps=2)  # target + 3 conditions: 4 turns
+    runs, _ = plan_runs(tasks, ["full", "sharded"], 2, system="Solve it.")
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    recs = simulate(s, runs, sampling, judge=Judge(), protocol="final_turn", verifier_mode="strict", strategy="sedt")
+    assert len(recs) == 8 and len(s.calls) <= 5
+    for rec in recs:
+        assert rec["n_turns"] == rec["n_planned_turns"]
+        has = ["sedt" in t for t in rec["turns"]]
+        if rec["kind"] == "full":
+            assert has == [False]  # a single turn is answered plainly
+        else:
+            assert has == [False, False, False, True]  # only the final turn is SeDT's
+            last = rec["turns"][-1]
+            assert "label" in last and "correct" in last  # judged and verified like any turn
+    # 3 history steps (the full runs answer at step 0 with the sharded ones), one SeDT call (+ corrections)
+    assert s.calls[:4] == [8, 4, 4, 4]
+
+
+def test_respond_api(tiny):
+    s = _sampler(tiny)
+    conv = [{"role": "user", "content": "How many apples does Tom have?"},
+            {"role": "assistant", "content": "Tell me more."},
+            {"role": "user", "content": "He has 3 apples and buys 4."}]
+    out = respond(s, [conv, conv[:1], conv, conv[:1]], sampling=SamplingConfig(max_new_tokens=6), seed=1)
+    assert len(out) == 4 and s.calls[0] == 4
+    assert out[0].annotation.shards == ("How many apples does Tom have?", "He has 3 apples and buys 4.")
+    assert out[0].text == (out[0].correction if out[0].replaced else out[0].original)
+    assert out[1].annotation.labels == (U,)  # one turn: nothing is above the mean
+
+
+def test_eval_script_end_to_end_on_tiny_model(tiny, tmp_path):
+    runs = plan("gsm8k:@", 2, 2)
+    assert [r.conv_id for r in runs[:2]] == ["gsm8k/train_sample/0|sharded|0", "gsm8k/train_sample/0|sharded|1"]
+    s = _sampler(tiny)
+    results, records = run_eval(s, runs, SamplingConfig(max_new_tokens=6), cfg=SeDTConfig(), seed=0)
+    assert results["n_problems"] == 2 and results["n_conversations"] == 4 and len(records) == 4
+    assert set(results["metrics"]) == {"sharded", "sharded+sedt", "sharded+sedt (no correction)"}
+    for m in results["metrics"].values():
+        assert set(m) >= {"P", "A90", "U90_10"}
+    assert results["sedt"]["hurt"] <= results["sedt"]["replaced"] <= results["sedt"]["triggered"]
+    assert all(len(r["history"]) == len(r["user_turns"]) - 1 for r in records)
+    assert "| sharded+sedt |" in report_md(results)
