@@ -257,6 +257,8 @@ class TurnScorer:
             if sim and len(sim) >= len(r.turns):
                 s = sim[len(r.turns) - 1]
                 turn.info.update({"user_unit": s["unit"], "user_check": s["reason"], "user_fallback": s["fallback"]})
+                if s["fallback"]:
+                    turn.info["user_sim_reply"] = s.get("raw", "")  # the rejected message, for audit
             if self.protocol == "lic" and turn.info["answer_attempt"] and turn.info["correct"]:
                 r.done, r.stop_reason = True, STOP_CORRECT
             elif len(r.turns) >= r.meta["n_planned"]:

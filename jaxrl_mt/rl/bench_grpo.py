@@ -22,7 +22,9 @@ Each side runs in its own subprocess, so peak RSS (``getrusage(RUSAGE_SELF).ru_m
 side's alone, and each is pinned to ``--threads`` CPUs (default: all), which sizes XLA's thread
 pool and torch's ``set_num_threads`` alike. On a machine shared with other jobs, torch's OpenMP
 threads spin at every barrier while another process holds a core, so fewer threads than cores can
-be much faster there; the driver prints ``uptime`` before and after. The first step includes XLA
+be much faster there; the driver prints ``uptime`` before and after, and each step's process CPU
+time (``time.process_time``) is reported beside its wall time, as the figure that other jobs on
+the machine distort least. The first step includes XLA
 compilation (ours) or torch warm-up (TRL); steady state is the mean of the later steps. Per-phase
 times come from our own timers and, for TRL, from timers wrapped around ``GRPOTrainer._generate``
 and ``_generate_and_score_completions``.
@@ -82,11 +84,10 @@ def load_prompts(n: int) -> list[dict[str, str]]:
     raise ValueError(f"{path}: only {len(rows)} questions, --prompts asked for {n}")
 
 
-def summarize(step_s: Sequence[float]) -> dict[str, float]:
-    """First step time and the mean of the later steps (NaN with a single step)."""
-    later = list(step_s[1:])
-    return {"first_step_s": float(step_s[0]),
-            "steady_step_s": float(sum(later) / len(later)) if later else float("nan")}
+def summarize(step_s: Sequence[float], cpu_s: Sequence[float]) -> dict[str, float]:
+    """First step and mean of the later steps (NaN with a single step), wall and CPU seconds."""
+    return {"first_step_s": float(step_s[0]), "steady_step_s": _mean_later(step_s),
+            "first_step_cpu_s": float(cpu_s[0]), "steady_step_cpu_s": _mean_later(cpu_s)}
 
 
 def _mean_later(xs: Sequence[float]) -> float:
@@ -134,11 +135,11 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     anchors = [p["question"] for p in spec["prompts"] for _ in range(G)]
     sampling = SamplingConfig(max_new_tokens=T, temperature=1.0)
     never_stop = [[] for _ in rows]  # no stop ids: every row runs to exactly T tokens
-    steps: dict[str, list[float]] = {"step_s": [], "generate_s": [], "score_s": [], "update_s": [],
+    steps: dict[str, list[float]] = {"step_s": [], "cpu_s": [], "generate_s": [], "score_s": [], "update_s": [],
                                      "reward": [], "loss": []}
     train_steps: dict[int, Any] = {}
     for step in range(spec["steps"]):
-        t_step = time.perf_counter()
+        t_step, c_step = time.perf_counter(), time.process_time()
         sampler.params = params
         res = sampler.generate_ids(rows, sampling, seed=jax.random.fold_in(jax.random.PRNGKey(0), step),
                                    stop_ids=never_stop)
@@ -162,16 +163,17 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         params, opt_state, m = train_steps[P](params, opt_state, batch)
         m = jax.device_get(m)
         jax.block_until_ready(params)
-        t_end = time.perf_counter()
+        t_end, c_end = time.perf_counter(), time.process_time()
         if not m["finite"]:
             raise RuntimeError(f"step {step}: non-finite loss or gradient (loss={float(m['loss'])})")
-        for k, v in (("step_s", t_end - t_step), ("generate_s", t_gen - t_step), ("score_s", t_score - t_gen),
+        for k, v in (("step_s", t_end - t_step), ("cpu_s", c_end - c_step), ("generate_s", t_gen - t_step), ("score_s", t_score - t_gen),
                      ("update_s", t_end - t_score), ("reward", float(reward.mean())), ("loss", float(m["loss"]))):
             steps[k].append(v)
         print(f"[ours] step {step + 1}: {t_end - t_step:.1f}s (generate {t_gen - t_step:.1f}, "
               f"score {t_score - t_gen:.1f}, update {t_end - t_score:.1f})", file=sys.stderr, flush=True)
     return {"side": "ours", "setup_s": setup_s, "prompt_tokens": [len(p) for p in prompts],
-            "completion_tokens": T, "rss_after_load_mb": rss_loaded, **summarize(steps["step_s"]),
+            "completion_tokens": T, "rss_after_load_mb": rss_loaded,
+            **summarize(steps["step_s"], steps["cpu_s"]),
             "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
             "phases_first_s": {k: steps[k][0] for k in ("generate_s", "score_s", "update_s")},
             "steps": steps, "backend": f"jax {jax.__version__} {jax.default_backend()}",
@@ -227,13 +229,15 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
         seed=0, dataloader_num_workers=0, model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True,
     )
     step_s: list[float] = []
+    cpu_s: list[float] = []
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
             step_s.append(time.perf_counter() - self.t0)
+            cpu_s.append(time.process_time() - self.c0)
             print(f"[trl] step {len(step_s)}: {step_s[-1]:.1f}s", file=sys.stderr, flush=True)
 
     trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=verifier_reward, args=args, train_dataset=data,
@@ -256,10 +260,10 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"TRL completions were not {T} tokens long: mean lengths {lengths}")
     score_s = [a - b for a, b in zip(gen_score_s, gen_s)]
     update_s = [a - b for a, b in zip(step_s, gen_score_s)]
-    steps = {"step_s": step_s, "generate_s": gen_s, "score_s": score_s, "update_s": update_s,
+    steps = {"step_s": step_s, "cpu_s": cpu_s, "generate_s": gen_s, "score_s": score_s, "update_s": update_s,
              "reward": [h.get("reward") for h in logs], "loss": [h.get("loss") for h in logs]}
     return {"side": "trl", "setup_s": setup_s, "completion_tokens": T, "rss_after_load_mb": rss_loaded,
-            **summarize(step_s),
+            **summarize(step_s, cpu_s),
             "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
             "phases_first_s": {k: steps[k][0] for k in ("generate_s", "score_s", "update_s")},
             "steps": steps, "completion_mean_length": lengths,
@@ -288,6 +292,7 @@ def run_side(side: str, spec: dict[str, Any]) -> dict[str, Any]:
 def format_table(results: dict[str, dict[str, Any]]) -> str:
     """A plain-text table of the per-side figures and the ours/TRL ratios."""
     rows = [("first step (s)", "first_step_s"), ("steady step (s)", "steady_step_s"),
+            ("first step CPU (s)", "first_step_cpu_s"), ("steady step CPU (s)", "steady_step_cpu_s"),
             ("  generate (s)", ("phases_steady_s", "generate_s")), ("  score (s)", ("phases_steady_s", "score_s")),
             ("  update (s)", ("phases_steady_s", "update_s")), ("setup/load (s)", "setup_s"),
             ("RSS after load (MiB)", "rss_after_load_mb"), ("peak RSS (MiB)", "peak_rss_mb")]

@@ -28,7 +28,7 @@ from jaxrl_mt.data.records import DataError, Scenario
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.registry import Model, load_model
-from jaxrl_mt.parallel import make_mesh, shard_batch, shard_params
+from jaxrl_mt.parallel import make_mesh, shard_batch, shard_params, shard_train_state, shard_train_step
 from jaxrl_mt.rewards.anchor import anchor_reward, zero_anchor_for_wrong
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES, group_advantages
@@ -338,15 +338,18 @@ class Trainer:
         cols = {"gold": golds, "R_v": [f"{x:.0f}" for x in rv], "R_s": [f"{x:.3f}" for x in rs]}
         return reward, comps, cols
 
-    def _train_step(self, P: int):
+    def _train_step(self, P: int, params: Any, opt_state: Any):
         if P not in self._steps:
-            self._steps[P] = make_train_step(self.model.cfg, self.optimizer, self.lc, P)
+            fn = make_train_step(self.model.cfg, self.optimizer, self.lc, P)
+            if self.mesh is not None:  # pin outputs to the partition rules (no drift, no recompiles)
+                fn = shard_train_step(fn, self.mesh, params, opt_state)
+            self._steps[P] = fn
         return self._steps[P]
 
     def update(self, params: Any, opt_state: Any, batch: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:
         c = self.c.rl
         P = int(batch.pop("_P"))
-        step_fn = self._train_step(P)
+        step_fn = self._train_step(P, params, opt_state)
         n = batch["tokens"].shape[0]
         mb = n // c.grad_accum
         acc: dict[str, list[float]] = {}
@@ -379,6 +382,8 @@ class Trainer:
                            shard_index=jax.process_index(), shard_count=jax.process_count())
         params = self.model.params
         opt_state = self.optimizer.init(params)
+        if self.mesh is not None:
+            params, opt_state = shard_train_state(params, opt_state, self.mesh)
         rng = jax.random.PRNGKey(c.seed)
         ck = Checkpointer(self.wd / "checkpoints", max_to_keep=c.checkpoint.keep)
         start = 0

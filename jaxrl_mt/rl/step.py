@@ -93,7 +93,7 @@ def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, l
 
     def step(params: Params, opt_state: Any, batch: dict[str, jax.Array]):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, cfg, lc, prompt_len, batch)
-        gnorm = optax.global_norm(grads)
+        gnorm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         updates, new_opt = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
