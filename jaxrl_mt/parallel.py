@@ -59,8 +59,8 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence[Any] | None =
 
 # KV-cache rules (models/decoder.py's KVCache fields): rows over the batch axes, KV heads over tensor.
 CACHE_RULES: dict[str, P] = {
-    "k": P(None, BATCH_AXES, None, "tensor", None),  # [L, B, S, Hkv, K]
-    "v": P(None, BATCH_AXES, None, "tensor", None),  # [L, B, S, Hkv, K]
+    "k": P(None, BATCH_AXES, "tensor", None, None),  # [L, B, Hkv, S, K]
+    "v": P(None, BATCH_AXES, "tensor", None, None),  # [L, B, Hkv, S, K]
     "valid": P(BATCH_AXES, None),  # [B, S]
     "index": P(),  # []
 }

@@ -103,12 +103,12 @@ def test_optimizer_moments_resolve_to_their_parameter_rule() -> None:
 def test_cache_rules_shard_rows_and_kv_heads() -> None:
     mesh = AbstractMesh((2, 2, 2), parallel.AXES)
     cache = KVCache(*(jax.ShapeDtypeStruct(s, d) for s, d in
-                      (((2, 8, 16, 2, 8), "float32"), ((2, 8, 16, 2, 8), "float32"), ((8, 16), "bool"), ((), "int32"))))
+                      (((2, 8, 2, 16, 8), "float32"), ((2, 8, 2, 16, 8), "float32"), ((8, 16), "bool"), ((), "int32"))))
     got = {f: spec(*parallel._fit(parallel.CACHE_RULES[f], getattr(cache, f).shape, mesh)) for f in cache._fields}
-    assert got == {"k": (None, ("data", "fsdp"), None, "tensor"), "v": (None, ("data", "fsdp"), None, "tensor"),
+    assert got == {"k": (None, ("data", "fsdp"), "tensor"), "v": (None, ("data", "fsdp"), "tensor"),
                    "valid": (("data", "fsdp"),), "index": ()}
     odd = AbstractMesh((1, 3, 2), parallel.AXES)  # 8 rows do not split 3 ways; 2 KV heads split 2 ways
-    assert spec(*parallel._fit(parallel.CACHE_RULES["k"], (2, 8, 16, 2, 8), odd)) == (None, None, None, "tensor")
+    assert spec(*parallel._fit(parallel.CACHE_RULES["k"], (2, 8, 2, 16, 8), odd)) == (None, None, "tensor")
 
 
 def test_make_mesh_shapes_and_errors() -> None:

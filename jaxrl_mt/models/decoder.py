@@ -35,8 +35,8 @@ Params = dict[str, Any]
 class KVCache(NamedTuple):
     """A preallocated key/value cache over S slots."""
 
-    k: jax.Array  # [L, B, S, Hkv, K]
-    v: jax.Array  # [L, B, S, Hkv, K]
+    k: jax.Array  # [L, B, Hkv, S, K] (head-major: each head's keys are contiguous)
+    v: jax.Array  # [L, B, Hkv, S, K]
     valid: jax.Array  # [B, S] bool: slot holds a real (non-pad) token
     index: jax.Array  # [] int32: next slot to write
 
@@ -44,7 +44,7 @@ class KVCache(NamedTuple):
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
     """An empty cache for `batch` rows and `max_len` slots."""
     dtype = dtype or cfg.jnp_dtype
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
                    jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
 
@@ -158,7 +158,7 @@ def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, cache
 
     Args:
       q: [B, T, Hq, K] new queries.
-      k_cache, v_cache: [B, S, Hkv, K] cached keys/values (slots written by earlier calls).
+      k_cache, v_cache: [B, Hkv, S, K] cached keys/values (slots written by earlier calls).
       cache_mask: [B, T, S] which cached slots each query may attend.
       k_new, v_new: [B, T, Hkv, K] the new tokens' keys/values.
       new_mask: [B, T, T] causal mask among the new tokens (and their padding).
@@ -170,15 +170,23 @@ def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, cache
     hkv = k_new.shape[2]
     qg = q.reshape(b, t, hkv, hq // hkv, kd)  # [B, T, Hkv, G, K]
     neg = jnp.finfo(jnp.float32).min
-    s_old = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
+    if t == 1:  # decode: multiply-reduce fusions read the cache once, no dot/transposes
+        s_old = jnp.sum(qg[:, 0, :, :, None, :].astype(jnp.float32) * k_cache[:, :, None].astype(jnp.float32),
+                        axis=-1)[:, :, :, None, :]  # [B, Hkv, G, 1, S]
+    else:
+        s_old = jnp.einsum("btkgd,bksd->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
     s_new = jnp.einsum("btkgd,bskd->bkgts", qg, k_new, preferred_element_type=jnp.float32)
     s_old = jnp.where(cache_mask[:, None, None], s_old / math.sqrt(kd), neg)  # [B, Hkv, G, T, S]
     s_new = jnp.where(new_mask[:, None, None], s_new / math.sqrt(kd), neg)  # [B, Hkv, G, T, T]
     m = jnp.maximum(jnp.max(s_old, -1, keepdims=True), jnp.max(s_new, -1, keepdims=True))
     p_old, p_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
     denom = jnp.sum(p_old, -1, keepdims=True) + jnp.sum(p_new, -1, keepdims=True)
-    out = (jnp.einsum("bkgts,bskd->btkgd", (p_old / denom).astype(v_cache.dtype), v_cache)
-           + jnp.einsum("bkgts,bskd->btkgd", (p_new / denom).astype(v_new.dtype), v_new))
+    if t == 1:
+        o_old = jnp.sum((p_old / denom)[:, :, :, 0, :, None] * v_cache[:, :, None].astype(jnp.float32),
+                        axis=-2)[:, None].astype(v_new.dtype)  # [B, 1, Hkv, G, K]
+    else:
+        o_old = jnp.einsum("bkgts,bksd->btkgd", (p_old / denom).astype(v_cache.dtype), v_cache)
+    out = o_old + jnp.einsum("bkgts,bskd->btkgd", (p_new / denom).astype(v_new.dtype), v_new)
     return out.reshape(b, t, hq, kd)
 
 
@@ -188,7 +196,7 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
     """One decoder block. Returns the new residual [B, T, D] and this layer's keys/values.
 
     Without a cache (`k_all is None`) the block attends to its own keys/values; with one
-    (k_all/v_all [B, S, Hkv, K], read only) it attends to the cache and its own keys/values.
+    (k_all/v_all [B, Hkv, S, K], read only) it attends to the cache and its own keys/values.
     Returns the new tokens' keys/values [B, T, Hkv, K] for the caller to write.
     """
     b, t, _ = x.shape
@@ -254,7 +262,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         x, _ = jax.lax.scan(body_fn, x, layers)
         new_cache = None
     else:
-        s = cache.k.shape[2]
+        s = cache.k.shape[3]
         idx = cache.index
         valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, idx))  # [B, S]
         slot = jnp.arange(s)[None, :]  # [1, S]
@@ -263,15 +271,20 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         new_mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
 
         def body(x, xs):
-            lp, k_l, v_l = xs  # this layer's cache [B, S, Hkv, K], read only
+            lp, l = xs
+            # this layer's cache [B, Hkv, S, K], read only; indexed (not scanned) so that the
+            # slice fuses into the attention's multiply-reduce instead of being copied.
+            k_l = jax.lax.dynamic_index_in_dim(cache.k, l, 0, keepdims=False)
+            v_l = jax.lax.dynamic_index_in_dim(cache.v, l, 0, keepdims=False)
             x, new_k, new_v = _layer(cfg, lp, x, cos, sin, k_l, v_l, idx, (cache_mask, new_mask))
             return x, (new_k, new_v)
 
         # Only the T new keys/values leave the scan; one in-place update writes them for all
         # layers (writing inside the scan would copy a layer's cache per layer).
-        x, (nk, nv) = jax.lax.scan(body, x, (layers, cache.k, cache.v))  # nk: [L, B, T, Hkv, K]
-        kc = jax.lax.dynamic_update_slice(cache.k, nk.astype(cache.k.dtype), (0, 0, idx, 0, 0))
-        vc = jax.lax.dynamic_update_slice(cache.v, nv.astype(cache.v.dtype), (0, 0, idx, 0, 0))
+        x, (nk, nv) = jax.lax.scan(body, x, (layers, jnp.arange(cfg.num_layers)))  # nk: [L, B, T, Hkv, K]
+        nk, nv = nk.swapaxes(2, 3), nv.swapaxes(2, 3)  # [L, B, Hkv, T, K]
+        kc = jax.lax.dynamic_update_slice(cache.k, nk.astype(cache.k.dtype), (0, 0, 0, idx, 0))
+        vc = jax.lax.dynamic_update_slice(cache.v, nv.astype(cache.v.dtype), (0, 0, 0, idx, 0))
         new_cache = KVCache(kc, vc, valid, idx + t)
 
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
