@@ -29,8 +29,9 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.runs = 2  # N: simulated conversations per instruction and scenario
     c.temperature = 1.0  # assistant sampling temperature (0: greedy)
     c.top_p = 1.0  # assistant nucleus sampling mass (1.0: off)
-    c.max_new_tokens = 96  # assistant reply budget per turn, in tokens
+    c.max_new_tokens = 64  # assistant reply budget per turn, in tokens
     c.max_batch = 32  # at most this many conversations per sampler call
+    c.max_chunk_cells = 16 * 512 * 576  # memory cap: rows x prompt bucket x (prompt + reply bucket) per chunk
     c.system_prompt = ""  # system prompt of the assistant ("": the chat template's default)
     c.protocol = "lic"  # lic: stop at the first correct answer attempt, score the last attempt | final_turn
     c.verifier_mode = "strict"  # answer check: strict (LiC: extracted answer == gold) | lenient (RLSTA)

@@ -89,7 +89,8 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
     if c["verifier_mode"] not in MODES:
         raise EvalError(f"config field 'verifier_mode': unknown {c['verifier_mode']!r}; valid: {', '.join(MODES)}")
     checks = (("runs", c["runs"] >= 1), ("max_new_tokens", c["max_new_tokens"] >= 1),
-              ("max_batch", c["max_batch"] >= 1), ("temperature", c["temperature"] >= 0),
+              ("max_batch", c["max_batch"] >= 1), ("max_chunk_cells", c["max_chunk_cells"] >= 1),
+              ("temperature", c["temperature"] >= 0),
               ("top_p", 0 < c["top_p"] <= 1), ("limit", c["limit"] >= 0), ("bootstrap", c["bootstrap"] >= 1))
     for name, ok in checks:
         if not ok:
@@ -219,7 +220,7 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
 
         recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
                         verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],
-                        sink=sink, progress=progress)
+                        sink=sink, progress=progress, max_chunk_cells=c["max_chunk_cells"])
         stats = {"new_tokens": int(sum(t["new_tokens"] for r in recs for t in r["turns"])),
                  "judge": dict(judge.stats)}
         if hasattr(user, "summary"):

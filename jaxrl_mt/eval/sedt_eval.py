@@ -180,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model spec")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--max-batch", type=int, default=64, help="rows per sampler call")
+    ap.add_argument("--max-batch", type=int, default=32,
+                    help="rows per sampler call (prefill memory grows with rows x prompt length^2)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="SeDTConfig override")
     a = ap.parse_args(argv)

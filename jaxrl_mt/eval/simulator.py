@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+
+import numpy as np
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,13 +37,14 @@ from jaxrl_mt.data.records import DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.judge import classify_llm, classify_rule_based
 from jaxrl_mt.rewards.verifier import extract_answer, verify
-from jaxrl_mt.sampling import Sampler, SamplingConfig
+from jaxrl_mt.sampling import GenerationResult, Sampler, SamplingConfig, bucket
 
 __all__ = [
     "LIC_SCENARIOS",
     "PROTOCOLS",
     "EvalError",
     "Judge",
+    "LengthSortedSampler",
     "TranscriptStore",
     "TurnScorer",
     "canonical_scenarios",
@@ -301,6 +304,98 @@ class ContextGuard:
         return out
 
 
+# --------------------------------------------------------------------------- memory-bounded batches
+
+DEFAULT_MAX_CHUNK_CELLS = 16 * 512 * 576  # rows x prompt bucket x (prompt + new-token bucket) per chunk
+
+
+class LengthSortedSampler:
+    """Wraps a Sampler: each ``generate_ids`` call is answered by length-sorted, memory-bounded chunks.
+
+    Conversations of a batch differ in length (a 7-turn AtR history next to a FULL prompt), and
+    the sampler pads a chunk to a power-of-two bucket of its longest prompt, with prefill
+    attention memory growing as rows x bucket x (bucket + new tokens). Sorting rows by prompt
+    length makes chunks homogeneous (less padding), and the longest prompts get chunks of fewer
+    rows so that rows x P x (P + N) stays under ``max_cells``. Consecutive full-size chunks go to
+    the wrapped sampler in one call (it splits them by ``max_batch`` itself); results come back
+    in the caller's order. Other attributes (tokenizer, cfg, ...) are the wrapped sampler's.
+    """
+
+    def __init__(self, sampler: Sampler, max_cells: int = DEFAULT_MAX_CHUNK_CELLS):
+        self.sampler = sampler
+        self.max_cells = max_cells
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sampler, name)
+
+    def _cells(self, rows: int, longest: int, sampling: SamplingConfig) -> int:
+        """rows x prompt bucket x (prompt bucket + new-token bucket), as the sampler pads them."""
+        s = self.sampler
+        ctx = s.cfg.max_position_embeddings
+        pb = min(bucket(longest, s.min_prompt_bucket), ctx - sampling.max_new_tokens)
+        nb = min(bucket(sampling.max_new_tokens, s.min_new_bucket), ctx - pb)
+        return bucket(rows, 1) * pb * (pb + nb)
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, *, seed: int = 0,
+                     max_new_tokens: Sequence[int] | None = None,
+                     stop_ids: Sequence[Sequence[int]] | None = None) -> GenerationResult:
+        """``Sampler.generate_ids`` with the same arguments and result layout (see the class doc)."""
+        n = len(prompts)
+        if n == 0:
+            return self.sampler.generate_ids(prompts, sampling, seed=seed)
+        order = sorted(range(n), key=lambda i: len(prompts[i]))
+        full = self.sampler.max_batch or n
+        groups: list[list[int]] = []
+        i, merge = 0, False
+        while i < n:
+            rows = min(full, n - i)
+            while rows > 1 and self._cells(rows, len(prompts[order[i + rows - 1]]), sampling) > self.max_cells:
+                rows = bucket(rows, 1) // 2
+            chunk = order[i:i + rows]
+            if merge and rows == full:
+                groups[-1] += chunk
+            else:
+                groups.append(chunk)
+            merge = rows == full
+            i += rows
+        parts: list[tuple[list[int], GenerationResult]] = []
+        for j, idx in enumerate(groups):
+            kw: dict[str, Any] = {}
+            if max_new_tokens is not None:
+                kw["max_new_tokens"] = [max_new_tokens[k] for k in idx]
+            if stop_ids is not None:
+                kw["stop_ids"] = [stop_ids[k] for k in idx]
+            sub_seed = seed + 7919 * j if isinstance(seed, (int, np.integer)) else _fold_in(seed, j)
+            parts.append((idx, self.sampler.generate_ids([prompts[k] for k in idx], sampling, seed=sub_seed, **kw)))
+        return _merge_results(parts, n)
+
+
+def _fold_in(key: Any, j: int) -> Any:
+    import jax
+
+    return jax.random.fold_in(key, j)
+
+
+def _merge_results(parts: Sequence[tuple[list[int], GenerationResult]], n: int) -> GenerationResult:
+    """Reassembles per-chunk results into one, rows in the original order."""
+    tokens: list[Any] = [None] * n
+    logprobs: list[Any] = [None] * n
+    finish: list[Any] = [None] * n
+    texts: list[Any] | None = [None] * n
+    lengths = np.zeros(n, np.int64)
+    for idx, res in parts:
+        for pos, k in enumerate(idx):
+            tokens[k], logprobs[k], finish[k] = res.tokens[pos], res.logprobs[pos], res.finish_reasons[pos]
+            lengths[k] = res.lengths[pos]
+            if res.texts is None:
+                texts = None
+            elif texts is not None:
+                texts[k] = res.texts[pos]
+    stats = {"seconds": sum(r.stats.get("seconds", 0.0) for _, r in parts),
+             "new_tokens": float(lengths.sum()), "chunks": float(len(parts))}
+    return GenerationResult(tokens, logprobs, lengths, finish, texts, stats)
+
+
 # --------------------------------------------------------------------------- strategies
 
 Strategy = Callable[..., list[ConversationRun]]
@@ -333,7 +428,8 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
              judge: Judge, protocol: str, verifier_mode: str, user: UserPolicy | None = None,
              seed: int = 0, strategy: str = "plain",
              sink: Callable[[list[dict[str, Any]]], None] | None = None,
-             progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+             progress: Callable[[int, int], None] | None = None,
+             max_chunk_cells: int = DEFAULT_MAX_CHUNK_CELLS) -> list[dict[str, Any]]:
     """Simulates every run in lockstep and returns their transcript records.
 
     Args:
@@ -346,6 +442,8 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
       strategy: a registered strategy name.
       sink: receives records as conversations finish (e.g. ``TranscriptStore.append``).
       progress: ``progress(turn_index, n_active)``.
+      max_chunk_cells: memory bound of one sampler chunk (see :class:`LengthSortedSampler`, which
+        wraps ``sampler``).
 
     Returns:
       One transcript record per run, in the order of ``runs``.
@@ -365,7 +463,8 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
     scorer = TurnScorer(runs, judge, protocol=protocol, verifier_mode=verifier_mode, sink=collect)
     guard = ContextGuard(user or FixedOrderUser(), sampler.tokenizer, sampler.cfg.max_position_embeddings,
                          sampling.max_new_tokens)
-    get_strategy(strategy)(sampler, runs, sampling, seed=seed, user=guard, on_turn=scorer, progress=progress)
+    batched = LengthSortedSampler(sampler, max_chunk_cells)
+    get_strategy(strategy)(batched, runs, sampling, seed=seed, user=guard, on_turn=scorer, progress=progress)
     for r in runs:  # e.g. ended by the user policy after their last on_turn
         r.done = True
     scorer.flush()

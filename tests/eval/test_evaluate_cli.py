@@ -93,11 +93,12 @@ def assert_report_matches(report, records):
 
 
 def test_every_scenario_runs_and_report_matches_transcripts(tmp_path, tiny_model):  # noqa: F811
-    sampler = counting_sampler(tiny_model, max_batch=8)
-    out = evaluate(tiny_config(tmp_path), model=tiny_model, sampler=sampler, log=lambda s: None)
+    logs = []
+    out = evaluate(tiny_config(tmp_path), model=tiny_model, sampler=counting_sampler(tiny_model, max_batch=8),
+                   log=logs.append)
     n = 2 * 8 * 2  # instructions x scenarios x runs
     assert (out["n_planned"], out["n_generated"], out["n_resumed"]) == (n, n, 0)
-    assert sampler.calls[0] == n  # every conversation of every scenario in one batch
+    assert f"turn 1: {n} active conversations" in "\n".join(logs)  # every scenario in one batch
     recs = read_transcripts(tmp_path / "transcripts.jsonl")
     assert len(recs) == n and len({r["conv_id"] for r in recs}) == n
     assert {r["task_id"] for r in recs} == {"synthetic/0/0", "sharded-GSM8K/1246"}
@@ -112,7 +113,7 @@ def test_every_scenario_runs_and_report_matches_transcripts(tmp_path, tiny_model
     for r in recs:
         r["score"] = float(r["run"] == 0 or r["kind"] == "full")
     (tmp_path / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    again = evaluate(tiny_config(tmp_path), model=tiny_model, sampler=sampler, log=lambda s: None)
+    again = evaluate(tiny_config(tmp_path), model=tiny_model, sampler=None, log=lambda s: None)
     assert again["n_generated"] == 0
     assert_report_matches(again["report"], recs)
     full, sharded = again["report"]["scenarios"]["full"], again["report"]["scenarios"]["sharded"]
@@ -133,10 +134,11 @@ def test_resume_regenerates_only_missing_conversations(tmp_path, tiny_model):  #
     kept = lines[: n // 2]
     path.write_text("".join(kept) + lines[n // 2][:40])  # half, plus a line cut by an interruption
     (tmp_path / "report.json").unlink()
-    sampler = counting_sampler(tiny_model)
-    second = evaluate(cfg, model=tiny_model, sampler=sampler, log=lambda s: None)
+    sampler, logs = counting_sampler(tiny_model), []
+    second = evaluate(cfg, model=tiny_model, sampler=sampler, log=logs.append)
     assert (second["n_generated"], second["n_resumed"]) == (n - n // 2, n // 2)
-    assert sampler.calls[0] == n - n // 2  # only the missing conversations are simulated
+    assert f"turn 1: {n - n // 2} active conversations" in "\n".join(logs)  # only the missing ones
+    assert sum(sampler.calls[:2]) == n - n // 2  # first turn: chunks of 4 + 2 rows
     recs = read_transcripts(path)
     assert len(recs) == n and len({r["conv_id"] for r in recs}) == n
     assert [json.dumps(r) for r in recs[: n // 2]] == [json.dumps(json.loads(x)) for x in kept]

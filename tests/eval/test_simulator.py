@@ -19,6 +19,7 @@ from jaxrl_mt.eval.simulator import (
     LIC_SCENARIOS,
     EvalError,
     Judge,
+    LengthSortedSampler,
     TranscriptStore,
     TurnScorer,
     canonical_scenarios,
@@ -28,7 +29,6 @@ from jaxrl_mt.eval.simulator import (
     register_strategy,
     run_score,
     simulate,
-    transcript_record,
 )
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 
@@ -233,6 +233,27 @@ def test_simulate_lockstep_one_sampler_call_per_turn(tiny_model):
             assert 1 <= t["new_tokens"] <= 4
         assert rec["score"] == rec["turns"][-1]["correct"]
     json.dumps(recs)  # JSON-ready
+
+
+def test_length_sorted_sampler_chunks_by_memory_and_keeps_row_order(tiny_model):
+    inner = counting_sampler(tiny_model, max_batch=4)
+    inner.min_prompt_bucket = 32
+    rng = np.random.default_rng(0)
+    lengths = [40, 3, 70, 5, 33, 2, 64, 10, 1, 90, 4, 6, 7, 8]
+    prompts = [rng.integers(10, 1000, n).tolist() for n in lengths]
+    budgets = [4, 3, 4, 2, 4, 4, 1, 4, 4, 4, 4, 4, 4, 4]
+    greedy = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    # Cap 2 x 64 x (64 + 16): 4 rows fit at prompt bucket 32 (4 x 32 x 48), 2 at 64, 1 at 128.
+    wrapped = LengthSortedSampler(inner, max_cells=2 * 64 * 80)
+    got = wrapped.generate_ids(prompts, greedy, seed=0, max_new_tokens=budgets)
+    # Sorted: [1 2 3 4][5 6 7 8] (two full chunks, one call) [10 33] [40 64] [70] [90].
+    assert inner.calls == [8, 2, 2, 1, 1] and got.stats["chunks"] == 5
+    assert got.lengths.tolist() == budgets
+    # Each row as generated in a different grouping of the same shapes (greedy): same tokens.
+    for group in ([9], [2], [6, 0], [4, 7], [13, 12, 11, 10], [3, 5, 1, 8]):
+        ref = inner.generate_ids([prompts[i] for i in group], greedy, max_new_tokens=[budgets[i] for i in group])
+        assert [got.tokens[i] for i in group] == ref.tokens and [got.texts[i] for i in group] == ref.texts
+    assert wrapped.tokenizer is inner.tokenizer and wrapped.max_batch == 4
 
 
 def test_simulate_custom_strategy_and_context_guard(tiny_model):
