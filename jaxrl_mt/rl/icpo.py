@@ -15,13 +15,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.judge import NON_ANSWER_TYPES, RESPONSE_TYPES, classify_llm, classify_rule_based
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.histories import TrainItem, load_items, save_items
-from jaxrl_mt.rl.loop import ConfigError, Trainer
+from jaxrl_mt.rl.loop import ConfigError, Trainer, load_tasks
 from jaxrl_mt.sampling import SamplingConfig
 
 COMPLETE, UNDERSPECIFIED = "complete", "underspecified"
@@ -80,13 +79,7 @@ class ICPOTrainer(Trainer):
 
     def load_data(self) -> tuple[list[TrainItem], list[TrainItem]]:
         c = self.c
-        tasks = []
-        for spec in [s.strip() for s in c.data.add_source.split(",") if s.strip()]:
-            try:
-                got = [t for t in load_source(spec) if t.conditions]
-            except (DataError, OSError) as e:
-                raise ConfigError(f"data source {spec!r}: {e}") from None
-            tasks += got[: c.data.limit + c.data.heldout] if c.data.limit else got
+        tasks = load_tasks(c.data.add_source, c.data)
         if not tasks:
             raise ConfigError("empty dataset: no ICPO problems")
         items = make_items(tasks, ratio=c.icpo.underspecified_ratio, seed=c.seed)

@@ -93,6 +93,26 @@ def config_to_dict(c: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- data
 
 
+def load_tasks(specs: str, data: Any, *, max_turns: int = 0, require_each: bool = False) -> list[Any]:
+    """Tasks with at least one condition from comma-separated source specs.
+
+    Keeps at most `data.limit + data.heldout` per source (all when `data.limit` is 0) and, when
+    `max_turns` is set, only problems of at most that many user turns (target + conditions).
+    A bad source, or (with `require_each`) a source left empty, is a ConfigError.
+    """
+    tasks: list[Any] = []
+    for spec in [s.strip() for s in specs.split(",") if s.strip()]:
+        try:
+            got = load_source(spec)
+        except (DataError, OSError) as e:
+            raise ConfigError(f"data source {spec!r}: {e}") from None
+        got = [t for t in got if t.conditions and (not max_turns or len(t.conditions) + 1 <= max_turns)]
+        if require_each and not got:
+            raise ConfigError(f"empty dataset: source {spec!r} gave no usable problems")
+        tasks += got[: data.limit + data.heldout] if data.limit else got
+    return tasks
+
+
 def load_scenarios(c: Any) -> tuple[list[Scenario], list[Scenario]]:
     """Training and held-out scenarios (MT-Add from add_source, MT-Refine from refine_source)."""
     train: list[Scenario] = []
@@ -100,16 +120,7 @@ def load_scenarios(c: Any) -> tuple[list[Scenario], list[Scenario]]:
     for specs, kind in ((c.data.add_source, "sharded"), (c.data.refine_source, "mt_refine")):
         if not specs:
             continue
-        tasks = []
-        for spec in [s.strip() for s in specs.split(",") if s.strip()]:
-            try:
-                got = load_source(spec)
-            except (DataError, OSError) as e:
-                raise ConfigError(f"data source {spec!r}: {e}") from None
-            got = [t for t in got if t.conditions and (not c.data.max_turns or len(t.conditions) + 1 <= c.data.max_turns)]
-            if not got:
-                raise ConfigError(f"empty dataset: source {spec!r} gave no usable problems")
-            tasks += got[: c.data.limit + c.data.heldout] if c.data.limit else got
+        tasks = load_tasks(specs, c.data, max_turns=c.data.max_turns, require_each=True)
         scen = []
         for t in tasks:
             try:
