@@ -326,3 +326,23 @@ def test_bad_requests_raise(tiny):
         tiny.generate_ids([[5], [6]], SamplingConfig(4), max_new_tokens=[2, 0])
     with pytest.raises(ValueError, match="no prompts"):
         tiny.generate_ids([], SamplingConfig(4))
+
+
+@pytest.mark.parametrize("bias, tied", [(True, False), (False, True)])
+def test_decode_params_give_the_same_logits_and_greedy_tokens(bias, tied):
+    """The fused decode layout (one QKV dot, one gate/up dot, a [D, V] head) is the same model."""
+    from jaxrl_mt.models.decoder import decode_params
+
+    cfg = TINY.replace(attention_bias=bias, tie_word_embeddings=tied)
+    params = numpy_params(cfg, 3, scale=0.2)
+    fused = decode_params(params, cfg)
+    assert "qkv" in fused["layers"] and "q" not in fused["layers"] and fused["lm_head"].shape == (32, 32)
+    tokens, mask = left_pad(PROMPTS, 0)
+    ref = np.asarray(_logits(params, cfg, tokens, mask))
+    got = np.asarray(_logits(fused, cfg, tokens, mask))
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+    sampling = SamplingConfig(max_new_tokens=12, temperature=0.0)
+    plain = Sampler(params, cfg, eos_ids=(), pad_id=0, fuse_weights=False).generate_ids(PROMPTS, sampling)
+    fast = Sampler(params, cfg, eos_ids=(), pad_id=0, fuse_weights=True).generate_ids(PROMPTS, sampling)
+    assert fast.tokens == plain.tokens
+    np.testing.assert_allclose(np.concatenate(fast.logprobs), np.concatenate(plain.logprobs), atol=1e-5)

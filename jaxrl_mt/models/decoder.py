@@ -202,11 +202,18 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
     b, t, _ = x.shape
     dt = cfg.jnp_dtype
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-    q = h @ lp["q"].astype(dt)
-    k = h @ lp["k"].astype(dt)
-    v = h @ lp["v"].astype(dt)
-    if cfg.attention_bias:
-        q, k, v = q + lp["q_bias"].astype(dt), k + lp["k_bias"].astype(dt), v + lp["v_bias"].astype(dt)
+    if "qkv" in lp:  # fused layout of `decode_params`: one dot instead of three
+        hq, hkv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        qkv = h @ lp["qkv"].astype(dt)  # [B, T, Hq*K + 2*Hkv*K]
+        if cfg.attention_bias:
+            qkv = qkv + lp["qkv_bias"].astype(dt)
+        q, k, v = qkv[..., :hq], qkv[..., hq:hq + hkv], qkv[..., hq + hkv:]
+    else:
+        q = h @ lp["q"].astype(dt)
+        k = h @ lp["k"].astype(dt)
+        v = h @ lp["v"].astype(dt)
+        if cfg.attention_bias:
+            q, k, v = q + lp["q_bias"].astype(dt), k + lp["k_bias"].astype(dt), v + lp["v_bias"].astype(dt)
     q = q.reshape(b, t, cfg.num_heads, cfg.head_dim)
     k = k.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
     v = v.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
@@ -221,7 +228,12 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
     k_all, v_all = k, v
     x = x + att.reshape(b, t, -1) @ lp["o"].astype(dt)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-    mlp = jax.nn.silu(h @ lp["gate"].astype(dt)) * (h @ lp["up"].astype(dt))
+    if "gate_up" in lp:
+        gu = h @ lp["gate_up"].astype(dt)  # [B, T, 2F]
+        f = gu.shape[-1] // 2
+        mlp = jax.nn.silu(gu[..., :f]) * gu[..., f:]
+    else:
+        mlp = jax.nn.silu(h @ lp["gate"].astype(dt)) * (h @ lp["up"].astype(dt))
     x = x + mlp @ lp["down"].astype(dt)
     return x, k_all, v_all
 
@@ -297,11 +309,30 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
 def lm_head(params: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
     """Logits [..., V] in fp32 from final hidden states [..., D]."""
     dt = cfg.jnp_dtype
-    if cfg.tie_word_embeddings:
+    if "lm_head" not in params:  # tied
         w = params["embed"].astype(dt)  # [V, D]
         return jnp.einsum("...d,vd->...v", hidden.astype(dt), w, preferred_element_type=jnp.float32)
     return jnp.einsum("...d,dv->...v", hidden.astype(dt), params["lm_head"].astype(dt),
                       preferred_element_type=jnp.float32)
+
+
+def decode_params(params: Params, cfg: ModelConfig) -> Params:
+    """The same weights laid out for small-batch decoding (call inside jit; same `forward` results).
+
+    Q/K/V become one [L, D, Hq*K + 2*Hkv*K] matrix and gate/up one [L, D, 2F] matrix (one dot
+    each instead of three and two), and a tied head gets its own [D, V] copy so the logits are
+    a plain row-major product. On XLA:CPU this makes a batch-8 decode step of the embedded model
+    about 15% faster; it holds a second copy of the weights while the sampler runs.
+    """
+    lp = dict(params["layers"])
+    fused = {k: v for k, v in lp.items() if k not in ("q", "k", "v", "q_bias", "k_bias", "v_bias", "gate", "up")}
+    fused["qkv"] = jnp.concatenate([lp["q"], lp["k"], lp["v"]], axis=-1)  # [L, D, Hq*K + 2*Hkv*K]
+    if cfg.attention_bias:
+        fused["qkv_bias"] = jnp.concatenate([lp["q_bias"], lp["k_bias"], lp["v_bias"]], axis=-1)
+    fused["gate_up"] = jnp.concatenate([lp["gate"], lp["up"]], axis=-1)  # [L, D, 2F]
+    out = {"embed": params["embed"], "layers": fused, "final_norm": params["final_norm"]}
+    out["lm_head"] = params["lm_head"] if "lm_head" in params else params["embed"].T  # [D, V]
+    return out
 
 
 def positions_from_mask(token_mask: jax.Array) -> jax.Array:
