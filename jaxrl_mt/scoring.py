@@ -123,12 +123,18 @@ def _bucket(n: int, minimum: int = 16) -> int:
 
 
 class Scorer:
-    """Scores completions under contexts in bucketed, chunked batches of one jitted function."""
+    """Scores completions under contexts in bucketed, chunked batches of one jitted function.
+
+    With a `mesh` over several processes (multi-host), `score` is collective: every process calls
+    it with its own rows (any number, 0 included), the processes agree on the number of batches
+    and on their shapes, and each gets back the scores of its own rows.
+    """
 
     def __init__(self, params: Params, cfg: ModelConfig, *, pad_id: int = 0, batch_size: int = 8,
-                 chunk: int = 128):
+                 chunk: int = 128, mesh: Any = None):
         self.params, self.cfg, self.pad_id = params, cfg, pad_id
         self.batch_size, self.chunk = batch_size, chunk
+        self.mesh = mesh  # the params' mesh; only used when it spans several processes
 
     def score(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
               pool: str = "completion") -> ScoreResult:
@@ -139,22 +145,31 @@ class Scorer:
           completions: token ids of each completion (the scored span).
           pool: which span's hidden states to mean-pool: "completion", "context" or "all".
         """
+        from jaxrl_mt.parallel import agree_max, agree_max_many, fetch_rows, put_rows, spans_processes
+
         if len(contexts) != len(completions):
             raise ValueError(f"{len(contexts)} contexts but {len(completions)} completions")
         if pool not in ("completion", "context", "all"):
             raise ValueError(f"unknown pool {pool!r}")
+        multi = spans_processes(self.mesh)
         n = len(contexts)
         out_lp: list[np.ndarray] = []
         sums, means, geos, pooled = [], [], [], []
         max_ctx = self.cfg.max_position_embeddings
-        for start in range(0, n, self.batch_size):
+        n_batches = -(-n // self.batch_size)
+        if multi:  # every process runs the same number of batches (some may be all padding)
+            n_batches = agree_max(n_batches)
+        for j in range(n_batches):
+            start = j * self.batch_size
             ctx = [list(c) for c in contexts[start:start + self.batch_size]]
             comp = [list(c) for c in completions[start:start + self.batch_size]]
-            lens = [len(a) + len(b) for a, b in zip(ctx, comp)]
+            lens = [len(a) + len(b) for a, b in zip(ctx, comp)] or [1]
             if max(lens) > max_ctx:
                 raise ValueError(f"a context+completion of {max(lens)} tokens exceeds the model context {max_ctx}")
             t = min(_bucket(max(lens)), max_ctx)
             bsz = self.batch_size if n > self.batch_size else _bucket(len(ctx), 1)
+            if multi:
+                t, bsz = agree_max_many([t, bsz])
             tokens = np.full((bsz, t), self.pad_id, np.int32)
             tmask = np.zeros((bsz, t), bool)
             target = np.zeros((bsz, t), bool)
@@ -170,13 +185,20 @@ class Scorer:
                     pmask[i, : len(a)] = True
                 else:
                     pmask[i, : len(seq)] = True
-            r = jax.device_get(score_batch(self.params, self.cfg, tokens, tmask, target, pmask,
+            if multi:  # this process's rows of one global batch
+                r = fetch_rows(score_batch(self.params, self.cfg, *put_rows(self.mesh, [tokens, tmask, target, pmask]),
                                            chunk=self.chunk))
+            else:
+                r = jax.device_get(score_batch(self.params, self.cfg, tokens, tmask, target, pmask,
+                                               chunk=self.chunk))
             for i, (a, b) in enumerate(zip(ctx, comp)):
                 out_lp.append(np.asarray(r["logprobs"][i, len(a): len(a) + len(b)]))
             k = len(ctx)
             sums.append(r["sum"][:k]); means.append(r["mean"][:k])
             geos.append(r["geo_mean"][:k]); pooled.append(r["pooled"][:k])
+        if not sums:  # no rows (only on a process of a multi-process call)
+            return ScoreResult([], np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32),
+                               np.zeros((0, self.cfg.hidden_size), np.float32))
         return ScoreResult(out_lp, np.concatenate(sums), np.concatenate(means), np.concatenate(geos),
                            np.concatenate(pooled))
 

@@ -10,6 +10,11 @@ a few train steps on per-process rows of a global batch, an orbax save and a res
 the losses, a parameter digest and the restore check. With `reference` (one process, one
 device) it runs the same steps on the whole batch, for comparison.
 
+`python tests/_parallel_worker.py trainer OUT.json WORKDIR MODEL_DIR STEPS`: one process of a
+2-process run of the full RLSTA `Trainer` (mesh 2,2,1; per-process data) to STEPS (resuming when
+WORKDIR holds a checkpoint); writes the steps it ran, the items of its batches and a digest of
+the final parameters.
+
 The environment (XLA_FLAGS, JAX_PLATFORMS) must be set by the caller, before jax is imported.
 """
 
@@ -251,9 +256,181 @@ def run_multihost(out: Path, ckpt_dir: Path, reference: bool) -> None:
         "losses": losses, "extra": extra, "restore_diff": restore_diff,
         "next_loss_live": float(m_live["loss"]), "next_loss_restored": float(m_rest["loss"]),
         "digest": digest, "steps_on_disk": Checkpointer(ckpt_dir, read_only=True).all_steps(),
+        "helpers": {} if reference else per_process_helpers(cfg, params0, mesh),
     }))
     if not reference:
         jax.distributed.shutdown()
+
+
+def per_process_helpers(cfg: ModelConfig, params0, mesh) -> dict:
+    """The per-process-row helpers of jaxrl_mt.parallel, the scorer and the (patched) sampler
+    under 2 processes; each process feeds a different number of rows."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jaxrl_mt.sampling import Sampler, SamplingConfig
+    from jaxrl_mt.scoring import Scorer
+
+    pid = jax.process_index()
+    r: dict = {
+        "agree_max": parallel.agree_max(5 * pid + 3),
+        "agree_max_many": list(parallel.agree_max_many([pid, 10 - pid])),
+        "allgather_json": parallel.allgather_json({"p": pid, "s": "x" * (3 + pid)}),
+        "broadcast_json": parallel.broadcast_json(f"from {pid}"),
+        "mean": parallel.mean_over_processes({"a": float(pid), "m": 10.0 * pid}, weight=pid + 1, max_keys=("m",)),
+        "mean_weight0_nan": parallel.mean_over_processes({"a": float("nan") if pid else 4.0}, weight=0 if pid else 1),
+        "process_block": [list(parallel.process_block(n)) for n in (5, 1, 0)],
+        "rows_multiple": parallel.rows_multiple(mesh),
+        "spans": [parallel.spans_processes(mesh), parallel.spans_processes(parallel.local_mesh(mesh))],
+    }
+    try:
+        parallel.check_same_rows(pid + 1, "toy batch")
+        r["check_same_rows"] = "no error"
+    except ValueError as e:
+        r["check_same_rows"] = str(e)
+    try:
+        parallel.mean_over_processes({"a": 1.0} if pid else {"b": 1.0})
+        r["mean_keys_mismatch"] = "no error"
+    except ValueError as e:
+        r["mean_keys_mismatch"] = str(e)
+    mine = np.arange(3 * 2, dtype=np.float32).reshape(3, 2) + 100 * pid  # [3, 2] this process's rows
+    (g,) = parallel.put_rows(mesh, [mine])
+    r["put_rows_global_shape"] = list(g.shape)
+    back = parallel.fetch_rows({"x": g, "y": jax.jit(lambda x: 2 * x, out_shardings=NamedSharding(mesh, P()))(g)})
+    r["fetch_rows_exact"] = bool(np.array_equal(back["x"][:3], mine) and np.array_equal(back["x"][3], mine[2]))
+    r["fetch_rows_replicated_exact"] = bool(np.array_equal(back["y"][:3], 2 * mine))
+    try:
+        parallel.put_rows(mesh, [mine], pad=False)
+        r["put_rows_nopad"] = "no error"
+    except ValueError as e:
+        r["put_rows_nopad"] = str(e)
+    host = parallel.gather_to_host(parallel.shard_params(params0, mesh))
+    r["gather_exact"] = max_tree_diff(host, params0) == 0.0
+    local = parallel.local_copy(parallel.shard_params(params0, mesh), mesh)
+    r["local_copy_addressable"] = all(x.is_fully_addressable for x in jax.tree_util.tree_leaves(local))
+
+    # scorer: process 0 scores 3 pairs, process 1 five (2 batches of 4 vs 1: an all-padding batch)
+    rng = np.random.default_rng(7 + pid)
+    n = 3 if pid == 0 else 5
+    ctx = [rng.integers(2, 64, rng.integers(2, 9)).tolist() for _ in range(n)]
+    comp = [rng.integers(2, 64, rng.integers(1, 6)).tolist() for _ in range(n)]
+    sharded = parallel.shard_params(params0, mesh)
+    got = Scorer(sharded, cfg, pad_id=0, batch_size=4, mesh=mesh).score(ctx, comp)
+    want = Scorer(local, cfg, pad_id=0, batch_size=4).score(ctx, comp)
+    r["score_rows"] = len(got.geo_mean)
+    r["score_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(got.logprobs, want.logprobs))
+    r["score_pooled_diff"] = float(np.max(np.abs(got.pooled - want.pooled)))
+    empty = Scorer(sharded, cfg, pad_id=0, batch_size=4, mesh=mesh).score(ctx[:2] if pid else [], comp[:2] if pid else [])
+    r["score_empty_rows"] = len(empty.geo_mean)
+
+    # sampler (per-process rows through the patched `_run`): greedy, 2 prompts vs 3, vs a local sampler
+    patch_sampler_if_needed()
+    prompts = [rng.integers(2, 64, m).tolist() for m in ((5, 11) if pid == 0 else (3, 7, 20))]
+    sc = SamplingConfig(max_new_tokens=6, temperature=0.0)
+    g_res = Sampler(sharded, cfg, eos_ids=(1,), pad_id=0, mesh=mesh).generate_ids(prompts, sc)
+    l_res = Sampler(local, cfg, eos_ids=(1,), pad_id=0, mesh=parallel.local_mesh(mesh)).generate_ids(prompts, sc)
+    r["greedy_equal"] = g_res.tokens == l_res.tokens
+    r["greedy_rows"] = len(g_res.tokens)
+    r["greedy_logprob_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(g_res.logprobs, l_res.logprobs))
+    return r
+
+
+# ----------------------------------------------------------------------------- multi-host trainer
+
+
+def _sampler_run(self, prompts, budgets, sampling, key, stop_ids):
+    """TEMPORARY: `Sampler._run` with per-process rows, until the lead pastes these lines into
+    jaxrl_mt/sampling.py (being edited by someone else). Identical on one process."""
+    from jaxrl_mt.chat import left_pad
+    from jaxrl_mt.parallel import agree_max_many, fetch_rows, put_replicated, put_rows, spans_processes
+    from jaxrl_mt.sampling import _sampling_args, _stop_array, bucket, generate_tokens
+
+    multi = spans_processes(self.mesh)  # a mesh over several processes: a collective call on per-process rows
+    b = len(prompts)
+    bb = bucket(b, 1)
+    pb = min(bucket(max(len(p) for p in prompts), self.min_prompt_bucket),
+             self.cfg.max_position_embeddings - sampling.max_new_tokens)
+    stops = [list(stop_ids[i]) if stop_ids is not None else list(self.eos_ids) for i in range(b)]
+    width = max(1, max((len(s) for s in stops), default=0))
+    if multi:  # one program: every process pads to the largest row, prompt and stop-list buckets
+        bb, pb, width = agree_max_many([bb, pb, width])
+    nb = min(bucket(sampling.max_new_tokens, self.min_new_bucket), self.cfg.max_position_embeddings - pb)
+    rows = list(prompts) + [[self.pad_id]] * (bb - b)
+    tokens, mask = left_pad(rows, self.pad_id, pb)
+    budget = np.zeros(bb, np.int32)
+    budget[:b] = budgets
+    stop_arr = _stop_array(stops, bb)
+    if multi:
+        stop_arr = np.pad(stop_arr, ((0, 0), (0, width - stop_arr.shape[1])), constant_values=-1)
+    self.compiled_shapes.add((bb, pb, nb))
+    args = [tokens, mask, stop_arr, budget]
+    samp, flags = _sampling_args(sampling, bb)
+    if self.mesh is not None:
+        args = put_rows(self.mesh, args)  # one process: shard_batch, as before
+    if multi:
+        samp = put_rows(self.mesh, [np.asarray(a) for a in samp])
+        key = put_replicated(self.mesh, key)
+    tokens, mask, stop_arr, budget = args
+    r = generate_tokens(self.params, self.cfg, tokens, mask, key, stop_arr, budget, *samp, max_new=nb,
+                        fuse=self.fuse_weights, **flags)
+    r = fetch_rows(r)  # this process's rows; jax.device_get when the arrays are addressable
+    return {k: np.asarray(v)[:b] for k, v in r.items()}
+
+
+def patch_sampler_if_needed() -> bool:
+    """TEMPORARY: installs `_sampler_run` unless sampling.py already has the per-process lines."""
+    import inspect
+
+    from jaxrl_mt.sampling import Sampler
+
+    if "fetch_rows" in inspect.getsource(Sampler._run):
+        return False
+    Sampler._run = _sampler_run
+    return True
+
+
+def run_trainer(out: Path, workdir: Path, model_dir: Path, steps: int) -> None:
+    import hashlib
+
+    from configs.rlsta import get_config
+    from jaxrl_mt.rl.loop import Trainer
+
+    assert parallel.maybe_initialize_distributed(), "JAX_COORDINATOR_ADDRESS not set"
+    patched = patch_sampler_if_needed()
+    c = get_config("cpu")
+    c.model, c.workdir, c.mesh_shape = str(model_dir), str(workdir), "2,2,1"
+    c.data.add_source, c.data.refine_source = "synthetic:12:0", ""
+    c.data.limit, c.data.heldout, c.data.max_turns = 0, 2, 4
+    c.history.max_new_tokens = 6
+    c.rl.steps, c.rl.batch_size, c.rl.group_size = steps, 2, 2
+    c.rl.max_new_tokens, c.rl.beta, c.rl.lr, c.rl.remat = 8, 0.04, 1e-3, False
+    c.eval.max_new_tokens = 6
+    c.checkpoint.every = 1
+    c.log.samples_every = 1
+    c.export = True
+    seen: dict = {"updates": 0, "batches": []}
+    rollout, finish = Trainer.rollout, Trainer.finish
+
+    def rollout_spy(self, params, items, step):
+        seen["batches"].append([it.item_id for it in items])
+        return rollout(self, params, items, step)
+
+    def finish_spy(self, params, evals):  # every process: a digest of the final global parameters
+        host = parallel.gather_to_host(params)
+        h = hashlib.sha256()
+        for kp, x in jax.tree_util.tree_flatten_with_path(host)[0]:
+            h.update(parallel._path(kp).encode() + np.ascontiguousarray(x).tobytes())
+        seen["digest"] = h.hexdigest()
+        return finish(self, params, evals)
+
+    Trainer.rollout, Trainer.finish = rollout_spy, finish_spy
+    trainer = Trainer(c)
+    summary = trainer.run()
+    out.write_text(json.dumps({
+        "process": jax.process_index(), "processes": jax.process_count(), "devices": jax.device_count(),
+        "mesh": dict(trainer.mesh.shape), "patched_sampler": patched, "batches": seen["batches"],
+        "digest": seen["digest"], "summary_keys": sorted(summary),
+    }))
+    jax.distributed.shutdown()
 
 
 if __name__ == "__main__":
@@ -262,6 +439,8 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "mesh":
         run_mesh(Path(sys.argv[2]), set(sys.argv[3].split(",")) if len(sys.argv) > 3 else {"train", "infer"})
+    elif mode == "trainer":
+        run_trainer(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]))
     elif mode == "multihost":
         run_multihost(Path(sys.argv[2]), Path(sys.argv[3]), reference=len(sys.argv) > 4 and sys.argv[4] == "reference")
     else:

@@ -85,3 +85,27 @@ def test_checkpoint_written_by_both_restores_exactly(runs) -> None:
         assert p["extra"] == {"step": 3, "losses": p["losses"]}
         assert p["restore_diff"] == 0.0  # every local shard of params and AdamW state
         assert p["next_loss_restored"] == p["next_loss_live"]
+
+
+def test_per_process_row_helpers(runs) -> None:
+    procs, _ = runs
+    h0, h1 = procs[0]["helpers"], procs[1]["helpers"]
+    for pid, h in enumerate((h0, h1)):
+        assert h["agree_max"] == 8 and h["agree_max_many"] == [1, 10]
+        assert h["allgather_json"] == [{"p": 0, "s": "xxx"}, {"p": 1, "s": "xxxx"}]
+        assert h["broadcast_json"] == "from 0"
+        assert h["mean"] == {"a": 2 / 3, "m": 10.0}  # (0 * 1 + 1 * 2) / 3; max of 0, 10
+        assert h["mean_weight0_nan"] == {"a": 4.0}
+        assert h["rows_multiple"] == 2 and h["spans"] == [True, False]
+        assert "different row counts [1, 2]" in h["check_same_rows"]
+        assert "different metric names" in h["mean_keys_mismatch"]
+        assert h["put_rows_global_shape"] == [8, 2]  # 3 rows per process padded to 4
+        assert h["fetch_rows_exact"] and h["fetch_rows_replicated_exact"]
+        assert "3 rows per process is not a multiple of 2" in h["put_rows_nopad"]
+        assert h["gather_exact"] and h["local_copy_addressable"]
+        assert h["score_diff"] <= 1e-5 and h["score_pooled_diff"] <= 1e-5
+        assert h["greedy_equal"] and h["greedy_logprob_diff"] <= 1e-5
+    assert h0["process_block"] == [[0, 2], [0, 0], [0, 0]] and h1["process_block"] == [[2, 5], [0, 1], [0, 0]]
+    assert (h0["score_rows"], h1["score_rows"]) == (3, 5)
+    assert (h0["score_empty_rows"], h1["score_empty_rows"]) == (0, 2)
+    assert (h0["greedy_rows"], h1["greedy_rows"]) == (2, 3)

@@ -168,6 +168,44 @@ def test_log0_prints_on_process_zero(capsys: pytest.CaptureFixture) -> None:
     assert capsys.readouterr().out == "hello from 0\n"
 
 
+# ----------------------------------------------------------------------------- per-process rows, one process
+# (the two-process behaviour is tested in tests/test_multihost.py::test_per_process_row_helpers)
+
+
+def test_process_helpers_are_identities_on_one_process() -> None:
+    import numpy as np
+
+    assert parallel.agree_max(7) == 7 and parallel.agree_max_many([3, 4]) == (3, 4)
+    assert parallel.allgather_ints([3, 4]).tolist() == [[3, 4]]
+    assert parallel.allgather_json({"a": [1]}) == [{"a": [1]}]
+    assert parallel.broadcast_json({"a": 1}) == {"a": 1}
+    assert parallel.process_block(5) == (0, 5) and parallel.process_block(0) == (0, 0)
+    parallel.check_same_rows(3, "x")  # nothing to compare
+    m = {"a": 1.5, "b": float("nan")}
+    out = parallel.mean_over_processes(m, weight=0.0, max_keys=("a",))
+    assert out is not m and out["a"] == 1.5 and np.isnan(out["b"])
+    mesh = parallel.make_mesh((1, 1, 1))
+    assert not parallel.spans_processes(mesh) and not parallel.spans_processes(None)
+    assert parallel.rows_multiple(mesh) == 1
+    assert list(parallel.local_mesh(mesh).devices.flat) == list(mesh.devices.flat)
+
+
+def test_put_and_fetch_rows_on_one_process_are_shard_batch_and_device_get() -> None:
+    import numpy as np
+
+    mesh = parallel.make_mesh((1, 1, 1))
+    rows = [np.arange(6, dtype=np.int32).reshape(3, 2), np.array([True, False, True])]
+    got, want = parallel.put_rows(mesh, rows, pad=False), parallel.shard_batch(mesh, rows)
+    for g, w, a in zip(got, want, rows):
+        assert g.sharding == w.sharding and g.shape == a.shape  # no padding on one process
+        np.testing.assert_array_equal(np.asarray(g), a)
+    back = parallel.fetch_rows({"x": got[0], "s": jax.numpy.float32(2.5)})
+    assert isinstance(back["x"], np.ndarray) and back["x"].tolist() == rows[0].tolist() and float(back["s"]) == 2.5
+    tree = {"w": jax.numpy.ones((2, 3)), "b": np.zeros(2)}
+    host = parallel.gather_to_host(tree)
+    assert all(isinstance(x, np.ndarray) for x in host.values()) and host["w"].sum() == 6.0
+
+
 # ----------------------------------------------------------------------------- 8 devices vs 1
 
 

@@ -4,6 +4,18 @@ Everything a resumed run needs lives in `<workdir>`: `config.json`, the cached t
 (`histories.jsonl`, `train_items.jsonl`, `heldout.jsonl`), orbax checkpoints (params, optimizer
 state, RNG key, step and the grain iterator state), `metrics.jsonl`, TensorBoard events, sample
 tables, and at the end `summary.txt`, `curves.png` and the exported policy (`export/`).
+
+Multi-process runs (`jax.distributed`, one global mesh over every process's devices): each
+process draws its own batches (grain shards the training items by process), samples, scores and
+rewards its own rows, and feeds them to the one jitted train step as per-process rows of a global
+batch (`parallel.put_rows`); every process must feed the same number of rows. Bucketed shapes
+(prompt and completion lengths) are agreed with `parallel.agree_max`. Histories and filtering
+(stage 1/2, once per run) are split over the processes, each on a process-local copy of the
+policy, and gathered so that every process holds the same items; process 0 writes the caches and
+a resumed run reads process 0's copy. The held-out evaluation is split over the processes
+(contiguous blocks) and reported as the item-weighted global mean. Logged metrics are means over
+processes (`completion/max_length`: the max). Checkpoints are written by every process (orbax);
+`metrics.jsonl`, samples, `summary.txt`, curves and the export by process 0 only.
 """
 
 from __future__ import annotations
@@ -28,8 +40,11 @@ from jaxrl_mt.data.records import DataError, Scenario
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.registry import Model, load_model
-from jaxrl_mt.parallel import make_mesh, shard_batch, shard_params, shard_train_state, shard_train_step
-from jaxrl_mt.rewards.anchor import anchor_reward, zero_anchor_for_wrong
+from jaxrl_mt.parallel import (agree_max, agree_max_many, allgather_json, broadcast_json, check_same_rows,
+                               fetch_rows, local_copy, local_mesh, make_mesh, mean_over_processes, process_block,
+                               gather_to_host, put_replicated, put_rows, rows_multiple, shard_params, shard_train_state,
+                               shard_train_step, spans_processes)
+from jaxrl_mt.rewards.anchor import anchor_contexts, anchor_reward, zero_anchor_for_wrong
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES, group_advantages
 from jaxrl_mt.rl.histories import (TrainItem, accuracy_single_and_multi, build_histories, filter_items,
@@ -172,9 +187,10 @@ class Trainer:
     def __init__(self, c: Any, *, log: Callable[[str], None] | None = None):
         validate_config(c)
         self.c = c
-        self.log = log or (lambda msg: print(msg, flush=True))
         self.wd = Path(c.workdir)
         self.is_main = jax.process_index() == 0
+        log = log or (lambda msg: print(msg, flush=True))
+        self.log = log if self.is_main else (lambda msg: None)  # process 0 logs
         self.system = c.system_prompt or None
         self._stop_signal: int | None = None
         self.train_scen, self.held_scen = self.load_data()  # fails fast on bad or empty data
@@ -196,7 +212,13 @@ class Trainer:
             self.ref_params = self.model.params  # immutable arrays: updates never touch them
         self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch, mesh=self.mesh)
         self.ref_scorer = Scorer(self.ref_params, self.model.cfg, pad_id=self.model.pad_id,
-                                 batch_size=min(16, c.rl.batch_size * c.rl.group_size))
+                                 batch_size=min(16, c.rl.batch_size * c.rl.group_size), mesh=self.mesh)
+        self.multi = spans_processes(self.mesh)  # one global mesh over several processes
+        micro_rows = c.rl.batch_size * c.rl.group_size // c.rl.grad_accum
+        if self.multi and micro_rows % rows_multiple(self.mesh):
+            raise ConfigError(f"train micro-batch of {micro_rows} rows per process (rl.batch_size * rl.group_size "
+                              f"/ rl.grad_accum) is not a multiple of {rows_multiple(self.mesh)}, this process's "
+                              "share of the mesh's data x fsdp shards")
         rl = c.rl
         self.optimizer = make_optimizer(rl.lr, schedule=rl.schedule, warmup_steps=rl.warmup_steps, total_steps=rl.steps,
                                         weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm or None,
@@ -205,6 +227,7 @@ class Trainer:
                              kl_estimator=rl.kl_estimator, loss_type=rl.loss_type, temperature=rl.temperature,
                              max_completion_length=rl.max_new_tokens, remat=rl.remat)
         self._steps: dict[int, Any] = {}
+        self._local_sampler: Sampler | None = None  # multi-process data preparation (see _prep_sampler)
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
 
     # ------------------------------------------------------------------ stages
@@ -229,14 +252,48 @@ class Trainer:
         """Training and held-out scenarios (before any model is loaded)."""
         return load_scenarios(self.c)
 
+    # ------------------------------------------------------------------ multi-process helpers
+
+    def _cached(self, path: Path) -> list[TrainItem] | None:
+        """The items cached at `path`, or None; multi-process: process 0's file, sent to every process."""
+        if not self.multi:
+            return load_items(path) if path.exists() else None
+        got = broadcast_json([it.to_json() for it in load_items(path)] if self.is_main and path.exists() else None)
+        return None if got is None else [TrainItem.from_json(d) for d in got]
+
+    def _prep_sampler(self) -> Sampler:
+        """The sampler of the data-preparation stages: the policy's, or (multi-process) a sampler on
+        a process-local copy of the policy, so that each process works on its block alone."""
+        if not self.multi:
+            return self.sampler
+        if self._local_sampler is None:
+            s = self.sampler
+            self._local_sampler = Sampler(local_copy(self.model.params, self.mesh), s.cfg, s.tokenizer,
+                                          eos_ids=s.eos_ids, pad_id=s.pad_id, max_batch=s.max_batch,
+                                          mesh=local_mesh(self.mesh))
+        return self._local_sampler
+
+    def _per_process(self, fn: Callable[[Sequence[Any]], list[Any]], seq: Sequence[Any]) -> list[Any]:
+        """fn(seq): multi-process, each process maps its contiguous block and the JSON-able results
+        are gathered in order (the same list on every process)."""
+        if not self.multi:
+            return fn(seq)
+        lo, hi = process_block(len(seq))
+        mine = fn(seq[lo:hi]) if hi > lo else []
+        return [x for part in allgather_json(mine) for x in part]
+
     def _items(self, name: str, scenarios: Sequence[Scenario], seed: int) -> list[TrainItem]:
         path = self.wd / name
-        if path.exists():
-            return load_items(path)
+        cached = self._cached(path)
+        if cached is not None:
+            return cached
         h = self.c.history
-        items = build_histories(self.sampler, scenarios,
-                                SamplingConfig(max_new_tokens=h.max_new_tokens, temperature=h.temperature),
-                                seed=seed, system=self.system)
+        sampling = SamplingConfig(max_new_tokens=h.max_new_tokens, temperature=h.temperature)
+        sampler = self._prep_sampler()
+        items = self._per_process(
+            lambda sc: [it.to_json() for it in build_histories(sampler, sc, sampling, seed=seed, system=self.system)],
+            scenarios)
+        items = [TrainItem.from_json(d) for d in items]
         if self.is_main:
             save_items(path, items, {"n_items": len(items)})
         return items
@@ -247,16 +304,22 @@ class Trainer:
         t0 = time.perf_counter()
         held = self._items("heldout.jsonl", self.held_scen, c.seed + 1) if self.held_scen else []
         items_path = self.wd / "train_items.jsonl"
-        if items_path.exists():
-            items = load_items(items_path)
-        else:
+        items = self._cached(items_path)
+        if items is None:
             hist = self._items("histories.jsonl", self.train_scen, c.seed)
             if c.filter.enabled:
-                st, mt = accuracy_single_and_multi(
-                    self.sampler, hist, SamplingConfig(max_new_tokens=c.rl.max_new_tokens,
+                sampler = self._prep_sampler()
+
+                def acc(block: Sequence[TrainItem]) -> list[list[float]]:  # [n, 2] (st, mt) per item
+                    st, mt = accuracy_single_and_multi(
+                        sampler, block, SamplingConfig(max_new_tokens=c.rl.max_new_tokens,
                                                        temperature=c.filter.temperature),
-                    k=c.filter.k, seed=c.seed + 2, system=self.system, modes=(c.rl.verifier_mode,)
-                )[c.rl.verifier_mode]
+                        k=c.filter.k, seed=c.seed + 2, system=self.system, modes=(c.rl.verifier_mode,)
+                    )[c.rl.verifier_mode]
+                    return [[float(a), float(b)] for a, b in zip(st, mt)]
+
+                both = np.asarray(self._per_process(acc, hist), np.float64).reshape(-1, 2)  # [n, 2]
+                st, mt = both[:, 0], both[:, 1]
                 items, stats = filter_items(hist, st, mt, cap=c.filter.cap_per_problem, seed=c.seed)
                 self.log(f"filtering: kept {stats['n_kept']}/{stats['n_items']} histories "
                          f"(single-turn acc {stats['st_acc_mean']:.3f}, multi-turn acc {stats['mt_acc_mean']:.3f})")
@@ -267,23 +330,40 @@ class Trainer:
                 items, stats = hist, {"n_items": len(hist), "n_kept": len(hist), "filter": "disabled"}
             if self.is_main:
                 save_items(items_path, items, stats)
+        self._local_sampler = None  # frees the process-local copy of the policy
         if len(items) < self.c.rl.batch_size:
             raise ConfigError(f"empty dataset: {len(items)} training items < rl.batch_size {self.c.rl.batch_size}")
         self.log(f"data: {len(items)} training items, {len(held)} held-out ({time.perf_counter() - t0:.1f}s)")
         return items, held
 
     def evaluate(self, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
-        """Greedy single-turn (full prompt) and multi-turn (history + last turn) accuracy."""
+        """Greedy single-turn (full prompt) and multi-turn (history + last turn) accuracy.
+
+        Multi-process: each process evaluates its contiguous block of `held` (padded with repeats
+        to the largest block, since the sampler call is collective) and the result is the
+        item-weighted mean over processes: the accuracy over all held-out items.
+        """
         if not held:
             return {}
         self.sampler.params = params
+        mine = list(held)
+        if self.multi:
+            lo, hi = process_block(len(held))
+            mine = list(held[lo:hi])
+            size = agree_max(len(mine))
+            mine = (mine + [mine[-1] if mine else held[0]] * size)[:size]
+            n_mine = hi - lo
         acc = accuracy_single_and_multi(
-            self.sampler, held, SamplingConfig(max_new_tokens=self.c.eval.max_new_tokens, temperature=0.0),
+            self.sampler, mine, SamplingConfig(max_new_tokens=self.c.eval.max_new_tokens, temperature=0.0),
             k=1, seed=0, system=self.system, modes=("strict", "lenient"))
         out = {}
         for mode, (st, mt) in acc.items():
-            out[f"eval/single_turn_acc_{mode}"] = float(np.mean(st))
-            out[f"eval/multi_turn_acc_{mode}"] = float(np.mean(mt))
+            if self.multi:
+                st, mt = st[:n_mine], mt[:n_mine]
+            out[f"eval/single_turn_acc_{mode}"] = float(np.mean(st)) if len(st) else 0.0
+            out[f"eval/multi_turn_acc_{mode}"] = float(np.mean(mt)) if len(mt) else 0.0
+        if self.multi:
+            out = mean_over_processes(out, weight=n_mine)
         return out
 
     # ------------------------------------------------------------------ rollouts and rewards
@@ -303,16 +383,14 @@ class Trainer:
         adv = np.asarray(group_advantages(jnp.asarray(reward, jnp.float32), G, scale_rewards=c.scale_rewards))
         P = bucket(max(len(p) for p in rows), 32)
         C = min(bucket(max(max(res.lengths), 1), 16), bucket(c.max_new_tokens, 16))
+        if self.multi:  # one train-step program: every process uses the largest buckets
+            P, C = agree_max_many([P, C])
         batch = assemble_rollouts(rows, res.tokens, self.model.pad_id, P, C)
         batch["advantages"] = adv.astype(np.float32)
         if self.lc.beta > 0:
-            batch["ref_logp"] = np.asarray(completion_logprobs(self.ref_params, self.model.cfg, batch["tokens"],
-                                                               batch["token_mask"], prompt_len=P,
-                                                               temperature=self.lc.temperature))
+            batch["ref_logp"] = self._completion_logprobs(self.ref_params, batch, P)
         if c.mu > 1:
-            batch["old_logp"] = np.asarray(completion_logprobs(params, self.model.cfg, batch["tokens"],
-                                                               batch["token_mask"], prompt_len=P,
-                                                               temperature=self.lc.temperature))
+            batch["old_logp"] = self._completion_logprobs(params, batch, P)
         score_s = time.perf_counter() - t1
         lens = res.lengths.astype(np.float64)
         m = {"reward/total": float(reward.mean()), "reward/group_std": float(reward.reshape(-1, G).std(1).mean())}
@@ -329,6 +407,31 @@ class Trainer:
         batch["_P"] = np.asarray(P)
         return batch, m, samples
 
+    def _completion_logprobs(self, params: Any, batch: dict[str, np.ndarray], P: int) -> np.ndarray:
+        """Log-probs [N, C] of this process's completions (per-process rows of a global batch)."""
+        tokens, mask = batch["tokens"], batch["token_mask"]
+        if not self.multi:
+            return np.asarray(completion_logprobs(params, self.model.cfg, tokens, mask, prompt_len=P,
+                                                  temperature=self.lc.temperature))
+        out = completion_logprobs(params, self.model.cfg, *put_rows(self.mesh, [tokens, mask]), prompt_len=P,
+                                  temperature=self.lc.temperature)
+        return np.asarray(fetch_rows(out))[: len(tokens)]
+
+    def anchor(self, anchors: Sequence[str], completions: Sequence[Sequence[int]]) -> np.ndarray:
+        """R_s [N] of each completion under its anchor prompt (0 for an empty completion).
+
+        Multi-process the scorer call is collective, so every process calls it, even with no
+        non-empty completion (`anchor_reward` would skip the call).
+        """
+        if not self.multi:
+            return anchor_reward(self.ref_scorer, self.tok, anchors, completions, system=self.system)
+        ctx = anchor_contexts(self.tok, anchors, system=self.system)
+        nonempty = [i for i, c in enumerate(completions) if len(c)]
+        out = np.zeros(len(completions), np.float64)
+        r = self.ref_scorer.score([ctx[i] for i in nonempty], [list(completions[i]) for i in nonempty])
+        out[nonempty] = r.geo_mean
+        return out
+
     def rewards(self, items: Sequence[TrainItem], res: Any) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list]]:
         """RLSTA reward R = R_v + alpha * R_s of each completion (rows grouped by item, G each).
 
@@ -341,7 +444,7 @@ class Trainer:
         rv = strict if c.verifier_mode == "strict" else lenient
         anchors = [(it.anchor_prompt if c.anchor_prompt == "full" else it.merged_user) for it in items for _ in range(G)]
         # R_s is computed even when alpha = 0 (the GRPO baseline) so that runs log the same curves.
-        rs = anchor_reward(self.ref_scorer, self.tok, anchors, res.tokens, system=self.system)
+        rs = self.anchor(anchors, res.tokens)
         if c.zero_anchor_for_wrong:
             rs = zero_anchor_for_wrong(rs, rv, G)
         reward = rv + c.alpha * rs
@@ -363,12 +466,14 @@ class Trainer:
         step_fn = self._train_step(P, params, opt_state)
         n = batch["tokens"].shape[0]
         mb = n // c.grad_accum
+        if self.multi:  # one global micro-batch: the same number of rows on every process, no padding
+            check_same_rows(n, "train batch")
         acc: dict[str, list[float]] = {}
         for _ in range(c.mu):
             for s in range(0, n, mb):
                 micro = {k: v[s:s + mb] for k, v in batch.items()}
-                if self.mesh is not None:
-                    micro = dict(zip(micro, shard_batch(self.mesh, list(micro.values()))))
+                if self.mesh is not None:  # one process: shard_batch; several: per-process rows
+                    micro = dict(zip(micro, put_rows(self.mesh, list(micro.values()), pad=False)))
                 params, opt_state, m = step_fn(params, opt_state, micro)
                 m = jax.device_get(m)
                 if not m["finite"]:
@@ -396,6 +501,8 @@ class Trainer:
         if self.mesh is not None:
             params, opt_state = shard_train_state(params, opt_state, self.mesh)
         rng = jax.random.PRNGKey(c.seed)
+        if self.multi:  # orbax saves global arrays: the key, the same on every process, replicated
+            rng = put_replicated(self.mesh, rng)
         ck = Checkpointer(self.wd / "checkpoints", max_to_keep=c.checkpoint.keep)
         start = 0
         latest = ck.latest_step()
@@ -424,6 +531,8 @@ class Trainer:
                 params, opt_state, tm = self.update(params, opt_state, batch)
                 m.update(tm)
                 m["perf/step_s"] = time.perf_counter() - t0
+                if self.multi:  # global means (train/* are already global: the same on every process)
+                    m = mean_over_processes(m, max_keys=("completion/max_length",))
                 done = step + 1
                 if done % c.log.every == 0 or done == c.rl.steps:
                     self.metrics.scalars(done, m)
@@ -459,7 +568,9 @@ class Trainer:
         return summary
 
     def finish(self, params: Any, evals: dict[str, dict[str, float]]) -> dict[str, Any]:
-        """Writes summary.txt, curves.png and the exported policy."""
+        """Writes summary.txt, curves.png and the exported policy (process 0)."""
+        if self.multi and self.c.export:  # collective: every process takes part in gathering the weights
+            params = gather_to_host(params)
         if not self.is_main:
             return {}
         rows = read_metrics(self.wd / "metrics.jsonl")
