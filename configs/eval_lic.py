@@ -32,6 +32,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.max_new_tokens = 64  # assistant reply budget per turn, in tokens
     c.max_batch = 32  # at most this many conversations per sampler call
     c.max_chunk_cells = 16 * 512 * 576  # memory cap: rows x prompt bucket x (prompt + reply bucket) per chunk
+    c.reuse_cache = True  # keep each conversation's KV cache across turns: prefill only the new tokens of a turn
     c.system_prompt = ""  # system prompt of the assistant ("": the chat template's default)
     c.protocol = "lic"  # lic: stop at the first correct answer attempt, score the last attempt | final_turn
     c.verifier_mode = "strict"  # answer check: strict (LiC: extracted answer == gold) | lenient (RLSTA)

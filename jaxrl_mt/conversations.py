@@ -3,17 +3,39 @@
 All conversations of a batch advance in lockstep: at turn k every still-active conversation gets
 its next user message from a user policy, then ONE batched sampler call answers all of them.
 Nobody loops over conversations one at a time.
+
+With ``reuse_cache=True`` each conversation keeps its KV cache between turns (a
+``jaxrl_mt.sampling.DecodeSession``): a turn prefills only what is new since the last reply, i.e.
+the reply's last sampled token (never fed during decoding) and the chat template's text between
+that reply and the next generation prompt, rendered from the tokenizer's own template around a
+sentinel reply (see :func:`turn_suffix`). The model then sees exactly the tokens it generated
+(no detokenize/retokenize round trip); a stop token that ended a reply is replaced by the
+template's end-of-turn text, as a full re-render would do.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import logging
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from jaxrl_mt.chat import encode_prompt
-from jaxrl_mt.sampling import Sampler, SamplingConfig
+from jaxrl_mt.chat import ChatError, encode_prompt, encode_text, render
+from jaxrl_mt.sampling import DecodeSession, GenerationResult, Sampler, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+SEED_STRIDE = 1000003  # seed offset between turns
+SENTINEL = "JAXRLMTREPLYSENTINEL7F3A"  # stands for a reply when rendering the text that follows it
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(msg)
 
 
 @dataclasses.dataclass
@@ -26,7 +48,7 @@ class TurnRecord:
     tokens: list[int]  # reply token ids (as generated)
     logprobs: list[float]  # their log-probs under the sampling distribution
     finish_reason: str  # "stop" | "length"
-    prompt_tokens: int  # length of the rendered prompt of this turn
+    prompt_tokens: int  # length of the rendered prompt of this turn (reuse_cache: cached + new tokens)
     info: dict[str, Any] = dataclasses.field(default_factory=dict)  # judge verdicts etc.
 
 
@@ -70,26 +92,37 @@ TurnCallback = Callable[[Sequence[ConversationRun]], None]
 def run_conversations(sampler: Sampler, runs: Sequence[ConversationRun], sampling: SamplingConfig, *,
                       seed: int = 0, user: UserPolicy | None = None,
                       on_turn: TurnCallback | None = None, max_turns: int | None = None,
-                      progress: Callable[[int, int], None] | None = None) -> list[ConversationRun]:
+                      progress: Callable[[int, int], None] | None = None, reuse_cache: bool = False,
+                      session: DecodeSession | None = None) -> list[ConversationRun]:
     """Advances all conversations turn by turn with one batched sampler call per turn.
 
     Args:
-      sampler: the policy's sampler (with a tokenizer).
+      sampler: the policy's sampler (with a tokenizer), or a wrapper of one with a ``.sampler``
+        attribute (``LengthSortedSampler``; its ``max_cells`` then bounds the cached chunks).
       runs: the conversations (fresh, or partly run: they continue from their last turn).
       sampling: sampling settings for every assistant turn.
-      seed: base seed; turn k uses seed + k, so results do not depend on batch composition order
-        only through the seed (the batch itself is fixed).
+      seed: base seed; turn k uses seed + 1000003 k (with reuse_cache, chunk j of the session
+        uses fold_in(PRNGKey(seed + 1000003 k), j)), so a run is reproducible for a fixed batch.
       user: the user policy (default: FixedOrderUser).
       on_turn: called after every turn with the runs that just got a reply; it may set
         `run.done`/`run.stop_reason` (e.g. LiC stops at the first correct answer) and fill
         `turn.info`.
       max_turns: stop after this many turns in total.
       progress: called as progress(turn_index, n_active).
+      reuse_cache: keep each conversation's KV cache across turns and prefill only the new
+        tokens (see the module doc); `TurnRecord.prompt_tokens` is then the real context length
+        (cached + new tokens). Falls back to full re-prefill, with a warning, when the chat
+        template does not render a reply verbatim and prefix-consistently, or when the sampler
+        is not a plain `Sampler` (a subclass overriding `generate_ids` is honoured that way).
+        A conversation whose last reply was changed by `on_turn` is re-prefilled in full.
+      session: a DecodeSession with one row per run (row i = runs[i]) to use (implies
+        reuse_cache); the caller can inspect it (e.g. `session.tokens`) in `on_turn`.
 
     Returns:
       The same run objects, updated in place.
     """
     user = user or FixedOrderUser()
+    cached = _CachedTurns.create(sampler, runs, session) if (reuse_cache or session is not None) else None
     k = 0
     while True:
         active = [r for r in runs if not r.done]
@@ -108,20 +141,145 @@ def run_conversations(sampler: Sampler, runs: Sequence[ConversationRun], samplin
             break
         if progress:
             progress(k, len(live))
-        prompts = [encode_prompt(sampler.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
-                   for r, u in zip(live, texts)]
-        res = sampler.generate_ids(prompts, sampling, seed=seed + 1000003 * k)
+        got = cached.answer(live, texts, sampling, seed + SEED_STRIDE * k) if cached is not None else None
+        if got is not None:
+            res, prompt_lens = got
+        else:
+            prompts = [encode_prompt(sampler.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
+                       for r, u in zip(live, texts)]
+            res = sampler.generate_ids(prompts, sampling, seed=seed + SEED_STRIDE * k)
+            prompt_lens = [len(p) for p in prompts]
         for i, (r, u) in enumerate(zip(live, texts)):
             r.turns.append(TurnRecord(index=len(r.turns), user=u, assistant=res.texts[i],
                                       tokens=list(res.tokens[i]), logprobs=[float(x) for x in res.logprobs[i]],
-                                      finish_reason=res.finish_reasons[i], prompt_tokens=len(prompts[i])))
+                                      finish_reason=res.finish_reasons[i], prompt_tokens=prompt_lens[i]))
         if on_turn:
             on_turn(live)
+        if cached is not None:
+            cached.release_done()
         k += 1
     for r in runs:
         if not r.done and len(r.turns) >= len(r.user_turns):
             r.done, r.stop_reason = True, r.stop_reason or "no_more_turns"
+    if cached is not None:
+        cached.release_done()
     return list(runs)
+
+
+def accepts_reuse_cache(fn: Callable[..., Any]) -> bool:
+    """Whether a strategy function names a ``reuse_cache`` parameter (``**kwargs`` does not count)."""
+    try:
+        return "reuse_cache" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def turn_suffix(tokenizer: Any, history: Sequence[dict[str, str]], user: str, system: str | None) -> str | None:
+    """The template text between the last assistant reply of `history` and the next generation.
+
+    Renders history[:-1] + [assistant: SENTINEL] + [user: `user`] with the generation prompt and
+    returns the text after the sentinel (ChatML: ``<|im_end|>\n<|im_start|>user\n{user}<|im_end|>
+    \n<|im_start|>assistant\n``).
+
+    Args:
+      tokenizer: a tokenizer with a chat template.
+      history: the chat so far, ending with the assistant reply that is already cached.
+      user: the next user message.
+      system: the system prompt (None: the template's default).
+
+    Returns:
+      The suffix, or None when the template does not reproduce the sentinel exactly once, or
+      renders the text before it differently from the previous prompt (it rewrites earlier turns).
+    """
+    if not history or history[-1]["role"] != "assistant":
+        raise ChatError("turn_suffix: the history must end with an assistant message")
+    before = list(history[:-1])
+    msgs = before + [{"role": "assistant", "content": SENTINEL}, {"role": "user", "content": user}]
+    full = render(tokenizer, msgs, add_generation_prompt=True, system=system)
+    if full.count(SENTINEL) != 1:
+        return None
+    head, tail = full.split(SENTINEL)
+    if head != render(tokenizer, before, add_generation_prompt=True, system=system):
+        return None
+    return tail
+
+
+class _CachedTurns:
+    """The KV-cache side of `run_conversations`: one DecodeSession row per run."""
+
+    def __init__(self, session: DecodeSession, runs: Sequence[ConversationRun]):
+        self.session = session
+        self.tokenizer = session.sampler.tokenizer
+        self.row = {id(r): i for i, r in enumerate(runs)}
+        self.runs = list(runs)
+        self.seen: list[tuple[int, str] | None] = [None] * len(runs)  # (turns, last reply) when cached
+
+    @classmethod
+    def create(cls, sampler: Any, runs: Sequence[ConversationRun], session: DecodeSession | None
+               ) -> "_CachedTurns | None":
+        """The cache keeper, or None (with a warning, once) when reuse cannot be used."""
+        if not runs:
+            return None
+        inner = getattr(sampler, "sampler", None)
+        base = inner if isinstance(inner, Sampler) else sampler
+        if session is None:
+            if not isinstance(base, Sampler) or type(base).generate_ids is not Sampler.generate_ids:
+                _warn_once("sampler", f"reuse_cache: {type(base).__name__} is not a plain Sampler (its generate_ids "
+                                      "would be bypassed); using full re-prefill")
+                return None
+            if base.tokenizer is None or getattr(base.tokenizer, "chat_template", None) is None:
+                return None  # the full path raises the chat error
+            probe = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+            if turn_suffix(base.tokenizer, probe, "c", None) is None:
+                _warn_once("template", "reuse_cache: the chat template does not render a reply verbatim and "
+                                       "prefix-consistently; using full re-prefill")
+                return None
+            session = DecodeSession(base, len(runs), max_cells=getattr(sampler, "max_cells", None))
+        elif session.n_rows != len(runs):
+            raise ValueError(f"session has {session.n_rows} rows for {len(runs)} runs")
+        keeper = cls(session, runs)
+        keeper.release_done()
+        return keeper
+
+    def release_done(self) -> None:
+        """Frees the caches of finished runs."""
+        done = [i for i, r in enumerate(self.runs) if r.done and i not in self.session.released]
+        if done:
+            self.session.release(done)
+
+    def _segment(self, i: int, r: ConversationRun, u: str) -> list[int]:
+        """The tokens to feed row i before its next reply."""
+        s = self.session
+        seen = self.seen[i]
+        if s.tokens[i] and r.turns and seen == (len(r.turns), r.turns[-1].assistant):
+            tail = turn_suffix(self.tokenizer, r.messages, u, r.system)
+            if tail is not None:
+                ids = encode_text(self.tokenizer, tail)
+                pend = s.pending[i]
+                # a stop token that ended the reply is replaced by the template's end-of-turn text
+                return ([pend] if pend is not None and s.finish[i] != "stop" else []) + ids
+            _warn_once("suffix", "reuse_cache: the chat template rendered a turn inconsistently; re-prefilling "
+                                 "that conversation")
+        if s.tokens[i]:  # edited or inconsistent history: start the row over
+            s.reset([i])
+        return encode_prompt(self.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
+
+    def answer(self, live: Sequence[ConversationRun], texts: Sequence[str], sampling: SamplingConfig,
+               seed: int) -> tuple[GenerationResult, list[int]]:
+        """One session step for the live runs; returns their results and context lengths."""
+        s = self.session
+        segments: list[list[int] | None] = [None] * s.n_rows
+        rows = [self.row[id(r)] for r in live]
+        for i, r, u in zip(rows, live, texts):
+            segments[i] = self._segment(i, r, u)
+        prompt_lens = [len(s.tokens[i]) + len(segments[i]) for i in rows]
+        res = s.step(segments, sampling, seed=seed)
+        for i, r in zip(rows, live):
+            self.seen[i] = (len(r.turns) + 1, res.texts[i])
+        pick = GenerationResult([res.tokens[i] for i in rows], [res.logprobs[i] for i in rows],
+                                res.lengths[rows], [res.finish_reasons[i] for i in rows],
+                                [res.texts[i] for i in rows], dict(res.stats))
+        return pick, prompt_lens
 
 
 def final_turn_prompts(tokenizer: Any, runs: Sequence[ConversationRun], last_user: Sequence[str]) -> list[list[int]]:

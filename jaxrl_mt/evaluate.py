@@ -95,6 +95,8 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
     for name, ok in checks:
         if not ok:
             raise EvalError(f"config field '{name}': bad value {c[name]!r}")
+    if not isinstance(c.setdefault("reuse_cache", True), bool):
+        raise EvalError(f"config field 'reuse_cache': expected true or false, got {c['reuse_cache']!r}")
     _backend_spec(c["judge"], "judge", "rule")
     _backend_spec(c["user_simulator"], "user_simulator", "fixed")
     get_strategy(c["strategy"])
@@ -220,7 +222,8 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
 
         recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
                         verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],
-                        sink=sink, progress=progress, max_chunk_cells=c["max_chunk_cells"])
+                        sink=sink, progress=progress, max_chunk_cells=c["max_chunk_cells"],
+                        reuse_cache=c["reuse_cache"])
         stats = {"new_tokens": int(sum(t["new_tokens"] for r in recs for t in r["turns"])),
                  "judge": dict(judge.stats)}
         if hasattr(user, "summary"):

@@ -263,7 +263,7 @@ def run_multihost(out: Path, ckpt_dir: Path, reference: bool) -> None:
 
 
 def per_process_helpers(cfg: ModelConfig, params0, mesh) -> dict:
-    """The per-process-row helpers of jaxrl_mt.parallel, the scorer and the (patched) sampler
+    """The per-process-row helpers of jaxrl_mt.parallel, the scorer and the sampler
     under 2 processes; each process feeds a different number of rows."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -322,8 +322,7 @@ def per_process_helpers(cfg: ModelConfig, params0, mesh) -> dict:
     empty = Scorer(sharded, cfg, pad_id=0, batch_size=4, mesh=mesh).score(ctx[:2] if pid else [], comp[:2] if pid else [])
     r["score_empty_rows"] = len(empty.geo_mean)
 
-    # sampler (per-process rows through the patched `_run`): greedy, 2 prompts vs 3, vs a local sampler
-    patch_sampler_if_needed()
+    # sampler (per-process rows): greedy, 2 prompts vs 3, vs a local sampler
     prompts = [rng.integers(2, 64, m).tolist() for m in ((5, 11) if pid == 0 else (3, 7, 20))]
     sc = SamplingConfig(max_new_tokens=6, temperature=0.0)
     g_res = Sampler(sharded, cfg, eos_ids=(1,), pad_id=0, mesh=mesh).generate_ids(prompts, sc)
@@ -337,57 +336,6 @@ def per_process_helpers(cfg: ModelConfig, params0, mesh) -> dict:
 # ----------------------------------------------------------------------------- multi-host trainer
 
 
-def _sampler_run(self, prompts, budgets, sampling, key, stop_ids):
-    """TEMPORARY: `Sampler._run` with per-process rows, until the lead pastes these lines into
-    jaxrl_mt/sampling.py (being edited by someone else). Identical on one process."""
-    from jaxrl_mt.chat import left_pad
-    from jaxrl_mt.parallel import agree_max_many, fetch_rows, put_replicated, put_rows, spans_processes
-    from jaxrl_mt.sampling import _sampling_args, _stop_array, bucket, generate_tokens
-
-    multi = spans_processes(self.mesh)  # a mesh over several processes: a collective call on per-process rows
-    b = len(prompts)
-    bb = bucket(b, 1)
-    pb = min(bucket(max(len(p) for p in prompts), self.min_prompt_bucket),
-             self.cfg.max_position_embeddings - sampling.max_new_tokens)
-    stops = [list(stop_ids[i]) if stop_ids is not None else list(self.eos_ids) for i in range(b)]
-    width = max(1, max((len(s) for s in stops), default=0))
-    if multi:  # one program: every process pads to the largest row, prompt and stop-list buckets
-        bb, pb, width = agree_max_many([bb, pb, width])
-    nb = min(bucket(sampling.max_new_tokens, self.min_new_bucket), self.cfg.max_position_embeddings - pb)
-    rows = list(prompts) + [[self.pad_id]] * (bb - b)
-    tokens, mask = left_pad(rows, self.pad_id, pb)
-    budget = np.zeros(bb, np.int32)
-    budget[:b] = budgets
-    stop_arr = _stop_array(stops, bb)
-    if multi:
-        stop_arr = np.pad(stop_arr, ((0, 0), (0, width - stop_arr.shape[1])), constant_values=-1)
-    self.compiled_shapes.add((bb, pb, nb))
-    args = [tokens, mask, stop_arr, budget]
-    samp, flags = _sampling_args(sampling, bb)
-    if self.mesh is not None:
-        args = put_rows(self.mesh, args)  # one process: shard_batch, as before
-    if multi:
-        samp = put_rows(self.mesh, [np.asarray(a) for a in samp])
-        key = put_replicated(self.mesh, key)
-    tokens, mask, stop_arr, budget = args
-    r = generate_tokens(self.params, self.cfg, tokens, mask, key, stop_arr, budget, *samp, max_new=nb,
-                        fuse=self.fuse_weights, **flags)
-    r = fetch_rows(r)  # this process's rows; jax.device_get when the arrays are addressable
-    return {k: np.asarray(v)[:b] for k, v in r.items()}
-
-
-def patch_sampler_if_needed() -> bool:
-    """TEMPORARY: installs `_sampler_run` unless sampling.py already has the per-process lines."""
-    import inspect
-
-    from jaxrl_mt.sampling import Sampler
-
-    if "fetch_rows" in inspect.getsource(Sampler._run):
-        return False
-    Sampler._run = _sampler_run
-    return True
-
-
 def run_trainer(out: Path, workdir: Path, model_dir: Path, steps: int) -> None:
     import hashlib
 
@@ -395,7 +343,6 @@ def run_trainer(out: Path, workdir: Path, model_dir: Path, steps: int) -> None:
     from jaxrl_mt.rl.loop import Trainer
 
     assert parallel.maybe_initialize_distributed(), "JAX_COORDINATOR_ADDRESS not set"
-    patched = patch_sampler_if_needed()
     c = get_config("cpu")
     c.model, c.workdir, c.mesh_shape = str(model_dir), str(workdir), "2,2,1"
     c.data.add_source, c.data.refine_source = "synthetic:12:0", ""
@@ -427,7 +374,7 @@ def run_trainer(out: Path, workdir: Path, model_dir: Path, steps: int) -> None:
     summary = trainer.run()
     out.write_text(json.dumps({
         "process": jax.process_index(), "processes": jax.process_count(), "devices": jax.device_count(),
-        "mesh": dict(trainer.mesh.shape), "patched_sampler": patched, "batches": seen["batches"],
+        "mesh": dict(trainer.mesh.shape), "batches": seen["batches"],
         "digest": seen["digest"], "summary_keys": sorted(summary),
     }))
     jax.distributed.shutdown()

@@ -1,6 +1,7 @@
 """Speed of the LiC simulator against plain batched generation of the same number of tokens.
 
     python -m jaxrl_mt.eval.bench_sim [--model SPEC] [--n 64] [--turns 5] [--max_new_tokens 64]
+                                      [--reuse-cache | --no-reuse-cache]
 
 Simulates ``n`` SHARDED conversations of ``turns`` turns (synthetic problems with ``turns - 1``
 conditions) with the ``final_turn`` protocol, so every conversation runs every turn, and the
@@ -11,6 +12,11 @@ token), from the first-turn prompts: plain generation without the growing histor
 the per-turn bookkeeping. Both are timed after warm-up calls that compile every program they use
 (the simulator on half the conversations, then one short call per prompt bucket up to 512
 tokens; plain: one short call); the ratio ``simulator / plain`` is printed.
+
+``--reuse-cache`` (the default) runs the simulator with each conversation's KV cache kept across
+turns (only new tokens are prefilled); its warm-up is a full simulator run on the same
+conversations, since the cached programs' shapes (cache capacity per turn) depend on them.
+``--no-reuse-cache`` re-prefills the whole history every turn.
 """
 
 from __future__ import annotations
@@ -49,11 +55,27 @@ def warm_up(sampler: Sampler, sampling: SamplingConfig, n_rows: int, max_bucket:
 
 
 def time_simulator(sampler: Sampler, n: int, turns: int, sampling: SamplingConfig, seed: int,
-                   system: str | None) -> tuple[float, list[dict]]:
+                   system: str | None, reuse_cache: bool = True) -> tuple[float, list[dict]]:
     runs = sharded_runs(n, turns, system)
     t0 = time.perf_counter()
-    recs = simulate(sampler, runs, sampling, judge=Judge(), protocol="final_turn", verifier_mode="strict", seed=seed)
+    recs = simulate(sampler, runs, sampling, judge=Judge(), protocol="final_turn", verifier_mode="strict", seed=seed,
+                    reuse_cache=reuse_cache)
     return time.perf_counter() - t0, recs
+
+
+def prefill_tokens(recs: Sequence[dict], reuse_cache: bool) -> int:
+    """Tokens prefilled over all turns: whole prompts, or (reuse) what was new since the last reply.
+
+    With reuse, a turn's context is the previous context, the previous reply but its last token
+    (never fed while decoding) and the new segment, so the segment is the difference.
+    """
+    total = 0
+    for r in recs:
+        cached = 0
+        for t in r["turns"]:
+            total += t["prompt_tokens"] - (cached if reuse_cache else 0)
+            cached = t["prompt_tokens"] + max(t["new_tokens"] - 1, 0)
+    return total
 
 
 def time_plain(sampler: Sampler, recs: Sequence[dict], sampling: SamplingConfig, seed: int,
@@ -82,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     p.add_argument("--max_batch", type=int, default=32, help="rows per sampler chunk (both sides)")
     p.add_argument("--system", default="", help="system prompt ('' = template default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reuse-cache", dest="reuse_cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep each conversation's KV cache across turns (default: on)")
     args = p.parse_args(argv)
     from jaxrl_mt.models.registry import load_model
 
@@ -94,13 +118,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     rows = min(args.n, args.max_batch)
+    reuse = args.reuse_cache
     t0 = time.perf_counter()
-    time_simulator(sampler, max(1, args.n // 2), args.turns, sampling, args.seed, system)
-    warm_up(sampler, sampling, rows)
+    if reuse:
+        time_simulator(sampler, args.n, args.turns, sampling, args.seed, system, reuse)
+        log(f"warm-up (compiles: the same simulation) {time.perf_counter() - t0:.1f}s")
+    else:
+        time_simulator(sampler, max(1, args.n // 2), args.turns, sampling, args.seed, system, reuse)
+        warm_up(sampler, sampling, rows)
+        log(f"warm-up (compiles, half the conversations, one call per prompt bucket) {time.perf_counter() - t0:.1f}s")
     cold = time.perf_counter() - t0
-    log(f"warm-up (compiles, half the conversations, one call per prompt bucket) {cold:.1f}s")
     compiled = set(sampler.compiled_shapes)
-    t_sim, recs = time_simulator(sampler, args.n, args.turns, sampling, args.seed, system)
+    t_sim, recs = time_simulator(sampler, args.n, args.turns, sampling, args.seed, system, reuse)
     log(f"simulator {t_sim:.1f}s")
     if sampler.compiled_shapes != compiled:
         log(f"warning: the timed simulator run compiled {sorted(sampler.compiled_shapes - compiled)}")
@@ -114,11 +143,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     if plain_tokens != sim_tokens:
         raise RuntimeError(f"token mismatch: simulator {sim_tokens}, plain {plain_tokens}")
     prompt_tokens = sum(t["prompt_tokens"] for r in recs for t in r["turns"])
+    prefilled = prefill_tokens(recs, reuse)
     out = {"simulator_s": t_sim, "plain_s": t_plain, "ratio": t_sim / t_plain, "new_tokens": sim_tokens,
-           "simulator_prompt_tokens": prompt_tokens, "warm_up_s": cold}
+           "simulator_prompt_tokens": prompt_tokens, "simulator_prefill_tokens": prefilled, "warm_up_s": cold,
+           "reuse_cache": reuse}
     print(f"{args.n} SHARDED conversations x {args.turns} turns, {args.model}, max_new_tokens={args.max_new_tokens}, "
-          f"temperature={args.temperature}, max_batch={args.max_batch}")
-    print(f"new tokens: {sim_tokens} (both); simulator prompt tokens (prefill, all turns): {prompt_tokens}")
+          f"temperature={args.temperature}, max_batch={args.max_batch}, "
+          f"KV cache reuse {'on' if reuse else 'off'} ({'--reuse-cache' if reuse else '--no-reuse-cache'})")
+    print(f"new tokens: {sim_tokens} (both); simulator context tokens (all turns): {prompt_tokens}; "
+          f"prefilled: {prefilled}")
     print(f"simulator: {t_sim:.1f}s ({sim_tokens / t_sim:.0f} new tok/s)")
     print(f"plain {args.turns} batched generate_ids calls: {t_plain:.1f}s ({plain_tokens / t_plain:.0f} new tok/s)")
     print(f"ratio simulator / plain: {out['ratio']:.2f}")

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxrl_mt.conversations import ConversationRun, UserPolicy, run_conversations
+from jaxrl_mt.conversations import ConversationRun, UserPolicy, accepts_reuse_cache, run_conversations
 from jaxrl_mt.data.records import DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.judge import classify_llm, classify_rule_based
@@ -429,7 +429,7 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
              seed: int = 0, strategy: str = "plain",
              sink: Callable[[list[dict[str, Any]]], None] | None = None,
              progress: Callable[[int, int], None] | None = None,
-             max_chunk_cells: int = DEFAULT_MAX_CHUNK_CELLS) -> list[dict[str, Any]]:
+             max_chunk_cells: int = DEFAULT_MAX_CHUNK_CELLS, reuse_cache: bool = True) -> list[dict[str, Any]]:
     """Simulates every run in lockstep and returns their transcript records.
 
     Args:
@@ -444,6 +444,9 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
       progress: ``progress(turn_index, n_active)``.
       max_chunk_cells: memory bound of one sampler chunk (see :class:`LengthSortedSampler`, which
         wraps ``sampler``).
+      reuse_cache: keep each conversation's KV cache across turns (prefill only the new tokens,
+        see ``run_conversations``); passed to the strategy only if it has a ``reuse_cache``
+        parameter (the plain one does; strategies without it run as before).
 
     Returns:
       One transcript record per run, in the order of ``runs``.
@@ -464,7 +467,9 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
     guard = ContextGuard(user or FixedOrderUser(), sampler.tokenizer, sampler.cfg.max_position_embeddings,
                          sampling.max_new_tokens)
     batched = LengthSortedSampler(sampler, max_chunk_cells)
-    get_strategy(strategy)(batched, runs, sampling, seed=seed, user=guard, on_turn=scorer, progress=progress)
+    fn = get_strategy(strategy)
+    kw: dict[str, Any] = {"reuse_cache": reuse_cache} if accepts_reuse_cache(fn) else {}
+    fn(batched, runs, sampling, seed=seed, user=guard, on_turn=scorer, progress=progress, **kw)
     for r in runs:  # e.g. ended by the user policy after their last on_turn
         r.done = True
     scorer.flush()

@@ -59,10 +59,10 @@ class TrainItem:
 
 def build_histories(sampler: Sampler, scenarios: Sequence[Scenario], sampling: SamplingConfig, *,
                     seed: int, system: str | None = None) -> list[TrainItem]:
-    """Answers every turn but the last of each scenario, all in lockstep."""
+    """Answers every turn but the last of each scenario, all in lockstep (KV caches kept across turns)."""
     runs = [ConversationRun(conv_id=f"{s.task_id}|{s.kind}|0", system=system, user_turns=list(s.turns[:-1]),
                             meta={"i": i}) for i, s in enumerate(scenarios)]
-    run_conversations(sampler, runs, sampling, seed=seed)
+    run_conversations(sampler, runs, sampling, seed=seed, reuse_cache=True)  # no re-prefill of the history
     items = []
     for r, s in zip(runs, scenarios):
         hist = tuple((m["role"], m["content"]) for m in r.messages)
