@@ -36,10 +36,19 @@ Each line is ``(rtg with 2 decimals, LABEL, message as a JSON string)``, in conv
 Self-correction: triggered when the final shard is weak (rel[T-1] / max(rel) < trigger_last_rel)
 or most turns are uncertain (fraction UNCERTAIN > trigger_uncertain_frac), and only when the
 CONFIRMED turns have content words. A verifier prompt (``correction_prompt``) writes a new
-answer; the guard (``guard_replace``) keeps it only if its coverage of CONFIRMED content words
-is strictly larger than the original's. A "hurt case" (the replacement is wrong where the
-original was right) therefore needs a replacement that raised coverage; it is counted by the
-evaluation (``jaxrl_mt.eval.sedt_eval``), not assumed away.
+answer; the guard (``guard_replace``, mode ``SeDTConfig.guard``) decides whether it replaces the
+original:
+
+- ``"no_answer"`` (default): only if the original holds no number at all
+  (``jaxrl_mt.rewards.verifier.find_numbers`` finds none), the correction holds one, and the
+  correction's coverage of CONFIRMED content words is strictly larger than the original's.
+- ``"coverage"`` (the method's rule, kept as an ablation): only the coverage condition.
+
+A "hurt case" is a replacement that is wrong where the original was right. Under the default
+guard it is impossible by construction: a response without a number scores 0 under the strict
+and the lenient verifier for every gold answer, so the replaced answer was already wrong (see
+:func:`guard_replace`; proven in ``tests/test_sedt.py``). The evaluation
+(``jaxrl_mt.eval.sedt_eval``) still counts hurt cases, so the ``"coverage"`` ablation's show up.
 
 Batching: for a batch of conversations, ONE embedding call (``Scorer.score``) for all turns and
 anchors, ONE sampler call for the SeDT final turns and ONE for all corrections.
@@ -63,11 +72,13 @@ import numpy as np
 
 from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.conversations import ConversationRun, FixedOrderUser, TurnRecord, UserPolicy, run_conversations
+from jaxrl_mt.rewards.verifier import find_numbers
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.scoring import Scorer, cosine, embed_texts
 
 __all__ = [
     "CONFIRMED",
+    "GUARDS",
     "UNCERTAIN",
     "Annotation",
     "GivenUser",
@@ -98,6 +109,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CONFIRMED, UNCERTAIN = "CONFIRMED", "UNCERTAIN"
+GUARDS = ("no_answer", "coverage")  # replacement rules of the self-correction guard (see guard_replace)
 SEED_STRIDE = 1000003  # seed offset between turns (as run_conversations)
 Embedder = Callable[[Sequence[str]], np.ndarray]  # texts -> [N, D] embeddings
 
@@ -146,6 +158,7 @@ class SeDTConfig:
     anchors: tuple[tuple[str, str], ...] = DEFAULT_ANCHORS  # (domain, goal anchor) pairs
     default_anchor: str = "Complete the task using all the information given"  # anchor of other domains
     answer_formats: tuple[tuple[str, str], ...] = DEFAULT_ANSWER_FORMATS  # (domain, answer instruction) pairs
+    guard: str = "no_answer"  # replacement rule: "no_answer" (only a number-less original; zero hurt) | "coverage"
 
     def __post_init__(self):
         for f in ("w_sem", "w_lex", "w_pos", "last_shard_floor", "trigger_last_rel", "trigger_uncertain_frac"):
@@ -164,6 +177,9 @@ class SeDTConfig:
             raise ValueError(f"SeDTConfig field 'encoder': expected 'scorer' or 'st:PATH', got {self.encoder!r}")
         if self.min_turns < 1:
             raise ValueError(f"SeDTConfig field 'min_turns': expected >= 1, got {self.min_turns}")
+        if self.guard not in GUARDS:
+            raise ValueError(f"SeDTConfig field 'guard': expected one of {', '.join(map(repr, GUARDS))}, "
+                             f"got {self.guard!r}")
 
     def anchor(self, domain: str) -> str:
         """The goal anchor of a task domain."""
@@ -292,9 +308,37 @@ def coverage(text: str, words: frozenset[str]) -> float:
     return len(content_words(text) & words) / len(words) if words else 0.0
 
 
-def guard_replace(original: str, candidate: str, words: frozenset[str]) -> bool:
-    """Replace only if the candidate covers strictly more of `words` (CONFIRMED content words)."""
-    return bool(words) and coverage(candidate, words) > coverage(original, words)
+def guard_replace(original: str, candidate: str, words: frozenset[str], *, guard: str = "no_answer") -> bool:
+    """Whether the self-correction `candidate` replaces the `original` answer.
+
+    The coverage rule (the method's): the candidate covers strictly more of `words` (the
+    CONFIRMED content words) than the original. ``guard="coverage"`` applies only that rule (an
+    ablation; it can replace a right answer with a wrong one). ``guard="no_answer"`` (default)
+    also needs the original to hold no number at all (``find_numbers(original) == []``, the
+    verifier's own number reader) and the candidate to hold one.
+
+    Why ``"no_answer"`` cannot hurt: a response without a number has no extracted answer (strict)
+    and no trailing numbers (lenient), so it scores 0 under both verifier modes for every gold
+    answer; the replacement scores >= 0. Under the LiC protocol (stop at the first correct
+    attempt, score the last attempt) every earlier attempt of a conversation that reaches its
+    final turn was wrong, so the score with the number-less final turn is 0 whatever its judge
+    label, and the replaced one cannot score less; under ``final_turn`` only the last turn counts.
+
+    Args:
+      original: the SeDT answer.
+      candidate: the correction.
+      words: CONFIRMED content words (nothing is replaced when empty).
+      guard: ``"no_answer"`` or ``"coverage"``.
+
+    Raises:
+      ValueError: an unknown ``guard``.
+    """
+    if guard not in GUARDS:
+        raise ValueError(f"guard_replace: unknown guard {guard!r}; expected one of {', '.join(map(repr, GUARDS))}")
+    covers = bool(words) and coverage(candidate, words) > coverage(original, words)
+    if guard == "coverage":
+        return covers
+    return covers and not find_numbers(original) and bool(find_numbers(candidate))
 
 
 def format_prompt(ann: Annotation, answer_format: str = "") -> str:
@@ -412,7 +456,7 @@ def sedt_final_turn(sampler: Sampler, runs: Sequence[ConversationRun], final_use
     Returns:
       Per run, the record stored in ``turn.info["sedt"]``: ``prompt``, ``annotation``,
       ``triggered``, ``original`` (the SeDT answer before correction), ``correction`` (or None),
-      ``coverage_original``, ``coverage_correction``, ``replaced``.
+      ``coverage_original``, ``coverage_correction``, ``guard`` (the guard mode), ``replaced``.
       The appended TurnRecord keeps the user's own final message as ``user``; its ``assistant``
       is the chosen answer.
     """
@@ -446,11 +490,11 @@ def _final_turn(sampler: Sampler, runs: Sequence[ConversationRun], final_users: 
         words = a.confirmed_words
         info = {"prompt": msgs[i], "annotation": a.to_json(), "triggered": i in corr, "original": text,
                 "correction": None, "coverage_original": coverage(text, words), "coverage_correction": None,
-                "replaced": False}
+                "guard": cfg.guard, "replaced": False}
         if i in corr:
             ctext = corr[i][0]
             info.update(correction=ctext, coverage_correction=coverage(ctext, words),
-                        replaced=guard_replace(text, ctext, words))
+                        replaced=guard_replace(text, ctext, words, guard=cfg.guard))
             if info["replaced"]:
                 text, toks, lps, fin = corr[i]
         r.turns.append(TurnRecord(index=len(r.turns), user=u, assistant=text, tokens=toks,

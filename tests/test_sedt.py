@@ -14,6 +14,9 @@ import pytest
 from jaxrl_mt import scoring
 from jaxrl_mt.conversations import ConversationRun
 from jaxrl_mt.eval.sedt_eval import correction_outcomes, parse_overrides, plan, report_md, run_eval
+from jaxrl_mt.eval.simulator import judge_turn, run_score
+from jaxrl_mt.rewards.judge import RESPONSE_TYPES, classify_rule_based
+from jaxrl_mt.rewards.verifier import find_numbers, format_number, verify
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.sedt import (
     CONFIRMED,
@@ -129,21 +132,40 @@ def test_trigger_thresholds():
     assert not should_trigger(_ann([0.6, 0.7, 0.5], [U, U, U], shards), cfg)  # no CONFIRMED words: nothing to cover
 
 
-def test_guard_replaces_only_when_confirmed_coverage_strictly_rises():
+def test_coverage_guard_replaces_only_when_confirmed_coverage_strictly_rises():
     words = content_words("Natalia sold clips to 48 of her friends in April.")  # 6 words
     orig = "Natalia sold 48 clips."  # natalia, sold, 48, clips: 4/6
+    cov = dict(guard="coverage")
     assert coverage(orig, words) == pytest.approx(4 / 6)
-    assert not guard_replace(orig, "The answer is 72.", words)  # 0/6
-    assert not guard_replace(orig, "Clips: Natalia sold 48, answer 72.", words)  # equal 4/6: keep
-    assert guard_replace(orig, "Natalia sold 48 clips to friends in April, so 72.", words)  # 6/6
-    assert not guard_replace(orig, "Natalia sold 48 clips to friends.", frozenset())  # nothing confirmed
+    assert not guard_replace(orig, "The answer is 72.", words, **cov)  # 0/6
+    assert not guard_replace(orig, "Clips: Natalia sold 48, answer 72.", words, **cov)  # equal 4/6: keep
+    assert guard_replace(orig, "Natalia sold 48 clips to friends in April, so 72.", words, **cov)  # 6/6
+    assert not guard_replace(orig, "Natalia sold 48 clips to friends.", frozenset(), **cov)  # nothing confirmed
     rng = random.Random(0)
     vocab = [f"w{i}" for i in range(12)]
     for _ in range(3000):
         words = frozenset(rng.sample(vocab, rng.randint(0, 6)))
         a = " ".join(rng.sample(vocab, rng.randint(0, 8)))
         b = " ".join(rng.sample(vocab, rng.randint(0, 8)))
-        assert guard_replace(a, b, words) == (len(content_words(b) & words) > len(content_words(a) & words))
+        assert guard_replace(a, b, words, **cov) == (len(content_words(b) & words) > len(content_words(a) & words))
+
+
+def test_no_answer_guard_by_hand():
+    words = content_words("Natalia sold clips to 48 of her friends in April.")  # 6 words
+    full = "Natalia sold 48 clips to friends in April, so 72."  # 6/6, holds numbers
+    assert guard_replace("Natalia sold 48 clips.", full, words, guard="coverage")
+    assert not guard_replace("Natalia sold 48 clips.", full, words)  # the original holds a number: kept
+    assert not guard_replace("Natalia sold 48 clips.", full, words, guard="no_answer")  # (the default)
+    assert guard_replace("Natalia sold clips.", full, words)  # no number, 2/6 -> 6/6: replaced
+    assert guard_replace("", full, words) and guard_replace("   ", full, words)
+    assert guard_replace("The answer is five.", "Natalia: the answer is 5.", words)  # "five" is not a number
+    assert not guard_replace("Natalia sold clips.", "Natalia sold clips to friends in April.", words)  # no number
+    assert not guard_replace("Natalia sold clips.", "The answer is 72.", words)  # no coverage rise (2/6 -> 0/6)
+    assert not guard_replace("Natalia sold clips.", full, frozenset())  # nothing confirmed
+    for orig in ("\\boxed{72}", "#### 72", "-3 clips", "2.5", "1,234", ".5", "$5", "50%", "3/4", "\\frac{1}{2}"):
+        assert not guard_replace(orig, full, words)  # every number form the verifier reads counts
+    with pytest.raises(ValueError, match="unknown guard 'strict'"):
+        guard_replace("a", "b", words, guard="strict")
 
 
 def test_zero_hurt_without_a_coverage_increase():
@@ -162,6 +184,127 @@ def test_zero_hurt_without_a_coverage_increase():
     helped = [{"original": "The answer is 5.", "correction": "48 in April, 24 in May: the answer is 72.",
                "replaced": True}]
     assert correction_outcomes(hurt + helped, ["72", "72"]) == {"replaced": 2, "helped": 1, "hurt": 1, "neutral": 0}
+
+# ----------------------------------------------------- the default guard cannot hurt (a proof by test)
+
+MODES, PROTOCOLS = ("strict", "lenient"), ("lic", "final_turn")
+_WORDS = ["natalia", "sold", "clips", "april", "may", "half", "friends", "apples", "total", "answer", "is", "the",
+          "five", "twelve", "seventy-two", "minus", "point", "x", "so", "she"]
+
+# Hand-written originals and candidates: number-less texts (empty, spelled-out numbers, empty markers)
+# and every number form the verifier reads (boxed, ####, answer phrase, negative, decimal, comma, ...).
+NO_NUMBER = ["", "   ", "The answer is five.", "She sold twelve clips, so the total is seventy-two.",
+             "\\boxed{five}", "#### ?", "The answer is", "Let me think about the clips Natalia sold.",
+             "I need more information: how many clips in May?", "x minus y", "half of April's clips",
+             "The answer is -.", "$", "%", "\\frac{a}{b}"]
+WITH_NUMBER = ["\\boxed{72}", "#### 72", "The answer is 72.", "-3", "The answer is -3.", "2.5 apples", "1,234",
+               "She sold 48 clips in April and 24 in May, so the answer is 72.", "$5", "50%", "3/4",
+               "\\frac{1}{2}", ".5", "The answer is five, or 5.", "Natalia sold 48 clips. #### 48",
+               "72 or 48: \\boxed{48}", "The answer is 1,234.5", "\\boxed{-2.5}"]
+GOLDS = ["72", "5", "-3", "2.5", "1234", "0", "0.5", "48", "0.75", "1234.5", "-2.5", "She sold 72. #### 72"]
+
+
+def _number_token(rng: random.Random) -> str:
+    v = rng.choice([0, 1, 2, 3, 5, 12, 24, 48, 72, 1234])
+    forms = [str(v), f"{v:,}", f"-{v}", f"{v}.5", f"${v}", f"{v}%", f"\\boxed{{{v}}}", f"#### {v}",
+             f"The answer is {v}.", f"{v}/4", f"\\frac{{{v}}}{{2}}", ".5", f"-{v}.25"]
+    return rng.choice(forms)
+
+
+def _random_text(rng: random.Random, numbers: bool) -> str:
+    """A short text mixing words and (when `numbers`) number tokens in the verifier's forms."""
+    toks = [_number_token(rng) if numbers and rng.random() < 0.35 else rng.choice(_WORDS)
+            for _ in range(rng.randint(0, 9))]
+    return " ".join(toks)
+
+
+def _triples(n: int, seed: int = 0) -> list[tuple[str, str, str, frozenset[str]]]:
+    """Hand-written (original, candidate, gold, words) cases, then `n` seeded random ones."""
+    out = []
+    texts = NO_NUMBER + WITH_NUMBER
+    for o in texts:
+        for c in texts:
+            for g in GOLDS:
+                out.append((o, c, g, content_words(c)))  # words favour the candidate
+                out.append((o, c, g, content_words(c) | content_words(o)))
+    rng = random.Random(seed)
+    for _ in range(n):
+        o = _random_text(rng, numbers=rng.random() < 0.5)
+        c = _random_text(rng, numbers=rng.random() < 0.8)
+        pool = find_numbers(o) + find_numbers(c)
+        r = rng.random()
+        if pool and r < 0.6:  # often a gold that one of the texts holds (so right and wrong both occur)
+            g = format_number(rng.choice(pool))
+        else:
+            g = rng.choice(GOLDS)
+        vocab = sorted(content_words(c) | content_words(o) | {rng.choice(_WORDS)})
+        words = frozenset(rng.sample(vocab, rng.randint(0, len(vocab))))
+        out.append((o, c, g, words))
+    return out
+
+
+def _histories(gold: str, mode: str) -> list[list[dict]]:
+    """Earlier turns a conversation can have when it reaches its final turn: wrong attempts and non-attempts
+    (under lic, a correct attempt would have ended it; a non-attempt may even hold the right number)."""
+    wrong = [judge_turn(t, gold, "answer_attempt", mode) for t in ("The answer is 987654.", "#### 31337", "")]
+    assert all(w["correct"] == 0.0 for w in wrong)
+    asks = [judge_turn(f"Is it {gold}? How many clips in May?", gold, "clarification", mode),
+            judge_turn("Let me think.", gold, "discussion", mode), judge_turn("", gold, "missing", mode)]
+    return [[], wrong[:1], asks[:1], [wrong[0], asks[0]], [asks[1], wrong[1], asks[2]], wrong, asks]
+
+
+def _final_labels(text: str) -> list[str]:
+    """Labels a judge may give the final turn: the rule-based judge's, and every type (an LLM judge)."""
+    return list(dict.fromkeys([classify_rule_based(text, "math"), *RESPONSE_TYPES]))
+
+
+def test_no_answer_guard_never_hurts_verifier_or_run_score():
+    """Whenever the default guard replaces, the verifier score (strict and lenient) and the LiC / final-turn run
+    score of the conversation cannot drop, for every gold answer, judge label and earlier (wrong) turns."""
+    triples = _triples(4000)
+    replaced = helped = 0
+    for o, c, g, words in triples:
+        if not guard_replace(o, c, words, guard="no_answer"):
+            continue
+        replaced += 1
+        assert find_numbers(o) == [] and find_numbers(c) != []
+        for mode in MODES:
+            before, after = verify(o, g, mode), verify(c, g, mode)
+            assert before == 0.0, (o, g, mode)  # the mechanism: a number-less text is wrong for every gold
+            assert after >= before, (o, c, g, mode)
+            helped += after > before
+            finals_o = [judge_turn(o, g, lab, mode) for lab in _final_labels(o)]
+            finals_c = [judge_turn(c, g, lab, mode) for lab in _final_labels(c)]
+            for hist in _histories(g, mode):
+                for proto in PROTOCOLS:
+                    worst_after = min(run_score(hist + [t], proto)[0] for t in finals_c)
+                    best_before = max(run_score(hist + [t], proto)[0] for t in finals_o)
+                    assert worst_after >= best_before, (o, c, g, mode, proto, hist)
+    # not vacuous: many replacements happen, and some of them fix a wrong answer
+    assert replaced >= 500 and helped >= 50, (replaced, helped)
+    outcomes = correction_outcomes([{"original": o, "correction": c, "replaced": guard_replace(o, c, w)}
+                                    for o, c, g, w in triples], [g for _, _, g, _ in triples])
+    assert outcomes["replaced"] == replaced and outcomes["hurt"] == 0 and outcomes["helped"] > 0
+
+
+def test_coverage_guard_can_hurt():
+    """The ablation guard CAN replace a right answer with a wrong one (so the test above is not vacuous)."""
+    words = content_words("Natalia sold 48 clips in April.")
+    right, wrong = "The answer is 72.", "Natalia sold 48 clips in April. The answer is 48."
+    assert guard_replace(right, wrong, words, guard="coverage") and not guard_replace(right, wrong, words)
+    for mode in MODES:
+        assert verify(right, "72", mode) == 1.0 and verify(wrong, "72", mode) == 0.0
+        for proto in PROTOCOLS:
+            hist = [judge_turn("Is it 48?", "72", "clarification", mode)]
+            before = run_score(hist + [judge_turn(right, "72", "answer_attempt", mode)], proto)[0]
+            after = run_score(hist + [judge_turn(wrong, "72", "answer_attempt", mode)], proto)[0]
+            assert (before, after) == (1.0, 0.0)
+    # and the random generator finds such cases too: the coverage guard hurts where the default does not
+    triples = _triples(4000)
+    hurt = sum(guard_replace(o, c, w, guard="coverage") and verify(c, g) < verify(o, g) for o, c, g, w in triples)
+    assert hurt >= 50, hurt
+    assert not any(guard_replace(o, c, w) and verify(c, g) < verify(o, g) for o, c, g, w in triples)
+
 
 
 def test_prompt_format_exact():
@@ -189,6 +332,13 @@ def test_config_and_input_errors():
         SeDTConfig(last_shard_floor=1.5)
     with pytest.raises(ValueError, match="field 'encoder'"):
         SeDTConfig(encoder="mpnet")
+    with pytest.raises(ValueError, match="SeDTConfig field 'guard': expected one of 'no_answer', 'coverage', "
+                                         "got 'strict'"):
+        SeDTConfig(guard="strict")
+    assert SeDTConfig().guard == "no_answer"
+    assert parse_overrides(["guard=coverage"]) == SeDTConfig(guard="coverage")  # the ablation
+    with pytest.raises(ValueError, match="field 'guard'"):
+        parse_overrides(["guard=none"])
     assert SeDTConfig().anchor("code") == "Write a complete Python function"
     assert parse_overrides(["trigger_last_rel=0.7", "keep_history=true"]) == SeDTConfig(trigger_last_rel=0.7,
                                                                                           keep_history=True)
@@ -315,7 +465,10 @@ def test_final_turn_is_batched_and_guarded(tiny, score_spy):
         assert info["triggered"]
         words = frozenset().union(*[content_words(sh) for sh, lab in zip(info["annotation"]["shards"],
                                                                           info["annotation"]["labels"]) if lab == C])
-        assert info["replaced"] == (coverage(info["correction"], words) > coverage(info["original"], words))
+        rises = coverage(info["correction"], words) > coverage(info["original"], words)
+        assert info["guard"] == "no_answer"
+        assert info["replaced"] == (rises and find_numbers(info["original"]) == []
+                                    and find_numbers(info["correction"]) != [])
         assert r.turns[-1].assistant == (info["correction"] if info["replaced"] else info["original"])
         assert info["prompt"].count("\n(") == len(r.user_turns)
     # no trigger -> no correction call
@@ -372,5 +525,8 @@ def test_eval_script_end_to_end_on_tiny_model(tiny, tmp_path):
     for m in results["metrics"].values():
         assert set(m) >= {"P", "A90", "U90_10"}
     assert results["sedt"]["hurt"] <= results["sedt"]["replaced"] <= results["sedt"]["triggered"]
+    assert results["sedt"]["guard"] == "no_answer" and results["sedt"]["hurt"] == 0
+    assert results["sedt"]["lenient"]["hurt"] == 0
     assert all(len(r["history"]) == len(r["user_turns"]) - 1 for r in records)
-    assert "| sharded+sedt |" in report_md(results)
+    assert all(r["sedt"]["guard"] == "no_answer" for r in records)
+    assert "| sharded+sedt |" in report_md(results) and "- guard: no_answer\n" in report_md(results)

@@ -11,7 +11,12 @@ settings. The final turn is scored with the strict verifier, and P / A90 / U90-1
 the trigger rate, replacements, and the correction outcomes:
 
 - helped: replaced, the SeDT answer was wrong and the correction right;
-- hurt: replaced, the SeDT answer was right and the correction wrong.
+- hurt: replaced, the SeDT answer was right and the correction wrong (impossible under the
+  default guard ``"no_answer"``, which only replaces an answer holding no number; the method's
+  coverage-only guard is the ablation ``--set guard=coverage``).
+
+The report states the guard mode; outcomes are counted with the strict verifier (the lenient
+verifier's counts are in ``results.json`` under ``sedt.lenient``).
 
 Writes ``results.json``, ``report.md`` and ``transcripts.jsonl`` (one line per conversation)
 into ``--out``.
@@ -82,6 +87,7 @@ def correction_outcomes(infos: Sequence[Mapping[str, Any]], golds: Sequence[str]
     Args:
       infos: ``turn.info["sedt"]`` records (``original``, ``correction``, ``replaced``).
       golds: the gold answers, one per record.
+      mode: the verifier mode, ``"strict"`` or ``"lenient"``.
 
     Returns:
       ``{"replaced", "helped", "hurt", "neutral"}``.
@@ -135,7 +141,8 @@ def run_eval(sampler: Any, runs: list[ConversationRun], sampling: SamplingConfig
         "n_runs_per_problem": len(held) // max(1, len({r.meta["task_id"] for r in held})),
         "metrics": {name: aggregate(_by_task(held, sc), scale=100) for name, sc in arms.items()},
         "correct": {name: int(np.sum(sc)) for name, sc in arms.items()},
-        "sedt": {**summarize(infos), **correction_outcomes(infos, golds),
+        "sedt": {"guard": cfg.guard, **summarize(infos), **correction_outcomes(infos, golds),
+                 "lenient": correction_outcomes(infos, golds, "lenient"),
                  "mean_uncertain_fraction": float(np.mean([np.mean([x != CONFIRMED for x in y]) for y in labels])),
                  "last_shard_confirmed": float(np.mean([labs[-1] == CONFIRMED for labs in labels]))},
         "paired": {"plain_only": int(sum(a > b for a, b in zip(s_plain, s_sedt))),
@@ -161,7 +168,8 @@ def report_md(results: Mapping[str, Any]) -> str:
         lines.append(f"| {name} | {m['P']:.1f} | {m['A90']:.1f} | {m['U90_10']:.1f} | "
                      f"{results['correct'][name]}/{results['n_conversations']} |")
     s = results["sedt"]
-    lines += ["", f"- trigger rate: {s['trigger_rate']:.3f} ({s['triggered']}/{s['n']})",
+    lines += ["", f"- guard: {s['guard']}",
+              f"- trigger rate: {s['trigger_rate']:.3f} ({s['triggered']}/{s['n']})",
               f"- replacements: {s['replaced']} (helped {s['helped']}, hurt {s['hurt']}, neutral {s['neutral']})",
               f"- mean fraction of UNCERTAIN turns: {s['mean_uncertain_fraction']:.3f}; final shard CONFIRMED in "
               f"{s['last_shard_confirmed']:.3f} of conversations",
@@ -183,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=32,
                     help="rows per sampler call (prefill memory grows with rows x prompt length^2)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="SeDTConfig override")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="SeDTConfig override (repeatable), e.g. guard=coverage for the coverage-only guard ablation")
     a = ap.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
