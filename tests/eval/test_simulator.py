@@ -1,15 +1,14 @@
 """The LiC simulator: planning, per-turn judging and scoring, lockstep batching, transcripts.
 
-Model-backed tests use a tiny random Llama (2 layers, hidden 32) carrying the embedded model's
-tokenizer and chat template, saved as an HF folder and loaded through ``load_model``.
+Model-backed tests use the session's tiny random Llama (2 layers, hidden 32) carrying the embedded
+model's tokenizer and chat template (``tiny_chat_model_dir`` in conftest), loaded through
+``load_model``.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
@@ -32,33 +31,13 @@ from jaxrl_mt.eval.simulator import (
 )
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 
-TINY = {"vocab_size": 49152, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 4096}
-
-
-def make_tiny_model_dir(folder: Path) -> Path:
-    """Writes a tiny random Llama with the embedded tokenizer into ``folder`` (an HF folder)."""
-    from jaxrl_mt.models.config import ModelConfig
-    from jaxrl_mt.models.decoder import param_shapes
-    from jaxrl_mt.models.hf_io import export_hf_folder
-    from jaxrl_mt.models.registry import DEFAULT_MODEL, load_tokenizer, resolve
-
-    src = resolve(DEFAULT_MODEL)
-    hf = {**json.loads((src / "config.json").read_text()), **TINY}
-    cfg = ModelConfig.from_hf_dict(hf)
-    rng = np.random.default_rng(0)
-    params = jax.tree_util.tree_map_with_path(  # unit norms, normal(0, 0.5) matrices
-        lambda path, shape: (np.ones(shape) if "norm" in jax.tree_util.keystr(path)
-                             else 0.5 * rng.standard_normal(shape)).astype(np.float32),
-        param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
-    return export_hf_folder(cfg, params, folder, tokenizer=load_tokenizer(src))
-
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
+def tiny_model(tiny_chat_model_dir):
+    """The session's tiny random Llama with the embedded tokenizer and chat template (conftest)."""
     from jaxrl_mt.models.registry import load_model
 
-    return load_model(str(make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama")))
+    return load_model(str(tiny_chat_model_dir))
 
 
 class CountingSampler(Sampler):
