@@ -404,7 +404,6 @@ class Trainer:
         samples = [{"item": items[i // G].item_id, "last_user": items[i // G].last_user, "completion": res.texts[i],
                     **{k: v[i] for k, v in cols.items()}, "R": f"{reward[i]:.3f}", "A": f"{adv[i]:+.2f}"}
                    for i in range(0, len(rows), G)]
-        batch["_P"] = np.asarray(P)
         return batch, m, samples
 
     def _completion_logprobs(self, params: Any, batch: dict[str, np.ndarray], P: int) -> np.ndarray:
@@ -462,7 +461,7 @@ class Trainer:
 
     def update(self, params: Any, opt_state: Any, batch: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:
         c = self.c.rl
-        P = int(batch.pop("_P"))
+        P = batch["tokens"].shape[1] - batch["completion_mask"].shape[1]  # prompt bucket of the rollout
         step_fn = self._train_step(P, params, opt_state)
         n = batch["tokens"].shape[0]
         mb = n // c.grad_accum
