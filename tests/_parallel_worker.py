@@ -152,6 +152,19 @@ def run_mesh(out: Path, parts: set[str]) -> None:
 
     ref_cached = cached(one, init_cache(cfg, 8, 8))[0] if "infer" in parts else None
 
+    def session_turns(sampler):
+        """Three DecodeSession steps (KV cache kept across turns), one row idle at turn 2."""
+        s = sampler.session(8)
+        toks = []
+        for turn in range(3):
+            segs = [None if (turn == 1 and i == 2) else ([s.pending[i]] if s.pending[i] is not None else []) + p[:turn + 2]
+                    for i, p in enumerate(prompts)]
+            res = s.step(segs, SamplingConfig(max_new_tokens=6, temperature=0.0), stop_ids=[[]] * 8)
+            toks.append(res.tokens)
+        return toks
+
+    ref_session = session_turns(Sampler(one, cfg, eos_ids=(1,), pad_id=0)) if "infer" in parts else None
+
     results = {"ref_losses": ref_losses, "meshes": {}}
     for shape in MESHES:
         mesh = parallel.make_mesh(shape)
@@ -193,6 +206,7 @@ def run_mesh(out: Path, parts: set[str]) -> None:
                 "cache_rule_mismatch": sharding_mismatches(cache, parallel.cache_shardings(mesh, cache)),
                 "cache_k_after_equivalent": cache_after.k.sharding.is_equivalent_to(cache.k.sharding, 5),
                 "cached_logit_diff": max_tree_diff(outs, ref_cached),
+                "session_equal": session_turns(Sampler(sharded, cfg, eos_ids=(1,), pad_id=0, mesh=mesh)) == ref_session,
             })
     out.write_text(json.dumps(results, indent=1))
 
