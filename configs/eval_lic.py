@@ -21,7 +21,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.model = "builtin:smollm2-135m-instruct"  # builtin:NAME, HF folder, hub id, or workdir:PATH (training checkpoint)
     c.dtype = "float32"  # parameter and compute dtype of the evaluated model (float32 | bfloat16)
-    c.dataset = ("synthetic:2", "lic:@")  # task source specs (jaxrl_mt.data.load_source); '@' = shipped sample
+    c.dataset = ("synthetic:2:0", "lic:@")  # task source specs (jaxrl_mt.data.load_source); '@' = shipped sample
     c.task = "math"  # LiC task selected from lic: sources without an explicit task (only math is scored)
     c.limit = 2  # at most this many instructions per source (0: all)
     c.scenarios = LIC_SCENARIOS  # scenario kinds, comma-separated on the command line
