@@ -44,7 +44,7 @@ def _path_str(path: tuple[Any, ...]) -> str:
     return "/".join(parts)
 
 
-def _check_writable(directory: epath.Path) -> None:
+def check_writable(directory: epath.Path | str) -> None:
     """Creates ``directory`` and writes a probe file in it; raises OSError naming the path."""
     if "://" in str(directory):  # remote storage (gs://...): orbax reports its own errors
         return
@@ -93,7 +93,7 @@ class Checkpointer:
             if not self.directory.exists():
                 raise FileNotFoundError(f"Checkpointer: checkpoint directory {self.directory} does not exist")
         else:
-            _check_writable(self.directory)
+            check_writable(self.directory)
         options = ocp.CheckpointManagerOptions(
             save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(save_interval_steps),
             preservation_policy=ocp.checkpoint_managers.LatestN(n=max_to_keep),

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mt.chat import encode_prompt
-from jaxrl_mt.checkpointing import Checkpointer
+from jaxrl_mt.checkpointing import Checkpointer, check_writable
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.pipeline import make_iterator
 from jaxrl_mt.data.records import DataError, Scenario
@@ -93,12 +93,10 @@ def validate_config(c: Any) -> None:
             raise ConfigError(msg)
     wd = Path(c.workdir)
     try:
-        wd.mkdir(parents=True, exist_ok=True)
-        probe = wd / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
+        check_writable(wd)  # a uniquely named probe: every process of a multi-host run checks at once
     except OSError as e:
-        raise ConfigError(f"workdir {str(wd)!r} is not writable ({e.strerror or e})") from None
+        cause = e.__cause__ or e
+        raise ConfigError(f"workdir {str(wd)!r} is not writable ({getattr(cause, 'strerror', None) or cause})") from None
 
 
 def config_to_dict(c: Any) -> dict[str, Any]:
