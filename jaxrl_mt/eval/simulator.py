@@ -37,7 +37,7 @@ from jaxrl_mt.data.records import DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.judge import classify_llm, classify_rule_based
 from jaxrl_mt.rewards.verifier import extract_answer, verify
-from jaxrl_mt.sampling import GenerationResult, Sampler, SamplingConfig, bucket
+from jaxrl_mt.sampling import GenerationResult, Sampler, SamplingConfig, bucket, plan_chunks
 
 __all__ = [
     "LIC_SCENARIOS",
@@ -343,21 +343,16 @@ class LengthSortedSampler:
         n = len(prompts)
         if n == 0:
             return self.sampler.generate_ids(prompts, sampling, seed=seed)
-        order = sorted(range(n), key=lambda i: len(prompts[i]))
         full = self.sampler.max_batch or n
         groups: list[list[int]] = []
-        i, merge = 0, False
-        while i < n:
-            rows = min(full, n - i)
-            while rows > 1 and self._cells(rows, len(prompts[order[i + rows - 1]]), sampling) > self.max_cells:
-                rows = bucket(rows, 1) // 2
-            chunk = order[i:i + rows]
-            if merge and rows == full:
+        merge = False
+        for chunk in plan_chunks([len(p) for p in prompts], full,
+                                 lambda rows, longest: self._cells(rows, longest, sampling), self.max_cells):
+            if merge and len(chunk) == full:
                 groups[-1] += chunk
             else:
                 groups.append(chunk)
-            merge = rows == full
-            i += rows
+            merge = len(chunk) == full
         parts: list[tuple[list[int], GenerationResult]] = []
         for j, idx in enumerate(groups):
             kw: dict[str, Any] = {}
