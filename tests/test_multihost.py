@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -33,28 +34,39 @@ def worker_env(devices: int, **extra: str) -> dict[str, str]:
     return env
 
 
+def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """The worker script with `args`, output captured."""
+    return subprocess.Popen([sys.executable, str(WORKER), *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def spawn_processes(args_of: Callable[[int], list[str]], n: int = 2, devices: int = 2) -> list[subprocess.Popen]:
+    """`n` workers joined by a local coordinator (process i runs args_of(i)), `devices` CPU devices each."""
+    port = free_port()
+    return [spawn(args_of(pid), worker_env(devices, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                                           JAX_NUM_PROCESSES=str(n), JAX_PROCESS_ID=str(pid)))
+            for pid in range(n)]
+
+
+def collect(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Each process's output once it exits; any still running at the end are killed."""
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return logs
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], dict]:
     tmp = tmp_path_factory.mktemp("multihost")
-    port = free_port()
-    procs = []
-    for pid in range(2):
-        env = worker_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                         JAX_PROCESS_ID=str(pid))
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), "multihost", str(tmp / f"p{pid}.json"),
-                                       str(tmp / "ckpt")], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    ref = subprocess.Popen([sys.executable, str(WORKER), "multihost", str(tmp / "ref.json"), str(tmp / "ckpt_ref"),
-                            "reference"], env=worker_env(1), cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    logs = []
-    try:
-        for p in procs + [ref]:
-            logs.append(p.communicate(timeout=600)[0])
-    finally:
-        for p in procs + [ref]:
-            if p.poll() is None:
-                p.kill()
+    procs = spawn_processes(lambda pid: ["multihost", str(tmp / f"p{pid}.json"), str(tmp / "ckpt")])
+    ref = spawn(["multihost", str(tmp / "ref.json"), str(tmp / "ckpt_ref"), "reference"], worker_env(1))
+    logs = collect(procs + [ref], timeout=600)
     for p, log in zip(procs + [ref], logs):
         assert p.returncode == 0, log[-4000:]
     return [json.loads((tmp / f"p{i}.json").read_text()) for i in range(2)], json.loads((tmp / "ref.json").read_text())

@@ -6,40 +6,22 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_multihost import free_port, worker_env
+from tests.test_multihost import collect, spawn_processes
 
 pytestmark = pytest.mark.slow  # two launches of two processes, each compiling the sampler, scorer and step
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = ROOT / "tests" / "_parallel_worker.py"
-
-
 def launch(tmp: Path, tag: str, workdir: Path, model_dir: Path, steps: int) -> list[dict]:
     """Runs both processes to `steps`; returns their reports (asserting both exit 0)."""
-    port = free_port()
-    procs = []
-    for pid in range(2):
-        env = worker_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                         JAX_PROCESS_ID=str(pid))
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), "trainer", str(tmp / f"{tag}{pid}.json"),
-                                       str(workdir), str(model_dir), str(steps)], env=env, cwd=ROOT,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=900)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for pid, (p, log) in enumerate(zip(procs, logs)):
+    procs = spawn_processes(lambda pid: ["trainer", str(tmp / f"{tag}{pid}.json"), str(workdir), str(model_dir),
+                                         str(steps)])
+    logs = collect(procs, timeout=900)
+    for pid, log in enumerate(logs):  # every log is kept, also when the other process failed
         (tmp / f"{tag}{pid}.log").write_text(log)
+    for pid, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"{tag} process {pid}:\n{log[-6000:]}"
     return [json.loads((tmp / f"{tag}{pid}.json").read_text()) for pid in range(2)]
 
