@@ -5,7 +5,8 @@
 
 `sampling` times greedy generation with every row forced to produce exactly N tokens (no stop
 ids on our side, `min_new_tokens = max_new_tokens = N` on transformers' side) from left-padded
-random-token prompts of different lengths. `scoring` times teacher-forced log-probabilities of
+random-token prompts of different lengths, and a 1-token call of each side: the difference is
+the decode loop alone (prefill is compute-bound, decode is bound by reading the weights). `scoring` times teacher-forced log-probabilities of
 B x L tokens (our chunked scorer vs a forward pass + log_softmax + gather). The first call is
 reported apart (it includes compilation); steady state is the median of the repeats.
 
@@ -121,8 +122,10 @@ def bench_sampling(model: Any, *, batch: int, new_tokens: int, prompt_len: int, 
     t_ours, res = time_calls(ours, repeats)
     if not np.all(res.lengths == new_tokens):
         raise RuntimeError(f"expected {new_tokens} tokens per row, got {res.lengths.tolist()}")
+    one = SamplingConfig(max_new_tokens=1, temperature=0.0)
+    t_pre, _ = time_calls(lambda: sampler.generate_ids(prompts, one, seed=0, stop_ids=no_stop), repeats)
     out: dict[str, Any] = {"prompt_lens": [len(p) for p in prompts],
-                           "ours": _rates(t_ours, batch * new_tokens, new_tokens)}
+                           "ours": _rates(t_ours, batch * new_tokens, new_tokens, t_pre, batch)}
     if reference:
         import torch
 
@@ -136,11 +139,18 @@ def bench_sampling(model: Any, *, batch: int, new_tokens: int, prompt_len: int, 
                                    pad_token_id=model.pad_id, eos_token_id=list(model.eos_ids),
                                    temperature=None, top_p=None, top_k=None)
 
+        def theirs_prefill():
+            with torch.inference_mode():
+                return hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=1,
+                                   min_new_tokens=1, pad_token_id=model.pad_id, eos_token_id=list(model.eos_ids),
+                                   temperature=None, top_p=None, top_k=None)
+
         t_ref, seqs = time_calls(theirs, repeats)
         gen = seqs[:, ids.shape[1]:].numpy()
         if gen.shape[1] != new_tokens:
             raise RuntimeError(f"transformers generated {gen.shape[1]} tokens, expected {new_tokens}")
-        out["transformers"] = _rates(t_ref, batch * new_tokens, new_tokens)
+        t_ref_pre, _ = time_calls(theirs_prefill, repeats)
+        out["transformers"] = _rates(t_ref, batch * new_tokens, new_tokens, t_ref_pre, batch)
         out["torch_threads"] = torch.get_num_threads()
         out["agree_rows"] = sum(_agree_until_eos(r, g, model.eos_ids) for r, g in zip(res.tokens, gen))
     return out
@@ -182,10 +192,16 @@ def bench_scoring(model: Any, *, batch: int, length: int, repeats: int, referenc
     return out
 
 
-def _rates(t: Timing, tokens: int, steps: int) -> dict[str, float]:
-    return {"first_s": t.first_s, "steady_s": t.steady_s, "best_s": t.best_s, "repeats": t.repeats,
-            "compile_s": max(0.0, t.first_s - t.steady_s), "tokens_per_s": tokens / t.steady_s,
-            "steps_per_s": steps / t.steady_s}
+def _rates(t: Timing, tokens: int, steps: int, prefill: Timing | None = None, batch: int = 0) -> dict[str, float]:
+    """Throughputs of a timing; with `prefill` (a 1-new-token call), also those of the decode loop alone."""
+    r = {"first_s": t.first_s, "steady_s": t.steady_s, "best_s": t.best_s, "repeats": t.repeats,
+         "compile_s": max(0.0, t.first_s - t.steady_s), "tokens_per_s": tokens / t.steady_s,
+         "steps_per_s": steps / t.steady_s}
+    if prefill is not None:  # the first token comes with the prefill; the other steps - 1 are decode steps
+        decode_s = max(t.steady_s - prefill.steady_s, 1e-9)
+        r.update(prefill_s=prefill.steady_s, decode_s=decode_s,
+                 decode_tokens_per_s=batch * (steps - 1) / decode_s, decode_steps_per_s=(steps - 1) / decode_s)
+    return r
 
 
 def run(mode: str, model_spec: str, *, batch: int, new_tokens: int, prompt_len: int, repeats: int,
@@ -213,6 +229,12 @@ def run(mode: str, model_spec: str, *, batch: int, new_tokens: int, prompt_len: 
             r[side]["gflops"] = 2 * n_params * r[side]["tokens_per_s"] / 1e9
     if "transformers" in r:
         r["ratio_tokens_per_s"] = r["ours"]["tokens_per_s"] / r["transformers"]["tokens_per_s"]
+        if "decode_tokens_per_s" in r["ours"]:
+            r["ratio_decode_tokens_per_s"] = (r["ours"]["decode_tokens_per_s"]
+                                              / r["transformers"]["decode_tokens_per_s"])
+    for side in ("ours", "transformers"):
+        if "decode_steps_per_s" in r.get(side, {}):
+            r[side]["decode_roofline_fraction"] = r[side]["decode_steps_per_s"] / roofline
     return {"mode": mode, "model": model_spec, "batch": batch, "new_tokens": new_tokens,
             "prompt_len": prompt_len, "repeats": repeats, "cpus": os.cpu_count(),
             "load_average": list(os.getloadavg()), "backend": jax.default_backend(),
@@ -242,8 +264,14 @@ def format_report(r: dict[str, Any]) -> str:
                      f"steady {s['steady_s']:.3f} s (median; best {s['best_s']:.3f} s) -> "
                      f"{s['tokens_per_s']:.1f} tok/s, {s['steps_per_s']:.2f} {unit} = "
                      f"{s['roofline_fraction']:.2f} of roofline, ~{s['gflops']:.1f} GFLOP/s")
+        if "decode_s" in s:
+            lines.append(f"{'':<13} of which prefill + first token {s['prefill_s']:.3f} s (a 1-token call); "
+                         f"decode loop alone {s['decode_tokens_per_s']:.1f} tok/s, "
+                         f"{s['decode_steps_per_s']:.2f} steps/s = {s['decode_roofline_fraction']:.2f} of roofline")
     if "ratio_tokens_per_s" in r:
-        lines.append(f"ratio ours / transformers: {r['ratio_tokens_per_s']:.2f}x tokens/s")
+        lines.append(f"ratio ours / transformers: {r['ratio_tokens_per_s']:.2f}x tokens/s"
+                     + (f" ({r['ratio_decode_tokens_per_s']:.2f}x in the decode loop alone)"
+                        if "ratio_decode_tokens_per_s" in r else ""))
     if "agree_rows" in r:
         lines.append(f"greedy agreement: {r['agree_rows']}/{r['batch']} rows identical up to our first EOS")
     if "max_abs_logprob_diff" in r:

@@ -41,6 +41,13 @@ def test_sampling_smoke(folder, tmp_path, capsys):
     assert r["prompt_lens"] == [9, 8, 6]
     check_numbers(r, 3 * 20)
     assert r["agree_rows"] == 3  # greedy parity with transformers on the same weights
+    for side in ("ours", "transformers"):
+        s = r[side]
+        assert s["decode_s"] == pytest.approx(max(s["steady_s"] - s["prefill_s"], 1e-9))
+        assert s["decode_tokens_per_s"] == pytest.approx(3 * 19 / s["decode_s"])
+    assert r["ratio_decode_tokens_per_s"] == pytest.approx(r["ours"]["decode_tokens_per_s"]
+                                                           / r["transformers"]["decode_tokens_per_s"])
+    assert "decode loop alone" in text
     assert "ratio ours / transformers" in text and "torch threads = " in text and "of roofline" in text
 
 
