@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import weakref
 from typing import Any, Sequence
 
 import jax
@@ -165,7 +166,8 @@ def _decode(params: Params, cfg: ModelConfig, cache: KVCache, logits: jax.Array,
 def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array,
                     rng: jax.Array, stop_ids: jax.Array, max_new_per_row: jax.Array,
                     temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, *, max_new: int,
-                    greedy: bool, use_top_k: bool, use_top_p: bool, fuse: bool = False) -> dict[str, jax.Array]:
+                    greedy: bool, use_top_k: bool, use_top_p: bool, fuse: bool = False,
+                    dparams: Params | None = None) -> dict[str, jax.Array]:
     """The jitted sampler.
 
     Args:
@@ -176,12 +178,17 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
       max_new: static size of the output buffers (the cache holds P + max_new slots).
       fuse: decode with `decode_params` (fused Q/K/V and gate/up, a row-major head): faster on
         CPU, at the cost of a second copy of the weights during the call.
+      dparams: `decode_params(params, cfg)` made once by the caller (`Sampler.decode_weights`);
+        it replaces `params` and spares the call the concatenations (~0.25 s for the embedded
+        model on 2 CPU cores).
 
     Returns:
       tokens [B, N], logprobs [B, N], lengths [B], finish [B] (1 stop, 2 length).
     """
     b, p = tokens.shape
-    if fuse:
+    if dparams is not None:
+        params = dparams
+    elif fuse:
         params = decode_params(params, cfg)
     cache = jax.lax.optimization_barrier(init_cache(cfg, b, p + max_new))  # no constant folding
     positions = positions_from_mask(token_mask)
@@ -197,8 +204,8 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
 def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions: jax.Array, tokens: jax.Array,
                     token_mask: jax.Array, rng: jax.Array, stop_ids: jax.Array, max_new_per_row: jax.Array,
                     temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, *, max_new: int,
-                    greedy: bool, use_top_k: bool, use_top_p: bool, fuse: bool = False
-                    ) -> tuple[dict[str, jax.Array], KVCache]:
+                    greedy: bool, use_top_k: bool, use_top_p: bool, fuse: bool = False,
+                    dparams: Params | None = None) -> tuple[dict[str, jax.Array], KVCache]:
     """The jitted continuation: appends a segment to each row's cached context, then samples.
 
     The segment is prefilled at slots cache.index..index+T-1 (slot order is free: RoPE positions
@@ -213,14 +220,16 @@ def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions:
       tokens: [B, T] left-padded segments; token_mask: [B, T] real tokens. A row with an empty
         segment must have budget 0 (it is idle: nothing is written or generated for it).
       rng, stop_ids, max_new_per_row, temperature, top_k, top_p, max_new, greedy, use_top_k,
-        use_top_p, fuse: as in `generate_tokens`.
+        use_top_p, fuse, dparams: as in `generate_tokens`.
 
     Returns:
       ({tokens [B, N], logprobs [B, N], lengths [B], finish [B], last [B] (the last sampled token,
       not in the cache), positions [B] (the next position of each row: tokens now cached)},
       the updated cache).
     """
-    if fuse:
+    if dparams is not None:
+        params = dparams
+    elif fuse:
         params = decode_params(params, cfg)
     seg_len = jnp.sum(token_mask, axis=-1).astype(jnp.int32)  # [B]
     seg_pos = positions[:, None] + positions_from_mask(token_mask)  # [B, T]
@@ -230,6 +239,9 @@ def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions:
                          use_top_p=use_top_p)
     out["positions"] = positions + seg_len + jnp.maximum(out["lengths"] - 1, 0)
     return out, cache
+
+
+_decode_params_jit = jax.jit(decode_params, static_argnames=("cfg",))
 
 
 @functools.partial(jax.jit, static_argnames=("capacity",))
@@ -312,8 +324,10 @@ class Sampler:
                  min_new_bucket: int = 16, max_batch: int | None = None, mesh: Any = None,
                  fuse_weights: bool | None = None):
         self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
-        # fused decode weights (`decode_params`): default on the CPU backend, where they are faster
+        # fused decode weights (`decode_params`): default on the CPU backend, where they are faster;
+        # made once per parameter version (`decode_weights`)
         self.fuse_weights = jax.default_backend() == "cpu" if fuse_weights is None else fuse_weights
+        self._decode_cache: tuple[list[Any], Params] | None = None  # (weakrefs to the params' leaves, dparams)
         self.eos_ids = tuple(eos_ids)
         self.pad_id = pad_id
         self.min_prompt_bucket, self.min_new_bucket = min_prompt_bucket, min_new_bucket
@@ -321,6 +335,24 @@ class Sampler:
         self.mesh = mesh
         # shapes run so far: (B, P, N) for generate_tokens, (B, T, S, N) for continue_tokens
         self.compiled_shapes: set[tuple[int, ...]] = set()
+
+    def decode_weights(self) -> Params | None:
+        """`decode_params(self.params)`, made once per parameter version (None when not used).
+
+        A new version is any change of a leaf's identity (`sampler.params = new_params`); the
+        cache holds weak references to the leaves, so it keeps no old version alive. Under a
+        mesh the fused weights are made inside each call instead, where they inherit the sharding.
+        """
+        if not self.fuse_weights or self.mesh is not None:
+            return None
+        leaves = jax.tree_util.tree_leaves(self.params)
+        cached = self._decode_cache
+        if (cached is None or len(cached[0]) != len(leaves)
+                or any(ref() is not leaf for ref, leaf in zip(cached[0], leaves))):
+            self._decode_cache = None  # drop the old copy before making the new one
+            dparams = _decode_params_jit(self.params, self.cfg)
+            self._decode_cache = ([weakref.ref(x) for x in leaves], dparams)
+        return self._decode_cache[1]
 
     @classmethod
     def from_model(cls, model: Any, **kw: Any) -> "Sampler":
@@ -409,7 +441,7 @@ class Sampler:
             key = put_replicated(self.mesh, key)
         tokens, mask, stop_arr, budget = args
         r = generate_tokens(self.params, self.cfg, tokens, mask, key, stop_arr, budget, *samp, max_new=nb,
-                            fuse=self.fuse_weights, **flags)
+                            fuse=self.fuse_weights, dparams=self.decode_weights(), **flags)
         r = fetch_rows(r)  # this process's rows; jax.device_get when the arrays are addressable
         return {k: np.asarray(v)[:b] for k, v in r.items()}
 
@@ -675,5 +707,5 @@ class DecodeSession:
         positions, tokens, mask, stop_arr, budget = args
         samp, flags = _sampling_args(sampling, bb)
         out, cache = continue_tokens(s.params, s.cfg, chunk.cache, positions, tokens, mask, key, stop_arr, budget,
-                                     *samp, max_new=nb, fuse=s.fuse_weights, **flags)
+                                     *samp, max_new=nb, fuse=s.fuse_weights, dparams=s.decode_weights(), **flags)
         return {k: np.asarray(v) for k, v in jax.device_get(out).items()}, cache

@@ -346,3 +346,22 @@ def test_decode_params_give_the_same_logits_and_greedy_tokens(bias, tied):
     fast = Sampler(params, cfg, eos_ids=(), pad_id=0, fuse_weights=True).generate_ids(PROMPTS, sampling)
     assert fast.tokens == plain.tokens
     np.testing.assert_allclose(np.concatenate(fast.logprobs), np.concatenate(plain.logprobs), atol=1e-5)
+
+
+def test_sampler_decode_weights_are_made_once_per_parameter_version():
+    """The fused weights are reused while params stay, remade when they change (never stale)."""
+    params = numpy_params(TINY, 3, scale=0.2)
+    sampling = SamplingConfig(max_new_tokens=12, temperature=0.0)
+    plain = Sampler(params, TINY, eos_ids=(), pad_id=0, fuse_weights=False)
+    fast = Sampler(params, TINY, eos_ids=(), pad_id=0, fuse_weights=True)
+    assert plain.decode_weights() is None
+    first = fast.decode_weights()
+    assert fast.decode_weights() is first  # same params: reused
+    new = jax.tree_util.tree_map(lambda x: x * 1.5, params)
+    fast.params = plain.params = new
+    assert fast.decode_weights() is not first  # new params: remade
+    a, b = fast.generate_ids(PROMPTS, sampling), plain.generate_ids(PROMPTS, sampling)
+    assert a.tokens == b.tokens
+    np.testing.assert_allclose(np.concatenate(a.logprobs), np.concatenate(b.logprobs), atol=1e-5)
+    old = Sampler(params, TINY, eos_ids=(), pad_id=0, fuse_weights=False).generate_ids(PROMPTS, sampling)
+    assert a.tokens != old.tokens  # the new weights are really in use

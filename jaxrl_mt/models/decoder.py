@@ -321,9 +321,10 @@ def decode_params(params: Params, cfg: ModelConfig) -> Params:
 
     Q/K/V become one [L, D, Hq*K + 2*Hkv*K] matrix and gate/up one [L, D, 2F] matrix (one dot
     each instead of three and two), and a tied head gets its own [D, V] copy so the logits are
-    a plain row-major product. On XLA:CPU this makes batch-8 decoding of the embedded model about
-    10% faster (`python -m jaxrl_mt.bench sampling`: 130.6 -> 144.1 tok/s); it holds a second
-    copy of the weights while the sampler runs.
+    a plain row-major product. On XLA:CPU this made batch-8 decoding of the embedded model about
+    10% faster on one host (`python -m jaxrl_mt.bench sampling`: 130.6 -> 144.1 tok/s) and no
+    faster on another. `Sampler.decode_weights` makes it once per parameter version and keeps it
+    (a second copy of the weights).
     """
     lp = dict(params["layers"])
     fused = {k: v for k, v in lp.items() if k not in ("q", "k", "v", "q_bias", "k_bias", "v_bias", "gate", "up")}
