@@ -6,9 +6,10 @@
 `sampling` times greedy generation with every row forced to produce exactly N tokens (no stop
 ids on our side, `min_new_tokens = max_new_tokens = N` on transformers' side) from left-padded
 random-token prompts of different lengths, and a 1-token call of each side: the difference is
-the decode loop alone (prefill is compute-bound, decode is bound by reading the weights). `scoring` times teacher-forced log-probabilities of
-B x L tokens (our chunked scorer vs a forward pass + log_softmax + gather). The first call is
-reported apart (it includes compilation); steady state is the median of the repeats.
+the decode loop alone (prefill is compute-bound, decode is bound by reading the weights).
+`scoring` times teacher-forced log-probabilities of B x L tokens (our chunked scorer vs a
+forward pass + log_softmax + gather). The first call is reported apart (it includes
+compilation); steady state is the median of the repeats.
 
 Decode is bound by reading the weights once per step, so the bench measures the memory read
 bandwidth itself (a numpy sum over a large array, best of a few) and reports achieved decode
@@ -113,17 +114,16 @@ def bench_sampling(model: Any, *, batch: int, new_tokens: int, prompt_len: int, 
 
     prompts = random_prompts(model.cfg.vocab_size, batch, prompt_len, exclude=model.eos_ids)
     sampler = Sampler.from_model(model)
-    sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=0.0)
-    no_stop = [[] for _ in prompts]  # every row generates exactly new_tokens
+    no_stop = [[] for _ in prompts]  # every row generates exactly n tokens
 
-    def ours():
-        return sampler.generate_ids(prompts, sampling, seed=0, stop_ids=no_stop)
+    def ours(n: int):
+        return sampler.generate_ids(prompts, SamplingConfig(max_new_tokens=n, temperature=0.0), seed=0,
+                                    stop_ids=no_stop)
 
-    t_ours, res = time_calls(ours, repeats)
+    t_ours, res = time_calls(lambda: ours(new_tokens), repeats)
     if not np.all(res.lengths == new_tokens):
         raise RuntimeError(f"expected {new_tokens} tokens per row, got {res.lengths.tolist()}")
-    one = SamplingConfig(max_new_tokens=1, temperature=0.0)
-    t_pre, _ = time_calls(lambda: sampler.generate_ids(prompts, one, seed=0, stop_ids=no_stop), repeats)
+    t_pre, _ = time_calls(lambda: ours(1), repeats)
     out: dict[str, Any] = {"prompt_lens": [len(p) for p in prompts],
                            "ours": _rates(t_ours, batch * new_tokens, new_tokens, t_pre, batch)}
     if reference:
@@ -132,24 +132,18 @@ def bench_sampling(model: Any, *, batch: int, new_tokens: int, prompt_len: int, 
         hf = _load_reference(model)
         ids, mask = _left_pad_torch(prompts, model.pad_id)
 
-        def theirs():
+        def theirs(n: int):
             with torch.inference_mode():
                 return hf.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                   max_new_tokens=n, min_new_tokens=n,
                                    pad_token_id=model.pad_id, eos_token_id=list(model.eos_ids),
                                    temperature=None, top_p=None, top_k=None)
 
-        def theirs_prefill():
-            with torch.inference_mode():
-                return hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=1,
-                                   min_new_tokens=1, pad_token_id=model.pad_id, eos_token_id=list(model.eos_ids),
-                                   temperature=None, top_p=None, top_k=None)
-
-        t_ref, seqs = time_calls(theirs, repeats)
+        t_ref, seqs = time_calls(lambda: theirs(new_tokens), repeats)
         gen = seqs[:, ids.shape[1]:].numpy()
         if gen.shape[1] != new_tokens:
             raise RuntimeError(f"transformers generated {gen.shape[1]} tokens, expected {new_tokens}")
-        t_ref_pre, _ = time_calls(theirs_prefill, repeats)
+        t_ref_pre, _ = time_calls(lambda: theirs(1), repeats)
         out["transformers"] = _rates(t_ref, batch * new_tokens, new_tokens, t_ref_pre, batch)
         out["torch_threads"] = torch.get_num_threads()
         out["agree_rows"] = sum(_agree_until_eos(r, g, model.eos_ids) for r, g in zip(res.tokens, gen))

@@ -346,12 +346,10 @@ class Sampler:
         if not self.fuse_weights or self.mesh is not None:
             return None
         leaves = jax.tree_util.tree_leaves(self.params)
-        cached = self._decode_cache
-        if (cached is None or len(cached[0]) != len(leaves)
-                or any(ref() is not leaf for ref, leaf in zip(cached[0], leaves))):
-            self._decode_cache = None  # drop the old copy before making the new one
-            dparams = _decode_params_jit(self.params, self.cfg)
-            self._decode_cache = ([weakref.ref(x) for x in leaves], dparams)
+        refs = self._decode_cache[0] if self._decode_cache is not None else []
+        if len(refs) != len(leaves) or any(ref() is not leaf for ref, leaf in zip(refs, leaves)):
+            self._decode_cache = None  # the old copy is freed before the new one is made
+            self._decode_cache = ([weakref.ref(x) for x in leaves], _decode_params_jit(self.params, self.cfg))
         return self._decode_cache[1]
 
     @classmethod
