@@ -1,0 +1,97 @@
+"""LiC tasks as plug-ins: what a task adds on top of the shared simulator.
+
+A task (math, code, database, actions, ...) is a small object with a name, the system prompt the
+LiC harness uses for it, an answer extractor, a verifier giving a score in [0, 1], and a
+rule-based answer-attempt detector. The simulator, scenarios, metrics and reports are shared;
+they look a task up by the record's ``domain`` with :func:`get_task`.
+
+Layering: tasks sit beside ``rewards`` (methods level). They may import ``jaxrl_mt.data`` and
+``jaxrl_mt.rewards``; nothing in the engine (models, sampling, scoring, conversations) imports
+them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Protocol, runtime_checkable
+
+from jaxrl_mt.data.records import ShardedTask
+
+__all__ = ["Verdict", "Task", "register_task", "get_task", "task_names", "lic_extra"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The verifier's judgement of one reply.
+
+    Attributes:
+      score: in [0, 1] (1: correct).
+      extracted: the answer taken from the reply (number, code, SQL, calls), or None.
+      status: short machine-readable verdict, e.g. "passed", "failed", "timeout", "crashed",
+        "rejected", "no_answer", "wrong", "correct".
+      reason: one human-readable line (which test failed, which argument was wrong, ...).
+    """
+
+    score: float
+    extracted: str | None
+    status: str
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the LiC simulator needs from a task."""
+
+    name: str  # "math", "code", "database", "actions", ...
+    system_prompt: str  # the assistant's system prompt for this task ("" : template default)
+
+    def extract(self, reply: str, task: ShardedTask) -> str | None:
+        """The answer in ``reply`` (None when there is none)."""
+
+    def verify(self, reply: str, task: ShardedTask) -> Verdict:
+        """Extracts and checks the answer in ``reply`` against the task's reference."""
+
+    def is_answer_attempt(self, reply: str, task: ShardedTask) -> bool:
+        """Whether ``reply`` commits to an answer (LiC's answer attempt), rule-based."""
+
+
+_TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Registers ``task`` under ``task.name`` (a later registration of the same name replaces it)."""
+    if not isinstance(task, Task):
+        raise TypeError(f"{task!r} does not implement jaxrl_mt.tasks.Task")
+    _TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str) -> Task:
+    """The task registered as ``name``.
+
+    Raises:
+      KeyError: unknown name; the message lists the registered ones.
+    """
+    import jaxrl_mt.tasks  # noqa: F401  (registers the built-in tasks)
+
+    try:
+        return _TASKS[name]
+    except KeyError:
+        raise KeyError(f"unknown LiC task {name!r}; registered: {', '.join(sorted(_TASKS))}") from None
+
+
+def task_names() -> tuple[str, ...]:
+    """Names of the registered tasks."""
+    import jaxrl_mt.tasks  # noqa: F401
+
+    return tuple(sorted(_TASKS))
+
+
+def lic_extra(task: ShardedTask) -> dict[str, Any]:
+    """The task-specific LiC fields the loader kept (metadata ``lic_extra``, JSON text), as a dict."""
+    raw = task.meta.get("lic_extra")
+    return json.loads(raw) if raw else {}
