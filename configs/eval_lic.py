@@ -11,7 +11,7 @@ misspelt field is an error at start-up.
 
 import ml_collections
 
-LIC_SCENARIOS = ("full", "concat", "sharded", "recap", "snowball", "mt_refine", "atr", "aiwr")
+from jaxrl_mt.data.records import LIC_SCENARIOS
 
 
 def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:

@@ -1,14 +1,12 @@
 """Plain GRPO on multi-turn histories: the RLSTA recipe with alpha = 0 (no anchor reward)."""
 
-import os
-import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
-from rlsta import get_config as _rlsta  # noqa: E402
+from jaxrl_mt.runtime import load_config_file
 
 
 def get_config(preset: str = "paper"):
-    c = _rlsta(preset)
+    c = load_config_file(Path(__file__).with_name("rlsta.py"), preset)
     c.method = "grpo"
     c.rl.alpha = 0.0
     c.workdir = c.workdir.replace("rlsta", "grpo")

@@ -3,17 +3,15 @@
 Presets: `paper` (lr 1e-6, batch 64, G = 8) and `cpu` (embedded model, minutes on 2 cores).
 """
 
-import os
-import sys
+from pathlib import Path
 
 from ml_collections import ConfigDict
 
-sys.path.insert(0, os.path.dirname(__file__))
-from rlsta import get_config as _rlsta  # noqa: E402
+from jaxrl_mt.runtime import load_config_file
 
 
 def get_config(preset: str = "paper") -> ConfigDict:
-    c = _rlsta(preset)
+    c = load_config_file(Path(__file__).with_name("rlsta.py"), preset)
     c.method = "icpo"
     c.workdir = c.workdir.replace("rlsta", "icpo")
     c.data.add_source = "gsm8k:@"  # problems to make complete / underspecified prompts from

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 
 def setup(*, quiet_absl: bool = True) -> None:
@@ -25,3 +27,25 @@ def setup(*, quiet_absl: bool = True) -> None:
         from absl import logging as absl_logging
 
         absl_logging.set_verbosity(absl_logging.WARNING)
+
+
+def load_config_file(path: str | os.PathLike, preset: str | None = None) -> Any:
+    """``get_config(preset)`` of an ml_collections config file, loaded by its path.
+
+    A config that extends another (``configs/grpo.py`` builds on ``configs/rlsta.py``) loads it
+    with this, so neither ``sys.path`` nor the current directory matters.
+
+    Raises:
+      FileNotFoundError: no such file; AttributeError: the file has no ``get_config``.
+    """
+    import importlib.util
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} not found")
+    spec = importlib.util.spec_from_file_location(f"_jaxrl_mt_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise AttributeError(f"config file {str(path)!r} has no get_config()")
+    return module.get_config() if preset is None else module.get_config(preset)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_mt.batching import bucket, cache_bucket, chunk_key, plan_chunks
 from jaxrl_mt.chat import ChatError, Conversation, encode_prompt, left_pad
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import KVCache, Params, decode_params, forward, init_cache, positions_from_mask
@@ -280,23 +281,6 @@ def resize_cache(cache: KVCache, rows: jax.Array, keep: jax.Array, *, capacity: 
     return KVCache(k, v, new_valid, c)
 
 
-def cache_bucket(n: int, quantum: int = 128) -> int:
-    """Cache capacity for `n` slots: n rounded up to a multiple of max(quantum, 2^(bits(n) - 3)).
-
-    At most 25% waste above 4 * quantum, and few distinct capacities (few compiled programs).
-    """
-    step = max(quantum, 1 << max(n.bit_length() - 3, 0))
-    return -(-n // step) * step
-
-
-def bucket(n: int, minimum: int) -> int:
-    """The smallest power-of-two multiple of `minimum` that is >= n."""
-    b = minimum
-    while b < n:
-        b *= 2
-    return b
-
-
 def _stop_array(stops: Sequence[Sequence[int]], rows: int) -> np.ndarray:
     """Stop ids [rows, E] (-1 = unused) from per-row lists (rows beyond the lists get none)."""
     width = max(1, max((len(s) for s in stops), default=0))
@@ -364,7 +348,8 @@ class Sampler:
         Args:
           prompts: B prompts of token ids (non-empty).
           sampling: the sampling config (its max_new_tokens is the default per-row budget).
-          seed: an int seed or a PRNG key; the same seed gives the same outputs.
+          seed: an int seed or a PRNG key; the same seed gives the same outputs (chunk j of
+            `max_batch` rows uses `batching.chunk_key(seed, j)`).
           max_new_tokens: optional per-row budgets (each <= sampling.max_new_tokens).
           stop_ids: optional per-row stop ids (default: the model's EOS ids for every row).
         """
@@ -382,13 +367,11 @@ class Sampler:
         ctx = self.cfg.max_position_embeddings
         if longest + n > ctx:
             raise ValueError(f"prompt of {longest} tokens + {n} new tokens exceeds the model context ({ctx})")
-        key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
         chunk = self.max_batch or len(prompts)
         results: list[dict[str, np.ndarray]] = []
         t0 = time.perf_counter()
-        for s in range(0, len(prompts), chunk):
-            key, sub = jax.random.split(key) if s else (key, key)
-            results.append(self._run(prompts[s:s + chunk], budgets[s:s + chunk], sampling, sub,
+        for j, s in enumerate(range(0, len(prompts), chunk)):
+            results.append(self._run(prompts[s:s + chunk], budgets[s:s + chunk], sampling, chunk_key(seed, j),
                                      None if stop_ids is None else stop_ids[s:s + chunk]))
         out = {k: np.concatenate([r[k] for r in results]) for k in results[0]}
         dt = time.perf_counter() - t0
@@ -462,33 +445,6 @@ class _Chunk:
 
     rows: list[int]  # session rows, in batch order (batch rows beyond them are padding)
     cache: KVCache | None = None  # [L, bucket(len(rows)), Hkv, S, K]; None before the first call
-
-
-def plan_chunks(lengths: Sequence[int], max_batch: int | None, cells: Any = None, max_cells: int | None = None
-                ) -> list[list[int]]:
-    """Groups rows by ascending length into chunks of at most `max_batch` rows.
-
-    Args:
-      lengths: [B] length of each row (e.g. its first prompt).
-      max_batch: rows per chunk (None: all).
-      cells: optional cells(rows, longest) -> memory cells of a chunk; with `max_cells`, a chunk
-        whose cells exceed max_cells gets fewer rows (halved to a power of two, at least 1).
-
-    Returns:
-      Lists of row indices, each sorted by length, chunks ordered by length.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    full = max_batch or max(len(order), 1)
-    out: list[list[int]] = []
-    i = 0
-    while i < len(order):
-        rows = min(full, len(order) - i)
-        if cells is not None and max_cells is not None:
-            while rows > 1 and cells(rows, lengths[order[i + rows - 1]]) > max_cells:
-                rows = bucket(rows, 1) // 2
-        out.append(order[i:i + rows])
-        i += rows
-    return out
 
 
 class DecodeSession:
@@ -574,7 +530,7 @@ class DecodeSession:
             token it sampled) is not fed unless the caller puts it in the segment: a pending
             token left out is dropped.
           sampling: the sampling config (its max_new_tokens is the default per-row budget).
-          seed: an int seed or a PRNG key; chunk j uses fold_in(key, j).
+          seed: an int seed or a PRNG key; chunk j uses `batching.chunk_key(seed, j)`.
           max_new_tokens: optional per-row budgets (each in [1, sampling.max_new_tokens] for an
             active row; ignored for an idle one).
           stop_ids: optional per-row stop ids (default: the model's EOS ids).
@@ -612,7 +568,6 @@ class DecodeSession:
         nb = bucket(nmax, s.min_new_bucket)
         if self.chunks is None:
             self.chunks = self._plan(segments, nb)
-        key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
         out_tok: list[list[int]] = [[] for _ in range(n)]
         out_lp: list[np.ndarray] = [np.zeros(0, np.float32) for _ in range(n)]
         lengths = np.zeros(n, np.int64)
@@ -640,7 +595,7 @@ class DecodeSession:
             ch.cache = None  # the repacked copy replaces it: free the old one now
             new_chunks.append(chunk)
             res, chunk.cache = self._continue(chunk, segments, budgets, stop_ids, sampling, tb, nb,
-                                              jax.random.fold_in(key, j))
+                                              chunk_key(seed, j))
             for b, i in enumerate(rows):
                 if segments[i] is None:
                     continue

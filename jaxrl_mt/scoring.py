@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_mt.batching import bucket
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params, forward, lm_head, positions_from_mask
 
@@ -73,8 +74,12 @@ def token_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array, token_ma
     return lp, hidden, (ent if with_entropy else None)
 
 
-def masked_mean(x: jax.Array, mask: jax.Array, axis: int = -1) -> jax.Array:
-    """Mean of x over `axis` where mask is True (0 where the mask is empty)."""
+def masked_mean(x: jax.Array, mask: jax.Array, axis: int | None = None) -> jax.Array:
+    """Mean of x where mask is True, over `axis` (None: all elements); 0 where the mask is empty.
+
+    The denominator is clamped at 1 (as TRL): the one masked mean of the scorer, the GRPO loss
+    and its logged metrics.
+    """
     m = mask.astype(x.dtype)
     return jnp.sum(x * m, axis=axis) / jnp.maximum(jnp.sum(m, axis=axis), 1.0)
 
@@ -113,13 +118,6 @@ class ScoreResult:
     mean: np.ndarray  # [N]
     geo_mean: np.ndarray  # [N] exp(mean log-prob): the geometric-mean likelihood
     pooled: np.ndarray  # [N, D] mean final hidden state over the pooled span
-
-
-def _bucket(n: int, minimum: int = 16) -> int:
-    b = minimum
-    while b < n:
-        b *= 2
-    return b
 
 
 class Scorer:
@@ -166,8 +164,8 @@ class Scorer:
             lens = [len(a) + len(b) for a, b in zip(ctx, comp)] or [1]
             if max(lens) > max_ctx:
                 raise ValueError(f"a context+completion of {max(lens)} tokens exceeds the model context {max_ctx}")
-            t = min(_bucket(max(lens)), max_ctx)
-            bsz = self.batch_size if n > self.batch_size else _bucket(len(ctx), 1)
+            t = min(bucket(max(lens), 16), max_ctx)
+            bsz = self.batch_size if n > self.batch_size else bucket(len(ctx), 1)
             if multi:
                 t, bsz = agree_max_many([t, bsz])
             tokens = np.full((bsz, t), self.pad_id, np.int32)
@@ -194,8 +192,10 @@ class Scorer:
             for i, (a, b) in enumerate(zip(ctx, comp)):
                 out_lp.append(np.asarray(r["logprobs"][i, len(a): len(a) + len(b)]))
             k = len(ctx)
-            sums.append(r["sum"][:k]); means.append(r["mean"][:k])
-            geos.append(r["geo_mean"][:k]); pooled.append(r["pooled"][:k])
+            sums.append(r["sum"][:k])
+            means.append(r["mean"][:k])
+            geos.append(r["geo_mean"][:k])
+            pooled.append(r["pooled"][:k])
         if not sums:  # no rows (only on a process of a multi-process call)
             return ScoreResult([], np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32),
                                np.zeros((0, self.cfg.hidden_size), np.float32))

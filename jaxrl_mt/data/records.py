@@ -29,6 +29,8 @@ SCENARIO_KINDS = (
     "underspecified",
 )
 KIND_ALIASES = {"mt_add": "sharded"}
+# the kinds a LiC evaluation simulates (``underspecified`` is ICPO's training kind)
+LIC_SCENARIOS = tuple(k for k in SCENARIO_KINDS if k != "underspecified")
 
 
 class DataError(ValueError):

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_mt.conversations import ConversationRun, UserPolicy, accepts_reuse_cache, run_conversations
-from jaxrl_mt.data.records import DataError, ShardedTask, canonical_kind
+from jaxrl_mt.batching import chunk_key
+from jaxrl_mt.data.records import LIC_SCENARIOS, DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.judge import classify_llm, classify_rule_based
 from jaxrl_mt.rewards.verifier import extract_answer, verify
@@ -62,7 +63,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-LIC_SCENARIOS = ("full", "concat", "sharded", "recap", "snowball", "mt_refine", "atr", "aiwr")
 PROTOCOLS = ("lic", "final_turn")
 STOP_CORRECT = "correct_answer"  # stop_reason of a lic conversation ended by a correct answer
 CONTEXT_MARGIN = 16  # tokens of chat-template overhead assumed per extra user turn
@@ -360,15 +360,9 @@ class LengthSortedSampler:
                 kw["max_new_tokens"] = [max_new_tokens[k] for k in idx]
             if stop_ids is not None:
                 kw["stop_ids"] = [stop_ids[k] for k in idx]
-            sub_seed = seed + 7919 * j if isinstance(seed, (int, np.integer)) else _fold_in(seed, j)
-            parts.append((idx, self.sampler.generate_ids([prompts[k] for k in idx], sampling, seed=sub_seed, **kw)))
+            parts.append((idx, self.sampler.generate_ids([prompts[k] for k in idx], sampling, seed=chunk_key(seed, j),
+                                                         **kw)))
         return _merge_results(parts, n)
-
-
-def _fold_in(key: Any, j: int) -> Any:
-    import jax
-
-    return jax.random.fold_in(key, j)
 
 
 def _merge_results(parts: Sequence[tuple[list[int], GenerationResult]], n: int) -> GenerationResult:

@@ -1,6 +1,7 @@
 """GRPO math: group-relative advantages, per-token KL estimators and the clipped surrogate loss.
 
-Pure, jittable functions of arrays; nothing here knows about models, tokenizers or optimizers.
+Pure, jittable functions of arrays; nothing here knows about models, tokenizers or optimizers
+(the masked mean is the scorer's ``masked_mean``).
 The formulas follow TRL 1.16's ``GRPOTrainer`` (``_generate_and_score_completions`` for the
 advantages, ``_compute_loss`` for the loss and its logged metrics) with token-level importance
 sampling, which is TRL's default:
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from jaxrl_mt.scoring import masked_mean
 
 KL_ESTIMATORS = ("k1", "k3")
 LOSS_TYPES = ("grpo", "bnpo", "token_mean", "dr_grpo")
@@ -91,11 +94,6 @@ def per_token_kl(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") ->
         delta = ref_logp - logp  # [N, T]
         return jnp.exp(delta) - delta - 1.0  # [N, T]
     raise ValueError(f"per_token_kl: unknown estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
-
-
-def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean of ``x`` [N, T] over ``mask`` [N, T] tokens (denominator clamped at 1, as TRL)."""
-    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)  # []
 
 
 def grpo_loss(
@@ -174,25 +172,23 @@ def grpo_loss(
     metrics: dict[str, jax.Array] = {}
     if ref_logp is not None:
         kl = per_token_kl(logp, ref_logp, kl_estimator)  # [N, T]
-        metrics["kl"] = _masked_mean(kl, mask)
+        metrics["kl"] = masked_mean(kl, mask)
         if beta != 0.0:
             per_token_loss = per_token_loss + beta * kl  # [N, T]
 
-    masked_loss = per_token_loss * mask  # [N, T]
     if loss_type == "grpo":
-        seq_loss = jnp.sum(masked_loss, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)  # [N]
-        loss = jnp.mean(seq_loss)
+        loss = jnp.mean(masked_mean(per_token_loss, mask, axis=-1))  # mean over sequences of [N] means
     elif loss_type in ("bnpo", "token_mean"):
-        loss = jnp.sum(masked_loss) / jnp.maximum(jnp.sum(mask), 1.0)
+        loss = masked_mean(per_token_loss, mask)
     else:  # dr_grpo
         length = logp.shape[1] if max_completion_length is None else max_completion_length
-        loss = jnp.sum(masked_loss) / (logp.shape[0] * length)
+        loss = jnp.sum(per_token_loss * mask) / (logp.shape[0] * length)
 
     is_low = ((coef_1 < 1.0 - epsilon_low) & (adv < 0)).astype(logp.dtype)  # [N, T]
     is_high = ((coef_1 > 1.0 + epsilon_high) & (adv > 0)).astype(logp.dtype)  # [N, T]
-    metrics["clip_ratio/low_mean"] = _masked_mean(is_low, mask)
-    metrics["clip_ratio/high_mean"] = _masked_mean(is_high, mask)
-    metrics["clip_ratio/region_mean"] = _masked_mean(jnp.maximum(is_low, is_high), mask)
-    metrics["ratio_mean"] = _masked_mean(jax.lax.stop_gradient(coef_1), mask)
+    metrics["clip_ratio/low_mean"] = masked_mean(is_low, mask)
+    metrics["clip_ratio/high_mean"] = masked_mean(is_high, mask)
+    metrics["clip_ratio/region_mean"] = masked_mean(jnp.maximum(is_low, is_high), mask)
+    metrics["ratio_mean"] = masked_mean(jax.lax.stop_gradient(coef_1), mask)
     metrics = {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
     return loss, metrics

@@ -18,7 +18,7 @@ import optax
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params
 from jaxrl_mt.rl.grpo import grpo_loss
-from jaxrl_mt.scoring import token_logprobs
+from jaxrl_mt.scoring import masked_mean, token_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +78,7 @@ def loss_fn(params: Params, cfg: ModelConfig, lc: LossConfig, prompt_len: int, b
         cmask.astype(jnp.float32), epsilon_low=lc.epsilon_low, epsilon_high=lc.epsilon_high, beta=lc.beta,
         kl_estimator=lc.kl_estimator, loss_type=lc.loss_type, max_completion_length=lc.max_completion_length)
     metrics = dict(metrics)
-    metrics["entropy"] = jnp.sum(ent[:, prompt_len:] * cmask) / jnp.maximum(jnp.sum(cmask), 1)
+    metrics["entropy"] = masked_mean(ent[:, prompt_len:], cmask)
     metrics["loss"] = loss
     return loss, metrics
 

@@ -1,0 +1,82 @@
+"""Host-side batch shapes shared by the engine: buckets, chunk plans, row packing and seeds.
+
+Every jitted engine function (the sampler's prefill and decode, the scorer, the train step) sees
+padded batches whose shapes come from a few power-of-two buckets, so a run compiles a handful of
+programs. The helpers that decide those shapes, pack variable-length rows into them and turn a
+seed into per-chunk PRNG keys live here, once, for the sampler, the scorer and the rollout
+assembly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+SeedLike = Any  # an int seed or a jax PRNG key
+
+
+def bucket(n: int, minimum: int) -> int:
+    """The smallest power-of-two multiple of `minimum` that is >= n."""
+    b = minimum
+    while b < n:
+        b *= 2
+    return b
+
+
+def cache_bucket(n: int, quantum: int = 128) -> int:
+    """Cache capacity for `n` slots: n rounded up to a multiple of max(quantum, 2^(bits(n) - 3)).
+
+    At most 25% waste above 4 * quantum, and few distinct capacities (few compiled programs).
+    """
+    step = max(quantum, 1 << max(n.bit_length() - 3, 0))
+    return -(-n // step) * step
+
+
+def plan_chunks(lengths: Sequence[int], max_batch: int | None, cells: Callable[[int, int], int] | None = None,
+                max_cells: int | None = None) -> list[list[int]]:
+    """Groups rows by ascending length into chunks of at most `max_batch` rows.
+
+    Args:
+      lengths: [B] length of each row (e.g. its first prompt).
+      max_batch: rows per chunk (None: all).
+      cells: optional cells(rows, longest) -> memory cells of a chunk; with `max_cells`, a chunk
+        whose cells exceed max_cells gets fewer rows (halved to a power of two, at least 1).
+      max_cells: the memory bound of one chunk, in cells.
+
+    Returns:
+      Lists of row indices, each sorted by length, chunks ordered by length.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    full = max_batch or max(len(order), 1)
+    out: list[list[int]] = []
+    i = 0
+    while i < len(order):
+        rows = min(full, len(order) - i)
+        if cells is not None and max_cells is not None:
+            while rows > 1 and cells(rows, lengths[order[i + rows - 1]]) > max_cells:
+                rows = bucket(rows, 1) // 2
+        out.append(order[i:i + rows])
+        i += rows
+    return out
+
+
+def as_key(seed: SeedLike) -> Any:
+    """A PRNG key from an int seed (`jax.random.PRNGKey`); a key is returned as it is."""
+    import jax
+
+    return jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
+
+
+def chunk_key(seed: SeedLike, j: int) -> Any:
+    """The key of chunk `j` of a call seeded with `seed`: the seed's key for chunk 0, else fold_in(key, j).
+
+    The one rule every engine call that splits its rows into chunks (the sampler's `max_batch`
+    chunks, a decode session's chunks, the length-sorted chunks) uses, so a call answered in one
+    chunk samples the same as a call of one chunk.
+    """
+    import jax
+
+    key = as_key(seed)
+    return key if j == 0 else jax.random.fold_in(key, j)
