@@ -79,6 +79,29 @@ class UserPolicy(Protocol):
     def next_user_turns(self, runs: Sequence[ConversationRun]) -> list[str | None]: ...
 
 
+class FinalTurn(Protocol):
+    """A hook of `run_conversations` that holds back turns and answers them apart, in one batch.
+
+    SeDT holds back each conversation's final turn (`jaxrl_mt.sedt`): the earlier turns run in
+    the shared lockstep loop (same KV cache reuse, same seed stream as the plain strategy), the
+    held turns are answered by SeDT's own batched calls.
+    """
+
+    def holds(self, run: ConversationRun) -> bool:
+        """Whether `run`'s next turn (its user message just fetched) is held back."""
+        ...
+
+    def answer(self, runs: Sequence[ConversationRun], messages: Sequence[str], seed: int) -> None:
+        """Answers the held runs (appending a TurnRecord to each answered one).
+
+        Args:
+          runs: the held runs, in the order of `run_conversations`' runs.
+          messages: their held user messages.
+          seed: the seed of the turn after the last lockstep turn.
+        """
+        ...
+
+
 class FixedOrderUser:
     """Reveals each conversation's planned `user_turns` in order, verbatim."""
 
@@ -93,7 +116,8 @@ def run_conversations(sampler: Sampler, runs: Sequence[ConversationRun], samplin
                       seed: int = 0, user: UserPolicy | None = None,
                       on_turn: TurnCallback | None = None, max_turns: int | None = None,
                       progress: Callable[[int, int], None] | None = None, reuse_cache: bool = False,
-                      session: DecodeSession | None = None) -> list[ConversationRun]:
+                      session: DecodeSession | None = None, final_turn: FinalTurn | None = None
+                      ) -> list[ConversationRun]:
     """Advances all conversations turn by turn with one batched sampler call per turn.
 
     Args:
@@ -101,8 +125,8 @@ def run_conversations(sampler: Sampler, runs: Sequence[ConversationRun], samplin
         attribute (``LengthSortedSampler``; its ``max_cells`` then bounds the cached chunks).
       runs: the conversations (fresh, or partly run: they continue from their last turn).
       sampling: sampling settings for every assistant turn.
-      seed: base seed; turn k uses seed + 1000003 k (with reuse_cache, chunk j of the session
-        uses fold_in(PRNGKey(seed + 1000003 k), j)), so a run is reproducible for a fixed batch.
+      seed: base seed; turn k uses seed + SEED_STRIDE k (chunk j of a turn's call uses
+        `batching.chunk_key(seed + SEED_STRIDE k, j)`), so a run is reproducible for a fixed batch.
       user: the user policy (default: FixedOrderUser).
       on_turn: called after every turn with the runs that just got a reply; it may set
         `run.done`/`run.stop_reason` (e.g. LiC stops at the first correct answer) and fill
@@ -117,53 +141,89 @@ def run_conversations(sampler: Sampler, runs: Sequence[ConversationRun], samplin
         A conversation whose last reply was changed by `on_turn` is re-prefilled in full.
       session: a DecodeSession with one row per run (row i = runs[i]) to use (implies
         reuse_cache); the caller can inspect it (e.g. `session.tokens`) in `on_turn`.
+      final_turn: a hook that holds back turns (`FinalTurn.holds`, asked for every run that got a
+        next user message); a held run leaves the lockstep loop (its cached row is freed) and
+        after the loop `FinalTurn.answer` gets all held runs at once, with the seed of the next
+        turn; `progress` and `on_turn` see that batch like any other turn.
 
     Returns:
       The same run objects, updated in place.
     """
     user = user or FixedOrderUser()
     cached = _CachedTurns.create(sampler, runs, session) if (reuse_cache or session is not None) else None
+    held: dict[int, str] = {}  # id(run) -> its held user message
     k = 0
     while True:
-        active = [r for r in runs if not r.done]
+        active = [r for r in runs if not r.done and id(r) not in held]
         if not active or (max_turns is not None and k >= max_turns):
             break
-        nexts = user.next_user_turns(active)
-        live: list[ConversationRun] = []
-        texts: list[str] = []
-        for r, nxt in zip(active, nexts):
-            if nxt is None:
-                r.done, r.stop_reason = True, r.stop_reason or "no_more_turns"
-            else:
-                live.append(r)
-                texts.append(nxt)
+        live, texts = _next_turns(user, active, final_turn, held)
+        if cached is not None:
+            cached.release([r for r in active if id(r) in held])
         if not live:
             break
         if progress:
             progress(k, len(live))
-        got = cached.answer(live, texts, sampling, seed + SEED_STRIDE * k) if cached is not None else None
-        if got is not None:
-            res, prompt_lens = got
-        else:
-            prompts = [encode_prompt(sampler.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
-                       for r, u in zip(live, texts)]
-            res = sampler.generate_ids(prompts, sampling, seed=seed + SEED_STRIDE * k)
-            prompt_lens = [len(p) for p in prompts]
-        for i, (r, u) in enumerate(zip(live, texts)):
-            r.turns.append(TurnRecord(index=len(r.turns), user=u, assistant=res.texts[i],
-                                      tokens=list(res.tokens[i]), logprobs=[float(x) for x in res.logprobs[i]],
-                                      finish_reason=res.finish_reasons[i], prompt_tokens=prompt_lens[i]))
+        _answer(sampler, cached, live, texts, sampling, seed + SEED_STRIDE * k)
         if on_turn:
             on_turn(live)
         if cached is not None:
             cached.release_done()
         k += 1
+    if held and final_turn is not None:
+        _answer_held(final_turn, [r for r in runs if id(r) in held], held, seed + SEED_STRIDE * k, k, on_turn,
+                     progress)
     for r in runs:
         if not r.done and len(r.turns) >= len(r.user_turns):
             r.done, r.stop_reason = True, r.stop_reason or "no_more_turns"
     if cached is not None:
         cached.release_done()
     return list(runs)
+
+
+def _next_turns(user: UserPolicy, active: Sequence[ConversationRun], final_turn: FinalTurn | None,
+                held: dict[int, str]) -> tuple[list[ConversationRun], list[str]]:
+    """The runs to answer this turn and their user messages; ends runs without one, holds others back."""
+    live: list[ConversationRun] = []
+    texts: list[str] = []
+    for r, nxt in zip(active, user.next_user_turns(active)):
+        if nxt is None:
+            r.done, r.stop_reason = True, r.stop_reason or "no_more_turns"
+        elif final_turn is not None and final_turn.holds(r):
+            held[id(r)] = nxt
+        else:
+            live.append(r)
+            texts.append(nxt)
+    return live, texts
+
+
+def _answer(sampler: Sampler, cached: "_CachedTurns | None", live: Sequence[ConversationRun], texts: Sequence[str],
+            sampling: SamplingConfig, seed: int) -> None:
+    """One batched sampler call for the live runs (cached or fully re-rendered); appends their turns."""
+    got = cached.answer(live, texts, sampling, seed) if cached is not None else None
+    if got is not None:
+        res, prompt_lens = got
+    else:
+        prompts = [encode_prompt(sampler.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
+                   for r, u in zip(live, texts)]
+        res = sampler.generate_ids(prompts, sampling, seed=seed)
+        prompt_lens = [len(p) for p in prompts]
+    for i, (r, u) in enumerate(zip(live, texts)):
+        r.turns.append(TurnRecord(index=len(r.turns), user=u, assistant=res.texts[i],
+                                  tokens=list(res.tokens[i]), logprobs=[float(x) for x in res.logprobs[i]],
+                                  finish_reason=res.finish_reasons[i], prompt_tokens=prompt_lens[i]))
+
+
+def _answer_held(final_turn: FinalTurn, runs: list[ConversationRun], held: dict[int, str], seed: int, k: int,
+                 on_turn: TurnCallback | None, progress: Callable[[int, int], None] | None) -> None:
+    """Hands the held runs to the hook; `on_turn` then sees those it answered."""
+    if progress:
+        progress(k, len(runs))
+    before = [len(r.turns) for r in runs]
+    final_turn.answer(runs, [held[id(r)] for r in runs], seed)
+    answered = [r for r, n in zip(runs, before) if len(r.turns) > n]
+    if on_turn and answered:
+        on_turn(answered)
 
 
 def accepts_reuse_cache(fn: Callable[..., Any]) -> bool:
@@ -243,9 +303,13 @@ class _CachedTurns:
 
     def release_done(self) -> None:
         """Frees the caches of finished runs."""
-        done = [i for i, r in enumerate(self.runs) if r.done and i not in self.session.released]
-        if done:
-            self.session.release(done)
+        self.release([r for r in self.runs if r.done])
+
+    def release(self, runs: Sequence[ConversationRun]) -> None:
+        """Frees the caches of runs that will not be continued."""
+        rows = [self.row[id(r)] for r in runs if self.row[id(r)] not in self.session.released]
+        if rows:
+            self.session.release(rows)
 
     def _segment(self, i: int, r: ConversationRun, u: str) -> list[int]:
         """The tokens to feed row i before its next reply."""

@@ -53,8 +53,11 @@ and the lenient verifier for every gold answer, so the replaced answer was alrea
 Batching: for a batch of conversations, ONE embedding call (``Scorer.score``) for all turns and
 anchors, ONE sampler call for the SeDT final turns and ONE for all corrections.
 
-Integration: importing this module registers the ``"sedt"`` strategy with the LiC simulator
-(``jaxrl_mt.eval.simulator.register_strategy``), so ``--config.strategy=sedt`` in
+Integration: the earlier turns run in ``jaxrl_mt.conversations.run_conversations``'s lockstep
+loop like any strategy's (same KV cache reuse, same seed stream as ``"plain"``); SeDT is its
+``final_turn`` hook (:class:`FinalTurnHold`), which holds back each conversation's final planned
+turn and answers all of them in one batch. Importing this module registers the ``"sedt"``
+strategy in ``jaxrl_mt.strategies``, so ``--config.strategy=sedt`` in
 ``python -m jaxrl_mt.evaluate`` uses :func:`sedt_strategy` with the default :class:`SeDTConfig`
 (``make_strategy`` builds one with another config). For a user's own conversation, see
 :func:`respond`.
@@ -71,16 +74,19 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jaxrl_mt.chat import encode_prompt
-from jaxrl_mt.conversations import ConversationRun, FixedOrderUser, TurnRecord, UserPolicy, run_conversations
+from jaxrl_mt.conversations import SEED_STRIDE, ConversationRun, TurnRecord, UserPolicy, run_conversations
 from jaxrl_mt.rewards.verifier import find_numbers
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.scoring import Scorer, cosine, embed_texts
+from jaxrl_mt.strategies import register_strategy
 
 __all__ = [
     "CONFIRMED",
     "GUARDS",
+    "SEED_STRIDE",
     "UNCERTAIN",
     "Annotation",
+    "FinalTurnHold",
     "GivenUser",
     "SeDTConfig",
     "SeDTResult",
@@ -110,7 +116,6 @@ log = logging.getLogger(__name__)
 
 CONFIRMED, UNCERTAIN = "CONFIRMED", "UNCERTAIN"
 GUARDS = ("no_answer", "coverage")  # replacement rules of the self-correction guard (see guard_replace)
-SEED_STRIDE = 1000003  # seed offset between turns (as run_conversations)
 Embedder = Callable[[Sequence[str]], np.ndarray]  # texts -> [N, D] embeddings
 
 DEFAULT_ANCHORS = (
@@ -534,75 +539,69 @@ def _is_final(run: ConversationRun, cfg: SeDTConfig) -> bool:
     return planned >= cfg.min_turns and len(run.turns) + 1 >= planned
 
 
+class FinalTurnHold:
+    """The ``final_turn`` hook of ``run_conversations``: holds back each conversation's final turn.
+
+    A run whose next message is its final planned turn (``meta["n_planned"]``, else its number
+    of planned user turns), and that has at least ``cfg.min_turns`` planned, is held. The held
+    runs, their messages and the seed of their turn are kept (``runs``, ``messages``, ``seed``)
+    and handed to ``answer_fn`` when one is given (SeDT's final turn); without it they stay
+    unanswered for the caller.
+    """
+
+    def __init__(self, cfg: SeDTConfig, answer_fn: Callable[[Sequence[ConversationRun], Sequence[str], int], Any]
+                 | None = None):
+        self.cfg, self.answer_fn = cfg, answer_fn
+        self.runs: list[ConversationRun] = []
+        self.messages: list[str] = []
+        self.seed: int | None = None
+
+    def holds(self, run: ConversationRun) -> bool:
+        return _is_final(run, self.cfg)
+
+    def answer(self, runs: Sequence[ConversationRun], messages: Sequence[str], seed: int) -> None:
+        self.runs, self.messages, self.seed = list(runs), list(messages), seed
+        if self.answer_fn is not None:
+            self.answer_fn(runs, messages, seed)
+
+
 def run_until_final(sampler: Sampler, runs: Sequence[ConversationRun], sampling: SamplingConfig, *,
                     cfg: SeDTConfig | None = None, seed: int = 0, user: UserPolicy | None = None,
                     on_turn: Callable[[Sequence[ConversationRun]], None] | None = None,
-                    progress: Callable[[int, int], None] | None = None
+                    progress: Callable[[int, int], None] | None = None, reuse_cache: bool = False
                     ) -> tuple[list[ConversationRun], list[str], int]:
-    """Advances the runs with ``run_conversations`` (one sampler call per turn) up to their final turn.
-
-    Each step asks the user policy once for every active run; a run whose next message is its
-    final planned turn (and that has at least ``cfg.min_turns`` planned) is held back instead of
-    answered; the others get one turn through ``run_conversations``.
+    """Advances the runs with ``run_conversations`` up to their final turn, which is held back.
 
     Returns:
-      ``(held runs, their final user messages, number of steps taken)``.
+      ``(held runs, their final user messages, the seed of their final turn)``; runs that ended
+      earlier are not held.
     """
-    cfg = cfg or SeDTConfig()
-    user = user or FixedOrderUser()
-    held: list[ConversationRun] = []
-    finals: list[str] = []
-    k = 0
-    while True:
-        held_ids = {id(r) for r in held}
-        active = [r for r in runs if not r.done and id(r) not in held_ids]
-        if not active:
-            break
-        step: list[ConversationRun] = []
-        texts: list[str] = []
-        for r, u in zip(active, user.next_user_turns(active)):
-            if u is None:
-                r.done, r.stop_reason = True, r.stop_reason or "no_more_turns"
-            elif _is_final(r, cfg):
-                held.append(r)
-                finals.append(u)
-            else:
-                step.append(r)
-                texts.append(u)
-        if step:
-            if progress:
-                progress(k, len(step))
-            run_conversations(sampler, step, sampling, seed=seed + SEED_STRIDE * k, user=GivenUser(step, texts),
-                              on_turn=on_turn, max_turns=1)
-        k += 1
-    return held, finals, k
+    hold = FinalTurnHold(cfg or SeDTConfig())
+    run_conversations(sampler, runs, sampling, seed=seed, user=user, on_turn=on_turn, progress=progress,
+                      reuse_cache=reuse_cache, final_turn=hold)
+    return hold.runs, hold.messages, seed if hold.seed is None else hold.seed
 
 
 def sedt_strategy(sampler: Sampler, runs: Sequence[ConversationRun], sampling: SamplingConfig, *, seed: int = 0,
                   user: UserPolicy | None = None, on_turn: Callable[[Sequence[ConversationRun]], None] | None = None,
-                  progress: Callable[[int, int], None] | None = None, config: SeDTConfig | None = None,
-                  embed: Embedder | None = None) -> list[ConversationRun]:
+                  progress: Callable[[int, int], None] | None = None, reuse_cache: bool = False,
+                  config: SeDTConfig | None = None, embed: Embedder | None = None) -> list[ConversationRun]:
     """The ``"sedt"`` strategy of the LiC simulator (same signature as ``run_conversations``).
 
-    Earlier turns are answered plainly, in lockstep; every conversation's final turn is held and
-    then answered by :func:`sedt_final_turn` in one batch (after which ``on_turn`` sees them).
-    Conversations that end before their final turn (e.g. the ``lic`` protocol's stop at a correct
-    answer) are never rewritten. Suits SHARDED, MT-Refine, AtR and AiwR (and any multi-turn kind);
-    single-turn kinds (FULL, CONCAT) are answered plainly.
+    Earlier turns are answered by ``run_conversations`` (lockstep, KV cache kept with
+    ``reuse_cache``, the plain seed stream); every conversation's final turn is held
+    (:class:`FinalTurnHold`) and answered by :func:`sedt_final_turn` in one batch, after which
+    ``on_turn`` sees them. Conversations that end before their final turn (e.g. the ``lic``
+    protocol's stop at a correct answer) are never rewritten. Suits SHARDED, MT-Refine, AtR and
+    AiwR (and any multi-turn kind); single-turn kinds (FULL, CONCAT) are answered plainly.
     """
     cfg = config or SeDTConfig()
-    held, finals, k = run_until_final(sampler, runs, sampling, cfg=cfg, seed=seed, user=user, on_turn=on_turn,
-                                      progress=progress)
-    if held:
-        if progress:
-            progress(k, len(held))
-        sedt_final_turn(sampler, held, finals, sampling, cfg=cfg, embed=embed, seed=seed + SEED_STRIDE * k)
-        if on_turn:
-            on_turn(held)
-    for r in runs:
-        if not r.done and len(r.turns) >= int(r.meta.get("n_planned", len(r.user_turns))):
-            r.done, r.stop_reason = True, r.stop_reason or "no_more_turns"
-    return list(runs)
+
+    def answer(held: Sequence[ConversationRun], finals: Sequence[str], final_seed: int) -> None:
+        sedt_final_turn(sampler, held, finals, sampling, cfg=cfg, embed=embed, seed=final_seed)
+
+    return run_conversations(sampler, runs, sampling, seed=seed, user=user, on_turn=on_turn, progress=progress,
+                             reuse_cache=reuse_cache, final_turn=FinalTurnHold(cfg, answer))
 
 
 def make_strategy(config: SeDTConfig, embed: Embedder | None = None) -> Callable[..., list[ConversationRun]]:
@@ -664,12 +663,4 @@ def respond(sampler: Sampler, conversations: Sequence[Sequence[Mapping[str, str]
             for r, a, f in zip(runs, anns, infos)]
 
 
-def _register() -> None:
-    try:
-        from jaxrl_mt.eval.simulator import register_strategy
-    except ImportError:  # the evaluator is optional for the API above
-        return
-    register_strategy("sedt", sedt_strategy)
-
-
-_register()
+register_strategy("sedt", sedt_strategy)

@@ -3,7 +3,7 @@
     python -m jaxrl_mt.eval.sedt_eval --problems 50 --runs 4 --out /tmp/sedt_eval
 
 A paired design: each conversation's earlier turns are simulated ONCE (turn by turn, one sampler
-call per turn, ``jaxrl_mt.sedt.run_until_final``); its final turn is then answered twice from
+call per turn, KV cache kept, ``jaxrl_mt.sedt.run_until_final``); its final turn is then answered twice from
 the same history: plainly (the SHARDED arm, ``run_conversations``) and with SeDT (one sampler
 call for the annotated final turns, one for the corrections). Both arms use the same sampling
 settings. The final turn is scored with the strict verifier, and P / A90 / U90-10
@@ -42,7 +42,7 @@ from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.eval.metrics import aggregate
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.sampling import SamplingConfig
-from jaxrl_mt.sedt import CONFIRMED, SEED_STRIDE, GivenUser, SeDTConfig, run_until_final, sedt_final_turn, summarize
+from jaxrl_mt.sedt import CONFIRMED, GivenUser, SeDTConfig, run_until_final, sedt_final_turn, summarize
 
 __all__ = ["correction_outcomes", "main", "parse_overrides", "plan", "run_eval"]
 
@@ -121,10 +121,10 @@ def run_eval(sampler: Any, runs: list[ConversationRun], sampling: SamplingConfig
     def progress(k: int, n: int) -> None:
         log(f"history turn {k + 1}: {n} conversations, {time.perf_counter() - t0:.0f}s")
 
-    held, finals, k = run_until_final(sampler, runs, sampling, cfg=cfg, seed=seed, progress=progress)
+    held, finals, final_seed = run_until_final(sampler, runs, sampling, cfg=cfg, seed=seed, progress=progress,
+                                               reuse_cache=True)
     if len(held) != len(runs):
         raise ValueError(f"{len(runs) - len(held)} conversations have fewer than {cfg.min_turns} turns")
-    final_seed = seed + SEED_STRIDE * k
     log(f"final turn, plain: {len(held)} conversations, {time.perf_counter() - t0:.0f}s")
     plain = [copy.deepcopy(r) for r in held]
     run_conversations(sampler, plain, sampling, seed=final_seed, user=GivenUser(plain, finals), max_turns=1)

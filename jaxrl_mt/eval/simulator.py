@@ -16,9 +16,9 @@ needs around it:
   last turn only (RLSTA's MT-Add / MT-Refine evaluation).
 - :class:`TranscriptStore`: ``transcripts.jsonl``, one line per finished conversation, appended
   as they finish; on restart the conversations already there are skipped.
-- Strategies: how a batch of runs is answered. ``"plain"`` is ``run_conversations`` itself;
-  another method (SeDT) registers a function with the same signature through
-  :func:`register_strategy` and is selected with the config field ``strategy``.
+- Strategies: how a batch of runs is answered, looked up by the config field ``strategy`` in
+  ``jaxrl_mt.strategies`` (``"plain"`` is ``run_conversations`` itself; importing
+  ``jaxrl_mt.sedt``, as this module does, registers ``"sedt"``).
 """
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-
-import numpy as np
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxrl_mt.conversations import ConversationRun, UserPolicy, accepts_reuse_cache, run_conversations
+import numpy as np
+
+import jaxrl_mt.sedt  # noqa: F401  (registers the "sedt" strategy)
+from jaxrl_mt import strategies
 from jaxrl_mt.batching import chunk_key
+from jaxrl_mt.conversations import ConversationRun, FixedOrderUser, UserPolicy, accepts_reuse_cache
 from jaxrl_mt.data.records import LIC_SCENARIOS, DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.judge import classify_llm, classify_rule_based
@@ -387,30 +389,29 @@ def _merge_results(parts: Sequence[tuple[list[int], GenerationResult]], n: int) 
 
 # --------------------------------------------------------------------------- strategies
 
-Strategy = Callable[..., list[ConversationRun]]
-STRATEGIES: dict[str, Strategy] = {"plain": run_conversations}
 
-
-def register_strategy(name: str, fn: Strategy) -> None:
-    """Registers how batches are answered under ``config.strategy == name``.
+def register_strategy(name: str, fn: strategies.Strategy) -> None:
+    """Registers how batches are answered under ``config.strategy == name`` (``jaxrl_mt.strategies``).
 
     ``fn(sampler, runs, sampling, *, seed, user, on_turn, progress) -> runs`` must advance the
     runs like ``run_conversations`` (one batched sampler call per turn, ``on_turn`` after each
-    turn with the runs that got a reply). SeDT registers ``"sedt"`` here.
+    turn with the runs that got a reply). SeDT registers ``"sedt"`` when imported (this module
+    imports it).
     """
-    STRATEGIES[name] = fn
+    strategies.register_strategy(name, fn)
 
 
-def get_strategy(name: str) -> Strategy:
-    """The registered strategy (importing ``jaxrl_mt.sedt`` first for ``"sedt"``)."""
-    if name not in STRATEGIES and name == "sedt":
-        try:
-            import jaxrl_mt.sedt  # noqa: F401  (registers itself)
-        except ImportError as e:
-            raise EvalError(f"config field 'strategy': 'sedt' is unavailable ({e})") from None
-    if name not in STRATEGIES:
-        raise EvalError(f"config field 'strategy': unknown {name!r}; valid: {', '.join(sorted(STRATEGIES))}")
-    return STRATEGIES[name]
+def get_strategy(name: str) -> strategies.Strategy:
+    """The registered strategy.
+
+    Raises:
+      EvalError: ``config field 'strategy': ...`` for an unknown name.
+    """
+    try:
+        return strategies.get_strategy(name)
+    except KeyError:
+        raise EvalError(f"config field 'strategy': unknown {name!r}; valid: "
+                        f"{', '.join(strategies.strategy_names())}") from None
 
 
 def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: SamplingConfig, *,
@@ -440,8 +441,6 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
     Returns:
       One transcript record per run, in the order of ``runs``.
     """
-    from jaxrl_mt.conversations import FixedOrderUser
-
     records: dict[str, dict[str, Any]] = {}
 
     def collect(recs: list[dict[str, Any]]) -> None:
