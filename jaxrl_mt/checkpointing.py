@@ -10,8 +10,8 @@ Crash safety is orbax's: a step is written into ``<step>.orbax-checkpoint-tmp*``
 ``<step>`` only when every item is complete, so a kill mid-save leaves a temporary directory that
 ``latest_step`` and ``restore`` never see; a writable ``Checkpointer`` deletes such leftovers
 in the background when it is opened (orbax's ``cleanup_tmp_directories``; finished before its
-first save), a ``read_only`` one leaves them alone. Saves are asynchronous: ``save`` returns once arrays are copied to host
-memory; call ``wait`` before reading the files from another process and ``close`` at the end.
+first save), a ``read_only`` one leaves them alone. Saves are asynchronous: ``save`` returns once
+arrays are copied to host memory; call ``wait`` before reading the files from another process and ``close`` at the end.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 
 SPEC is anything `jaxrl_mt.models.registry.load_model` accepts: `builtin:NAME`, a local HF folder
 or a hub id. The folder holds config.json, model.safetensors, generation_config.json and the
-tokenizer files (when the source has a tokenizer), and loads in transformers as is. On a bad spec or checkpoint the command prints
-one line to stderr and exits with status 2.
+tokenizer files (when the source has a tokenizer), and loads in transformers as is. On a bad spec
+or checkpoint the command prints one line to stderr and exits with status 2.
 """
 
 from __future__ import annotations

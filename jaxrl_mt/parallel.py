@@ -93,9 +93,7 @@ def _fit(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
 
 def param_spec(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
     """The PartitionSpec of one parameter; axes that do not divide the dim are dropped."""
-    for pat, spec in PARAM_RULES:
-        if re.search(pat, path):
-            break
+    spec = next(s for pat, s in PARAM_RULES if re.search(pat, path))  # the last rule matches everything
     return _fit(spec, shape, mesh)
 
 
@@ -290,7 +288,8 @@ def distributed_settings(config: Any = None, environ: dict[str, str] | None = No
             try:
                 out["local_device_ids"] = [int(x) for x in ids.split(",")]
             except ValueError:
-                raise ValueError(f"environment: JAX_LOCAL_DEVICE_IDS must be comma-separated ints, got {ids!r}") from None
+                raise ValueError(f"environment: JAX_LOCAL_DEVICE_IDS must be comma-separated ints, "
+                                 f"got {ids!r}") from None
         return out
     if enabled == "on" or env.get("JAXRL_MT_DISTRIBUTED") == "1":
         return {}

@@ -627,7 +627,7 @@ class SeDTResult:
 
 
 def respond(sampler: Sampler, conversations: Sequence[Sequence[Mapping[str, str]]], *, domain: str = "math",
-            sampling: SamplingConfig = SamplingConfig(), config: SeDTConfig | None = None, seed: int = 0,
+            sampling: SamplingConfig | None = None, config: SeDTConfig | None = None, seed: int = 0,
             system: str | None = None, embed: Embedder | None = None) -> list[SeDTResult]:
     """Answers the last user message of each conversation with SeDT (batched).
 
@@ -657,7 +657,7 @@ def respond(sampler: Sampler, conversations: Sequence[Sequence[Mapping[str, str]
         runs.append(ConversationRun(conv_id=str(i), system=system, user_turns=[conv[2 * k]["content"]
                                     for k in range(len(conv) // 2 + 1)], meta={"domain": domain}, turns=turns))
         finals.append(conv[-1]["content"])
-    anns, infos = _final_turn(sampler, runs, finals, sampling, config or SeDTConfig(), embed, seed)
+    anns, infos = _final_turn(sampler, runs, finals, sampling or SamplingConfig(), config or SeDTConfig(), embed, seed)
     return [SeDTResult(text=r.turns[-1].assistant, original=f["original"], correction=f["correction"],
                        replaced=f["replaced"], annotation=a, prompt=f["prompt"])
             for r, a, f in zip(runs, anns, infos)]

@@ -157,7 +157,8 @@ def run_mesh(out: Path, parts: set[str]) -> None:
         s = sampler.session(8)
         toks = []
         for turn in range(3):
-            segs = [None if (turn == 1 and i == 2) else ([s.pending[i]] if s.pending[i] is not None else []) + p[:turn + 2]
+            segs = [None if (turn == 1 and i == 2)
+                    else ([s.pending[i]] if s.pending[i] is not None else []) + p[:turn + 2]
                     for i, p in enumerate(prompts)]
             res = s.step(segs, SamplingConfig(max_new_tokens=6, temperature=0.0), stop_ids=[[]] * 8)
             toks.append(res.tokens)
@@ -171,7 +172,8 @@ def run_mesh(out: Path, parts: set[str]) -> None:
         r = results["meshes"][",".join(map(str, shape))] = {}
         if "train" in parts:
             params, opt_state = parallel.shard_train_state(params0, opt.init(params0), mesh)
-            r["n_sharded_params"] = sum(1 for x in jax.tree_util.tree_leaves(params) if not x.sharding.is_fully_replicated)
+            r["n_sharded_params"] = sum(1 for x in jax.tree_util.tree_leaves(params)
+                                        if not x.sharding.is_fully_replicated)
             r["n_sharded_opt_leaves"] = sum(1 for x in jax.tree_util.tree_leaves(opt_state)
                                             if not x.sharding.is_fully_replicated)
             init_bad = opt_state_follows_params(opt_state, params)[1]
@@ -333,7 +335,8 @@ def per_process_helpers(cfg: ModelConfig, params0, mesh) -> dict:
     r["score_rows"] = len(got.geo_mean)
     r["score_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(got.logprobs, want.logprobs))
     r["score_pooled_diff"] = float(np.max(np.abs(got.pooled - want.pooled)))
-    empty = Scorer(sharded, cfg, pad_id=0, batch_size=4, mesh=mesh).score(ctx[:2] if pid else [], comp[:2] if pid else [])
+    empty = Scorer(sharded, cfg, pad_id=0, batch_size=4, mesh=mesh).score(ctx[:2] if pid else [],
+                                                                          comp[:2] if pid else [])
     r["score_empty_rows"] = len(empty.geo_mean)
 
     # sampler (per-process rows): greedy, 2 prompts vs 3, vs a local sampler

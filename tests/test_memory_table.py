@@ -57,7 +57,8 @@ def test_cli_prints_all_three_models() -> None:
     assert "parameters bfloat16, compute bfloat16" in r.stdout and "(remat)" in r.stdout
 
 
-@pytest.mark.parametrize("args, msg", [(["--param-dtype", "fp16"], "--param-dtype must be one of fp32, bf16; got 'fp16'"),
+@pytest.mark.parametrize("args, msg", [(["--param-dtype", "fp16"],
+                                        "--param-dtype must be one of fp32, bf16; got 'fp16'"),
                                        (["--models", "Qwen2.5-1B"], "unknown model 'Qwen2.5-1B'"),
                                        (["--batch", "0"], "must be >= 1")])
 def test_cli_rejects_bad_values(args: list[str], msg: str, capsys: pytest.CaptureFixture) -> None:

@@ -102,7 +102,7 @@ def test_checkpoint_written_by_both_restores_exactly(runs) -> None:
 def test_per_process_row_helpers(runs) -> None:
     procs, _ = runs
     h0, h1 = procs[0]["helpers"], procs[1]["helpers"]
-    for pid, h in enumerate((h0, h1)):
+    for h in (h0, h1):
         assert h["agree_max"] == 8 and h["agree_max_many"] == [1, 10]
         assert h["allgather_json"] == [{"p": 0, "s": "xxx"}, {"p": 1, "s": "xxxx"}]
         assert h["broadcast_json"] == "from 0"

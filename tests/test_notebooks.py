@@ -21,7 +21,9 @@ NAMES = ("01_quickstart", "02_rlsta_steps", "03_lic_eval")
 
 def execute(name: str, timeout: int) -> nbformat.NotebookNode:
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute()
     return nb
 
 
@@ -39,7 +41,8 @@ def test_notebooks_are_valid_and_guard_their_install_cell() -> None:
         nbformat.validate(nb)
         install = nb.cells[1].source
         assert 'find_spec("google.colab")' in install and "if IN_COLAB:" in install, name
-        assert all(line.startswith("    ") for line in install.splitlines() if line.lstrip().startswith(("!", "%"))), name
+        magic = [line for line in install.splitlines() if line.lstrip().startswith(("!", "%"))]
+        assert all(line.startswith("    ") for line in magic), name
         assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{name}: stored outputs"
 
 

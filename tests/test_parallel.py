@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from jax.sharding import AbstractMesh, PartitionSpec as P
+from jax.sharding import AbstractMesh
 from ml_collections import ConfigDict
 
 from jaxrl_mt import parallel

@@ -88,18 +88,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jaxrl_mt.data", description="Build and inspect multi-turn scenario files.")
+    p = argparse.ArgumentParser(prog="python -m jaxrl_mt.data",
+                                description="Build and inspect multi-turn scenario files.")
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build a scenario jsonl from a task source")
-    b.add_argument("--source", required=True, help="gsm8k:FILE | rlsta_add:FILE | rlsta_refine:FILE | lic:FILE[:task] | synthetic:N[:steps] | hf:ID")
+    b.add_argument("--source", required=True,
+                   help="gsm8k:FILE | rlsta_add:FILE | rlsta_refine:FILE | lic:FILE[:task] | synthetic:N[:steps] "
+                        "| hf:ID")
     b.add_argument("--scenario", required=True, help=f"one of {', '.join(SCENARIO_KINDS)} (mt_add = sharded)")
     b.add_argument("--out", required=True, help="output jsonl")
-    b.add_argument("--segmenter", default="rule", help="'rule' or an LLM backend spec ('http:URL#MODEL', 'local') for gsm8k/hf sources")
+    b.add_argument("--segmenter", default="rule",
+                   help="'rule' or an LLM backend spec ('http:URL#MODEL', 'local') for gsm8k/hf sources")
     b.add_argument("--seed", type=int, default=0, help="seed for order, corruption and removal")
     b.add_argument("--shuffle", action="store_true", help="shuffle the order of condition shards")
     b.add_argument("--limit", type=int, default=None, help="use only the first N tasks")
-    b.add_argument("--corrupt-shards", type=int, default=None, help="shards to corrupt when a task has none (default: all with numbers)")
-    b.add_argument("--n-remove", type=int, default=None, help="underspecified: conditions to remove (1 or 2; default drawn)")
+    b.add_argument("--corrupt-shards", type=int, default=None,
+                   help="shards to corrupt when a task has none (default: all with numbers)")
+    b.add_argument("--n-remove", type=int, default=None,
+                   help="underspecified: conditions to remove (1 or 2; default drawn)")
     b.set_defaults(fn=cmd_build)
     i = sub.add_parser("inspect", help="counts, shard-count histogram and one rendered example")
     i.add_argument("file")

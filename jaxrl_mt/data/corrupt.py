@@ -62,7 +62,8 @@ def corrupt_text(text: str, rng: random.Random) -> str:
     Raises:
       DataError: ``text`` holds no number.
     """
-    matches = [m for m in find_numbers(text) if not text[m.end() : m.end() + 1] == ":" and not text[m.start() - 1 : m.start()] == ":"]
+    matches = [m for m in find_numbers(text)
+               if not text[m.end() : m.end() + 1] == ":" and not text[m.start() - 1 : m.start()] == ":"]
     if not matches:
         raise DataError(f"no number to corrupt in {text!r}")
     m = rng.choice(matches)

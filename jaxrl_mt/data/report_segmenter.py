@@ -91,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.gsm8k:
         g = out["gsm8k"] = gsm8k_figures(args.gsm8k, args.max_shards)
         print(f"GSM8K {args.gsm8k}: {g['problems']} problems")
-        print(f"  every number kept (set):       {g['numbers_kept']}/{g['problems']} = {100 * g['numbers_kept_frac']:.2f}%")
+        print(f"  every number kept (set):       {g['numbers_kept']}/{g['problems']} = "
+              f"{100 * g['numbers_kept_frac']:.2f}%")
         print(f"  every number kept (repeats):   {g['numbers_kept_with_repeats']}/{g['problems']}")
         print(f"  shards per problem: max {g['max_shards']}, over {args.max_shards}: {g['over_cap']}")
         print("  histogram: " + ", ".join(f"{k}:{v}" for k, v in g["shard_histogram"].items()))
@@ -99,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         r = out["rlsta"] = rlsta_figures(args.rlsta, args.max_shards)
         n = r["problems"]
         print(f"RLSTA MT-Add {args.rlsta}: {n} problems")
-        print(f"  our condition numbers == RLSTA condition numbers: {r['same_condition_numbers']}/{n} = {100 * r['same_condition_numbers_frac']:.1f}%")
+        print(f"  our condition numbers == RLSTA condition numbers: {r['same_condition_numbers']}/{n} = "
+              f"{100 * r['same_condition_numbers_frac']:.1f}%")
         print(f"  same, all shards (target included):                {r['same_numbers_all_shards']}/{n}")
         print(f"  RLSTA condition numbers == question numbers:       {r['rlsta_conditions_equal_question']}/{n}")
         print(f"  our condition numbers == question numbers:         {r['ours_conditions_equal_question']}/{n}")

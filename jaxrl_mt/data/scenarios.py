@@ -112,7 +112,8 @@ def build_scenario(
     """
     kind = canonical_kind(kind)
     n = len(task.conditions)
-    order = _order(n, shuffle=shuffle and kind not in ("full", "concat", "underspecified"), seed=seed, task_id=task.task_id)
+    order = _order(n, shuffle=shuffle and kind not in ("full", "concat", "underspecified"), seed=seed,
+                   task_id=task.task_id)
     meta: dict = {"n_shards": 1 + n, "order": tuple(order)}
     removed: tuple[int, ...] = ()
     conds = [task.conditions[i] for i in order]

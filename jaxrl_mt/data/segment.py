@@ -48,7 +48,8 @@ _LEAD_WORDS = re.compile(r"^(?:if|suppose|supposing|assuming|given)\s+(?:that\s+
 _TRAIL_CLAUSE = re.compile(r",?\s+(?:if|given that|assuming|provided that)\s+", re.I)
 # Clause boundaries inside a condition sentence; the connector word is dropped.
 _CLAUSE_SPLIT = re.compile(
-    r";\s+|,\s+(?:and then|and so|and|but then|but|while|whereas|so|then|which means)\s+|\s+(?:and|but)\s+(?=\w+\s+\w+)", re.I
+    r";\s+|,\s+(?:and then|and so|and|but then|but|while|whereas|so|then|which means)\s+"
+    r"|\s+(?:and|but)\s+(?=\w+\s+\w+)", re.I
 )
 _MIN_CLAUSE_WORDS = 4
 # A clause after a connector must open with a subject: a pronoun, a determiner or a name.
@@ -67,7 +68,7 @@ def split_sentences(text: str) -> list[str]:
     pieces, start = [], 0
     for m in _SENT_END.finditer(text):
         candidate = text[start : m.start()].rstrip()
-        last = candidate.rsplit(" ", 1)[-1].rstrip(".!?\"')\u201d\u2019]").lower().lstrip("($\"'(")
+        last = candidate.rsplit(" ", 1)[-1].rstrip(".!?\"')\u201d\u2019]").lower().lstrip("($\"'(")  # noqa: B005 (character sets)
         next_char = text[m.end() : m.end() + 1]
         if candidate.endswith(".") and (last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha())):
             continue  # "Mr. Smith", "J. Doe"
@@ -327,7 +328,8 @@ class LLMSegmenter:
             try:
                 results.append(validate_shards(q, parse_json_list(r), self.max_shards))
             except ValueError as e:
-                warnings.warn(f"LLM segmentation of question {i} invalid ({e}); using the rule-based segmenter")
+                warnings.warn(f"LLM segmentation of question {i} invalid ({e}); using the rule-based segmenter",
+                              stacklevel=2)
                 self.fallbacks += 1
                 results.append(segment_rule_based(q, self.max_shards))
         if not self.rephrase:
@@ -345,6 +347,6 @@ class LLMSegmenter:
                     raise ValueError(f"expected {1 + len(seg[1])} shards, got {len(shards)}")
                 out.append(validate_shards(q, shards, self.max_shards))
             except ValueError as e:
-                warnings.warn(f"LLM rephrasing of question {i} invalid ({e}); keeping the segmentation")
+                warnings.warn(f"LLM rephrasing of question {i} invalid ({e}); keeping the segmentation", stacklevel=2)
                 out.append(seg)
         return out

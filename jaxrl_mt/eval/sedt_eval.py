@@ -191,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=32,
                     help="rows per sampler call (prefill memory grows with rows x prompt length^2)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="SeDTConfig override (repeatable), e.g. guard=coverage for the coverage-only guard ablation")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="SeDTConfig override (repeatable), e.g. guard=coverage for the coverage-only guard ablation")
     a = ap.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:

@@ -283,11 +283,11 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         new_mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
 
         def body(x, xs):
-            lp, l = xs
+            lp, li = xs
             # this layer's cache [B, Hkv, S, K], read only; indexed (not scanned) so that the
             # slice fuses into the attention's multiply-reduce instead of being copied.
-            k_l = jax.lax.dynamic_index_in_dim(cache.k, l, 0, keepdims=False)
-            v_l = jax.lax.dynamic_index_in_dim(cache.v, l, 0, keepdims=False)
+            k_l = jax.lax.dynamic_index_in_dim(cache.k, li, 0, keepdims=False)
+            v_l = jax.lax.dynamic_index_in_dim(cache.v, li, 0, keepdims=False)
             x, new_k, new_v = _layer(cfg, lp, x, cos, sin, k_l, v_l, idx, (cache_mask, new_mask))
             return x, (new_k, new_v)
 

@@ -109,7 +109,8 @@ class ICPOTrainer(Trainer):
             return [classify_rule_based(t) for t in texts]
         return classify_llm(self.judge_backend, list(texts), list(questions))
 
-    def rewards(self, items: Sequence[TrainItem], res: Any) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list]]:
+    def rewards(self, items: Sequence[TrainItem], res: Any
+                ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list]]:
         G = self.c.rl.group_size
         rows = [it for it in items for _ in range(G)]
         types = self.judge(res.texts, [it.last_user for it in rows])

@@ -20,7 +20,6 @@ processes (`completion/max_length`: the max). Checkpoints are written by every p
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -82,7 +81,8 @@ def validate_config(c: Any) -> None:
         (rl.beta >= 0, f"rl.beta must be >= 0, got {rl.beta}"),
         (rl.kl_estimator in KL_ESTIMATORS, f"rl.kl_estimator must be one of {KL_ESTIMATORS}, got {rl.kl_estimator!r}"),
         (rl.loss_type in LOSS_TYPES, f"rl.loss_type must be one of {LOSS_TYPES}, got {rl.loss_type!r}"),
-        (rl.verifier_mode in ("strict", "lenient"), f"rl.verifier_mode must be strict|lenient, got {rl.verifier_mode!r}"),
+        (rl.verifier_mode in ("strict", "lenient"),
+         f"rl.verifier_mode must be strict|lenient, got {rl.verifier_mode!r}"),
         (rl.anchor_prompt in ("full", "merged"), f"rl.anchor_prompt must be full|merged, got {rl.anchor_prompt!r}"),
         (rl.temperature > 0, f"rl.temperature must be > 0 for GRPO rollouts, got {rl.temperature}"),
         (rl.max_new_tokens >= 1, f"rl.max_new_tokens must be >= 1, got {rl.max_new_tokens}"),
@@ -96,7 +96,8 @@ def validate_config(c: Any) -> None:
         check_writable(wd)  # a uniquely named probe: every process of a multi-host run checks at once
     except OSError as e:
         cause = e.__cause__ or e
-        raise ConfigError(f"workdir {str(wd)!r} is not writable ({getattr(cause, 'strerror', None) or cause})") from None
+        why = getattr(cause, "strerror", None) or cause
+        raise ConfigError(f"workdir {str(wd)!r} is not writable ({why})") from None
 
 
 def config_to_dict(c: Any) -> dict[str, Any]:
@@ -160,7 +161,8 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{wd}: not a training workdir (no config.json)")
     conf = json.loads(cfg_path.read_text())
-    model = load_model(conf["model"], param_dtype=conf.get("param_dtype", "float32"), dtype=conf.get("dtype", "float32"))
+    model = load_model(conf["model"], param_dtype=conf.get("param_dtype", "float32"),
+                       dtype=conf.get("dtype", "float32"))
     ck = Checkpointer(wd / "checkpoints", read_only=True)
     if ck.latest_step() is None:
         raise FileNotFoundError(f"{wd}/checkpoints: no checkpoint")
@@ -366,7 +368,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ rollouts and rewards
 
-    def rollout(self, params: Any, items: Sequence[TrainItem], step: int) -> tuple[dict[str, np.ndarray], dict[str, float], list[dict]]:
+    def rollout(self, params: Any, items: Sequence[TrainItem], step: int
+                ) -> tuple[dict[str, np.ndarray], dict[str, float], list[dict]]:
         c, G = self.c.rl, self.c.rl.group_size
         self.sampler.params = params
         prompts = [encode_prompt(self.tok, it.messages, system=self.system) for it in items]
@@ -429,7 +432,8 @@ class Trainer:
         out[nonempty] = r.geo_mean
         return out
 
-    def rewards(self, items: Sequence[TrainItem], res: Any) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list]]:
+    def rewards(self, items: Sequence[TrainItem], res: Any
+                ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list]]:
         """RLSTA reward R = R_v + alpha * R_s of each completion (rows grouped by item, G each).
 
         Returns the reward [N], its components (logged as reward/<name>) and sample-table columns.
@@ -439,7 +443,8 @@ class Trainer:
         strict = np.array([verify(t, g, "strict") for t, g in zip(res.texts, golds)])
         lenient = np.array([verify(t, g, "lenient") for t, g in zip(res.texts, golds)])
         rv = strict if c.verifier_mode == "strict" else lenient
-        anchors = [(it.anchor_prompt if c.anchor_prompt == "full" else it.merged_user) for it in items for _ in range(G)]
+        anchors = [(it.anchor_prompt if c.anchor_prompt == "full" else it.merged_user)
+                   for it in items for _ in range(G)]
         # R_s is computed even when alpha = 0 (the GRPO baseline) so that runs log the same curves.
         rs = self.anchor(anchors, res.tokens)
         if c.zero_anchor_for_wrong:

@@ -37,7 +37,8 @@ class MetricsLog:
             return
         clean = {k: float(v) for k, v in values.items()}
         with open(self.jsonl, "a") as f:
-            f.write(json.dumps({"step": step, **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}) + "\n")
+            row = {k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}
+            f.write(json.dumps({"step": step, **row}) + "\n")
         if self.tb is not None:
             for k, v in clean.items():
                 self.tb.add_scalar(k, v, step)

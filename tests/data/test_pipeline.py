@@ -32,7 +32,8 @@ def test_one_epoch_is_a_permutation(scenarios):
 
 def test_no_shuffle_keeps_order_and_drop_remainder():
     recs = list(range(10))
-    assert list(make_iterator(recs, batch_size=3, seed=0, shuffle=False, num_epochs=1)) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    got = list(make_iterator(recs, batch_size=3, seed=0, shuffle=False, num_epochs=1))
+    assert got == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     assert list(make_iterator(recs, batch_size=3, seed=0, shuffle=False, num_epochs=1, drop_remainder=False))[-1] == [9]
 
 
@@ -45,7 +46,8 @@ def test_epochs_reshuffle():
 
 def test_per_process_shards_are_disjoint_and_even():
     recs = list(range(23))
-    parts = [[x for b in make_iterator(recs, batch_size=2, seed=0, num_epochs=1, shard_index=i, shard_count=4) for x in b] for i in range(4)]
+    parts = [[x for b in make_iterator(recs, batch_size=2, seed=0, num_epochs=1, shard_index=i, shard_count=4)
+              for x in b] for i in range(4)]
     assert all(len(p) == 4 for p in parts)  # 23 // 4 = 5 per process -> 2 batches of 2
     assert not set().union(*[set(a) & set(b) for a, b in itertools.combinations(parts, 2)])
     assert set().union(*map(set, parts)) <= set(range(20))  # the remainder (20..22) is dropped evenly

@@ -190,7 +190,8 @@ def test_load_gsm8k_with_llm_segmenter(server, tmp_path):
     p = tmp_path / "g.jsonl"
     p.write_text(json.dumps({"question": Q_GOOD, "answer": "3 + 2 = 5\n#### 5"}) + "\n")
     (t,) = load_gsm8k(p, segmenter=LLMSegmenter(_backend(server), rephrase=False))
-    assert (t.target, t.conditions, t.answer) == ("How many pets does Ann have?", ("Ann has 3 cats", "Ann has 2 dogs"), "5")
+    assert (t.target, t.conditions, t.answer) == ("How many pets does Ann have?", ("Ann has 3 cats", "Ann has 2 dogs"),
+                                                  "5")
     assert t.meta["segmenter"] == "LLMSegmenter" and t.full_prompt == Q_GOOD
 
 
@@ -201,6 +202,7 @@ def test_parse_json_list():
 
 
 def test_numbers_helpers():
-    assert number_set("It costs $1,200.50 or 8.00 dollars, .5 kg and 3/4 of 10%.") == {"1200.5", "8", "0.5", "3", "4", "10"}
+    got = number_set("It costs $1,200.50 or 8.00 dollars, .5 kg and 3/4 of 10%.")
+    assert got == {"1200.5", "8", "0.5", "3", "4", "10"}
     assert number_list("a 120-page book, 2nd time, x2") == ["120", "2"]
     assert Path(asset_path("README.md")).exists()

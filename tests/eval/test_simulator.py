@@ -262,14 +262,3 @@ def test_lic_shipped_sample_plans_every_scenario():
     assert skipped == []
     assert {r.meta["kind"] for r in runs} == set(LIC_SCENARIOS)
     assert np.all([r.meta["answer"] for r in runs])
-
-
-@pytest.mark.slow
-def test_bench_sim_runs_on_tiny_model(tiny_model, capsys):
-    from jaxrl_mt.eval.bench_sim import main
-
-    out = main(["--model", str(tiny_model.path), "--n", "8", "--turns", "3", "--max_new_tokens", "8",
-                "--max_batch", "4"])
-    assert 8 * 3 <= out["new_tokens"] <= 8 * 3 * 8  # 8 conversations x 3 turns x 1..8 tokens
-    assert out["simulator_s"] > 0 and out["plain_s"] > 0 and out["ratio"] == out["simulator_s"] / out["plain_s"]
-    assert "ratio simulator / plain" in capsys.readouterr().out

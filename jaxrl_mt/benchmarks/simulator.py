@@ -1,6 +1,6 @@
 """Speed of the LiC simulator against plain batched generation of the same number of tokens.
 
-    python -m jaxrl_mt.eval.bench_sim [--model SPEC] [--n 64] [--turns 5] [--max_new_tokens 64]
+    python -m jaxrl_mt.benchmarks.simulator [--model SPEC] [--n 64] [--turns 5] [--max_new_tokens 64]
                                       [--reuse-cache | --no-reuse-cache]
 
 Simulates ``n`` SHARDED conversations of ``turns`` turns (synthetic problems with ``turns - 1``
@@ -95,7 +95,7 @@ def time_plain(sampler: Sampler, recs: Sequence[dict], sampling: SamplingConfig,
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(prog="python -m jaxrl_mt.eval.bench_sim", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m jaxrl_mt.benchmarks.simulator", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model spec")
     p.add_argument("--n", type=int, default=64, help="conversations")
     p.add_argument("--turns", type=int, default=5, help="user turns per conversation")

@@ -1,4 +1,6 @@
-"""`python -m jaxrl_mt.bench`: a tiny smoke run of both modes, with transformers as the reference."""
+"""`python -m jaxrl_mt.benchmarks.engine` (old name `jaxrl_mt.bench`): a tiny smoke run of both modes.
+
+transformers is the reference."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import json
 
 import pytest
 
-from jaxrl_mt.bench import main, measure_bandwidth, random_prompts
+from jaxrl_mt.benchmarks.engine import main, measure_bandwidth, random_prompts
 from tests.test_sampling import tiny_hf_llama
 
 
@@ -69,3 +71,18 @@ def test_helpers():
 def test_unknown_model_exits_2(capsys):
     assert main(["sampling", "--model", "builtin:nope", "--no-reference"]) == 2
     assert capsys.readouterr().err.startswith("error: --model: unknown builtin model 'nope'")
+
+
+def test_one_entry_point_and_the_old_name(capsys):
+    """`python -m jaxrl_mt.benchmarks NAME` dispatches; `python -m jaxrl_mt.bench` still runs the engine bench."""
+    import subprocess
+    import sys
+
+    from jaxrl_mt.bench import main as old_main
+    from jaxrl_mt.benchmarks.__main__ import main as dispatch
+
+    assert old_main is main
+    assert dispatch(["nope"]) == 2 and "sampling,scoring,grpo,simulator" in capsys.readouterr().err
+    r = subprocess.run([sys.executable, "-m", "jaxrl_mt.bench", "--help"], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 0 and "{sampling,scoring}" in r.stdout

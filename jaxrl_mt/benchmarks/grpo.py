@@ -1,6 +1,6 @@
 """Wall time and peak memory of one GRPO step: our JAX stack against TRL's ``GRPOTrainer``.
 
-    python -m jaxrl_mt.rl.bench_grpo [--model SPEC] [--prompts 4] [--group 4] [--new-tokens 128]
+    python -m jaxrl_mt.benchmarks.grpo [--model SPEC] [--prompts 4] [--group 4] [--new-tokens 128]
         [--beta 1e-4] [--steps 2] [--threads N] [--no-remat] [--only ours|trl] [--json OUT]
 
 Both sides run the same configuration: the same chat-formatted GSM8K questions (the shipped
@@ -128,15 +128,14 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     jax.block_until_ready(opt_state)
     setup_s = time.perf_counter() - t0
     rss_loaded = peak_rss_mb()
-
     prompts = [encode_prompt(model.tokenizer, [{"role": "user", "content": p["question"]}]) for p in spec["prompts"]]
     rows = [p for p in prompts for _ in range(G)]
     golds = [p["gold"] for p in spec["prompts"] for _ in range(G)]
     anchors = [p["question"] for p in spec["prompts"] for _ in range(G)]
     sampling = SamplingConfig(max_new_tokens=T, temperature=1.0)
     never_stop = [[] for _ in rows]  # no stop ids: every row runs to exactly T tokens
-    steps: dict[str, list[float]] = {"step_s": [], "cpu_s": [], "generate_s": [], "score_s": [], "update_s": [],
-                                     "reward": [], "loss": []}
+    steps: dict[str, list[float]] = {k: [] for k in ("step_s", "cpu_s", "generate_s", "score_s", "update_s",
+                                                     "reward", "loss")}
     train_steps: dict[int, Any] = {}
     for step in range(spec["steps"]):
         t_step, c_step = time.perf_counter(), time.process_time()
@@ -166,8 +165,9 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         t_end, c_end = time.perf_counter(), time.process_time()
         if not m["finite"]:
             raise RuntimeError(f"step {step}: non-finite loss or gradient (loss={float(m['loss'])})")
-        for k, v in (("step_s", t_end - t_step), ("cpu_s", c_end - c_step), ("generate_s", t_gen - t_step), ("score_s", t_score - t_gen),
-                     ("update_s", t_end - t_score), ("reward", float(reward.mean())), ("loss", float(m["loss"]))):
+        for k, v in (("step_s", t_end - t_step), ("cpu_s", c_end - c_step), ("generate_s", t_gen - t_step),
+                     ("score_s", t_score - t_gen), ("update_s", t_end - t_score), ("reward", float(reward.mean())),
+                     ("loss", float(m["loss"]))):
             steps[k].append(v)
         print(f"[ours] step {step + 1}: {t_end - t_step:.1f}s (generate {t_gen - t_step:.1f}, "
               f"score {t_score - t_gen:.1f}, update {t_end - t_score:.1f})", file=sys.stderr, flush=True)
@@ -281,7 +281,7 @@ def run_side(side: str, spec: dict[str, Any]) -> dict[str, Any]:
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ)
         env.setdefault("JAX_PLATFORMS", "cpu")
-        cmd = [sys.executable, "-m", "jaxrl_mt.rl.bench_grpo", "--worker", side, "--spec", str(spec_path),
+        cmd = [sys.executable, "-m", "jaxrl_mt.benchmarks.grpo", "--worker", side, "--spec", str(spec_path),
                "--result", str(out_path)]
         proc = subprocess.run(cmd, env=env)
         if proc.returncode != 0:
@@ -322,7 +322,7 @@ def _load() -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m jaxrl_mt.rl.bench_grpo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m jaxrl_mt.benchmarks.grpo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model spec (builtin:NAME or HF folder)")
     ap.add_argument("--prompts", type=int, default=4, help="prompts per step")
     ap.add_argument("--group", type=int, default=4, help="G, generations per prompt")

@@ -1,0 +1,10 @@
+"""Benchmarks, each against a reference implementation on the same weights and inputs, same run.
+
+    python -m jaxrl_mt.benchmarks sampling|scoring [...]   # engine.py: sampler / scorer vs transformers
+    python -m jaxrl_mt.benchmarks grpo [...]               # grpo.py: one GRPO step vs TRL's GRPOTrainer
+    python -m jaxrl_mt.benchmarks simulator [...]          # simulator.py: LiC simulator vs plain generation
+
+Each module also runs alone (``python -m jaxrl_mt.benchmarks.engine sampling``, ...);
+``python -m jaxrl_mt.bench sampling|scoring`` is kept as the engine benchmark's old name.
+Benchmarks are entry points: they import the engine and the methods, nothing imports them.
+"""
