@@ -13,6 +13,7 @@ from jaxrl_mt.runtime import load_config_file
 def get_config(preset: str = "paper") -> ConfigDict:
     c = load_config_file(Path(__file__).with_name("rlsta.py"), preset)
     c.method = "icpo"
+    c.reward = "icpo"  # the verifier on complete prompts, a non-answer on underspecified ones
     c.workdir = c.workdir.replace("rlsta", "icpo")
     c.data.add_source = "gsm8k:@"  # problems to make complete / underspecified prompts from
     c.data.refine_source = ""  # unused by ICPO

@@ -9,7 +9,8 @@ from ml_collections import ConfigDict
 
 def get_config(preset: str = "paper") -> ConfigDict:
     c = ConfigDict()
-    c.method = "rlsta"  # "rlsta" | "grpo" (alpha = 0) | "icpo"
+    c.method = "rlsta"  # data recipe: "rlsta" | "grpo" (multi-turn histories) | "icpo" (single-turn prompts)
+    c.reward = "rlsta"  # reward function by name (jaxrl_mt.rewards.registry): "rlsta" | "grpo" | "icpo"
     c.model = "builtin:smollm2-135m-instruct"  # policy initialisation (model spec)
     c.ref_model = ""  # frozen reference for the anchor reward and KL ("" = same as model)
     c.workdir = "runs/rlsta"  # checkpoints, logs, caches; an existing run resumes

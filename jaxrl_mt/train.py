@@ -26,11 +26,7 @@ def main(argv: list[str]) -> int:
     runtime.setup()
     maybe_initialize_distributed(c)
     try:
-        if c.method == "icpo":
-            from jaxrl_mt.rl.icpo import ICPOTrainer as _T
-        else:
-            _T = Trainer
-        _T(c).run()
+        Trainer(c).run()
     except (ConfigError, TrainingError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1

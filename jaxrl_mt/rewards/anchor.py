@@ -24,15 +24,16 @@ def anchor_reward(scorer: Scorer, tokenizer: Any, anchor_prompts: Sequence[str],
                   completions: Sequence[Sequence[int]], *, system: str | None = None) -> np.ndarray:
     """Geometric-mean likelihood [N] of each completion (token ids) under its anchor prompt.
 
-    Empty completions get 0 (nothing was answered).
+    Empty completions get 0 (nothing was answered). The scorer is called even when every
+    completion is empty (a call of no rows costs nothing): under a multi-process mesh its call
+    is collective, and every process must take part.
     """
     ctx = anchor_contexts(tokenizer, anchor_prompts, system=system)
     comps = [list(c) for c in completions]
     nonempty = [i for i, c in enumerate(comps) if c]
     out = np.zeros(len(comps), np.float64)
-    if nonempty:
-        r = scorer.score([ctx[i] for i in nonempty], [comps[i] for i in nonempty])
-        out[nonempty] = r.geo_mean
+    r = scorer.score([ctx[i] for i in nonempty], [comps[i] for i in nonempty])
+    out[nonempty] = r.geo_mean
     return out
 
 

@@ -1,47 +1,34 @@
-"""ICPO: illocution-calibrated GRPO.
+"""ICPO's data recipe: complete and underspecified single-turn prompts, and their held-out metrics.
 
-Training prompts are single-turn: complete problems (reward = the verifier) mixed with
-underspecified ones, where 1-2 required conditions were removed (reward = 1 when the reply does
-not commit to an answer: clarification, interrogation, discussion, hedging or refusal, as judged
-by the response-type judge; else 0). Everything else (rollouts, advantages, the jitted GRPO step,
-checkpoints, logging) is the RLSTA Trainer's: only the data and the reward differ.
+Training prompts are single-turn: complete problems mixed with underspecified ones, where 1-2
+required conditions were removed. The reward is the registered ``"icpo"`` reward
+(``jaxrl_mt.rewards.icpo``: the verifier on complete prompts, a non-answer on underspecified
+ones); everything else (rollouts, advantages, the jitted GRPO step, checkpoints, logging) is the
+training loop's. ICPO is this data plus that reward: ``method = "icpo"``, ``reward = "icpo"``.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.data.scenarios import build_scenario
-from jaxrl_mt.rewards.judge import NON_ANSWER_TYPES, RESPONSE_TYPES, classify_llm, classify_rule_based
+from jaxrl_mt.rewards.icpo import COMPLETE, UNDERSPECIFIED, ResponseJudge, icpo_reward
+from jaxrl_mt.rewards.judge import NON_ANSWER_TYPES, RESPONSE_TYPES
 from jaxrl_mt.rewards.verifier import verify
+from jaxrl_mt.rl.data import ConfigError, load_tasks
 from jaxrl_mt.rl.histories import TrainItem, load_items, save_items
-from jaxrl_mt.rl.loop import ConfigError, Trainer, load_tasks
 from jaxrl_mt.sampling import SamplingConfig
 
-COMPLETE, UNDERSPECIFIED = "complete", "underspecified"
+if TYPE_CHECKING:
+    from jaxrl_mt.rl.loop import Trainer
 
-
-def icpo_reward(kind: str, text: str, gold: str, response_type: str, *, mode: str = "strict") -> float:
-    """The ICPO reward of one reply.
-
-    Args:
-      kind: "complete" or "underspecified".
-      text: the reply; gold: the gold answer of the (complete) problem.
-      response_type: the judge's verdict (one of RESPONSE_TYPES).
-      mode: verifier mode for complete prompts.
-    """
-    if kind == COMPLETE:
-        return float(verify(text, gold, mode))
-    if kind == UNDERSPECIFIED:
-        if response_type not in RESPONSE_TYPES:
-            raise ValueError(f"unknown response type {response_type!r}")
-        return 1.0 if response_type in NON_ANSWER_TYPES else 0.0
-    raise ValueError(f"unknown ICPO prompt kind {kind!r}; expected {COMPLETE!r} or {UNDERSPECIFIED!r}")
+__all__ = ["COMPLETE", "UNDERSPECIFIED", "ICPOData", "icpo_reward", "make_items"]
 
 
 def make_items(tasks: Sequence[Any], *, ratio: float, seed: int) -> list[TrainItem]:
@@ -64,21 +51,14 @@ def make_items(tasks: Sequence[Any], *, ratio: float, seed: int) -> list[TrainIt
     return items
 
 
-class ICPOTrainer(Trainer):
-    """The Trainer with ICPO's data (complete + underspecified prompts) and reward."""
+class ICPOData:
+    """The data recipe of ``method = "icpo"`` (see the module doc)."""
 
-    def __init__(self, c: Any, **kw: Any):
-        if not 0.0 <= c.icpo.underspecified_ratio <= 1.0:
-            raise ConfigError(f"icpo.underspecified_ratio must be in [0, 1], got {c.icpo.underspecified_ratio}")
-        super().__init__(c, **kw)
-        self.judge_backend = None
-        if c.icpo.judge != "rule":
-            from jaxrl_mt.backends import make_backend
+    def __init__(self) -> None:
+        self._judge: ResponseJudge | None = None
 
-            self.judge_backend = make_backend(c.icpo.judge)
-
-    def load_data(self) -> tuple[list[TrainItem], list[TrainItem]]:
-        c = self.c
+    def load(self, c: Any) -> tuple[list[TrainItem], list[TrainItem]]:
+        """Shuffled ICPO items, split into training and held-out (twice `data.heldout`, at most half)."""
         tasks = load_tasks(c.data.add_source, c.data)
         if not tasks:
             raise ConfigError("empty dataset: no ICPO problems")
@@ -91,58 +71,41 @@ class ICPOTrainer(Trainer):
             raise ConfigError(f"empty dataset: {len(train)} training items < rl.batch_size {c.rl.batch_size}")
         return train, held
 
-    def prepare(self) -> tuple[list[TrainItem], list[TrainItem]]:
-        path, held_path = self.wd / "train_items.jsonl", self.wd / "heldout.jsonl"
+    def prepare(self, t: Trainer, train: Sequence[TrainItem], held: Sequence[TrainItem]
+                ) -> tuple[list[TrainItem], list[TrainItem]]:
+        """The items as loaded, cached in the workdir (a resumed run reads the cache)."""
+        path, held_path = t.wd / "train_items.jsonl", t.wd / "heldout.jsonl"
         if path.exists() and held_path.exists():
             return load_items(path), load_items(held_path)
-        train, held = self.train_scen, self.held_scen
-        if self.is_main:
+        if t.is_main:
             kinds = collections.Counter(it.kind for it in train)
             save_items(path, train, {"n_items": len(train), **kinds})
             save_items(held_path, held, {"n_items": len(held)})
-        self.log(f"data: {len(train)} ICPO items ({sum(it.kind == UNDERSPECIFIED for it in train)} underspecified), "
-                 f"{len(held)} held-out")
-        return train, held
+        t.log(f"data: {len(train)} ICPO items ({sum(it.kind == UNDERSPECIFIED for it in train)} underspecified), "
+              f"{len(held)} held-out")
+        return list(train), list(held)
 
-    def judge(self, texts: Sequence[str], questions: Sequence[str]) -> list[str]:
-        if self.judge_backend is None:
-            return [classify_rule_based(t) for t in texts]
-        return classify_llm(self.judge_backend, list(texts), list(questions))
-
-    def rewards(self, items: Sequence[TrainItem], res: Any
-                ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list]]:
-        G = self.c.rl.group_size
-        rows = [it for it in items for _ in range(G)]
-        types = self.judge(res.texts, [it.last_user for it in rows])
-        mode = self.c.rl.verifier_mode
-        reward = np.array([icpo_reward(it.kind, t, it.answer, ty, mode=mode)
-                           for it, t, ty in zip(rows, res.texts, types)])
-        complete = np.array([it.kind == COMPLETE for it in rows])
-        comps: dict[str, np.ndarray] = {f"type_{t}": np.array([ty == t for ty in types], float) for t in RESPONSE_TYPES}
-        if complete.any():
-            comps["complete_acc"] = reward[complete]
-        if (~complete).any():
-            comps["underspecified_non_answer"] = reward[~complete]
-        cols = {"kind": [it.kind for it in rows], "type": types, "gold": [it.answer for it in rows]}
-        return reward, comps, cols
-
-    def evaluate(self, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
+    def evaluate(self, t: Trainer, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
+        """Greedy held-out replies: accuracy on complete prompts, non-answer rate on underspecified ones,
+        and the fraction of each response type."""
         if not held:
             return {}
-        self.sampler.params = params
+        if self._judge is None:
+            self._judge = ResponseJudge(t.c.icpo.judge)
+        t.sampler.params = params
         t0 = time.perf_counter()
-        res = self.sampler.generate(
+        res = t.sampler.generate(
             [[{"role": "user", "content": it.last_user}] for it in held],
-            SamplingConfig(max_new_tokens=self.c.eval.max_new_tokens, temperature=0.0), system=self.system)
-        types = self.judge(res.texts, [it.last_user for it in held])
+            SamplingConfig(max_new_tokens=t.c.eval.max_new_tokens, temperature=0.0), system=t.system)
+        types = self._judge(res.texts, [it.last_user for it in held])
         out: dict[str, float] = {}
-        comp = [(it, t) for it, t in zip(held, res.texts) if it.kind == COMPLETE]
+        comp = [(it, text) for it, text in zip(held, res.texts) if it.kind == COMPLETE]
         under = [ty for it, ty in zip(held, types) if it.kind == UNDERSPECIFIED]
         if comp:
-            out["eval/complete_acc"] = float(np.mean([verify(t, it.answer, "strict") for it, t in comp]))
+            out["eval/complete_acc"] = float(np.mean([verify(text, it.answer, "strict") for it, text in comp]))
         if under:
             out["eval/underspecified_non_answer"] = float(np.mean([ty in NON_ANSWER_TYPES for ty in under]))
-        for t in RESPONSE_TYPES:
-            out[f"eval/type_{t}"] = float(np.mean([ty == t for ty in types]))
+        for ty in RESPONSE_TYPES:
+            out[f"eval/type_{ty}"] = float(np.mean([x == ty for x in types]))
         out["eval/seconds"] = time.perf_counter() - t0
         return out

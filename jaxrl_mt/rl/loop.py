@@ -1,4 +1,9 @@
-"""The RLSTA / GRPO training loop: data -> rollouts -> rewards -> advantages -> jitted step.
+"""The training loop: data -> rollouts -> rewards -> advantages -> jitted step, for every method.
+
+The loop is the same for RLSTA, GRPO and ICPO; a method brings a data recipe (``RECIPES``:
+``jaxrl_mt.rl.multiturn.MultiTurnData`` for RLSTA and GRPO, ``jaxrl_mt.rl.icpo.ICPOData``) and a
+reward, a pure function of (items, generations) registered by name
+(``jaxrl_mt.rewards.registry``; the config's ``reward``, default the method's own).
 
 Everything a resumed run needs lives in `<workdir>`: `config.json`, the cached training items
 (`histories.jsonl`, `train_items.jsonl`, `heldout.jsonl`), orbax checkpoints (params, optimizer
@@ -32,123 +37,34 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mt.chat import encode_prompt
-from jaxrl_mt.checkpointing import Checkpointer, check_writable
-from jaxrl_mt.data.loaders import load_source
+from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.data.pipeline import make_iterator
-from jaxrl_mt.data.records import DataError, Scenario
-from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.registry import Model, load_model
-from jaxrl_mt.parallel import (agree_max, agree_max_many, allgather_json, broadcast_json, check_same_rows,
-                               fetch_rows, local_copy, local_mesh, make_mesh, mean_over_processes, process_block,
-                               gather_to_host, put_replicated, put_rows, rows_multiple, shard_params, shard_train_state,
-                               shard_train_step, spans_processes)
-from jaxrl_mt.rewards.anchor import anchor_contexts, anchor_reward, zero_anchor_for_wrong
-from jaxrl_mt.rewards.verifier import verify
-from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES, group_advantages
-from jaxrl_mt.rl.histories import (TrainItem, accuracy_single_and_multi, build_histories, filter_items,
-                                   load_items, save_items)
+from jaxrl_mt.parallel import (agree_max_many, check_same_rows, fetch_rows, gather_to_host, make_mesh,
+                               mean_over_processes, put_replicated, put_rows, rows_multiple, shard_params,
+                               shard_train_state, shard_train_step, spans_processes)
+from jaxrl_mt.rewards.registry import RewardEnv, check_output, make_reward
+from jaxrl_mt.rl.data import ConfigError, config_to_dict, load_scenarios, load_tasks, reward_name, validate_config
+from jaxrl_mt.rl.grpo import group_advantages
+from jaxrl_mt.rl.histories import TrainItem
+from jaxrl_mt.rl.icpo import ICPOData
 from jaxrl_mt.rl.metrics_log import MetricsLog, plot_curves, read_metrics
-from jaxrl_mt.rl.optim import make_optimizer
+from jaxrl_mt.rl.multiturn import MultiTurnData
+from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.step import LossConfig, assemble_rollouts, completion_logprobs, make_train_step
 from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
 from jaxrl_mt.scoring import Scorer
 
+__all__ = ["RECIPES", "ConfigError", "Trainer", "TrainingError", "load_policy", "load_scenarios", "load_tasks",
+           "validate_config"]
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; raised at start-up, before any model is loaded."""
+# method -> its data recipe: load(c), prepare(trainer, train, held), evaluate(trainer, params, held)
+RECIPES: dict[str, Callable[[], Any]] = {"rlsta": MultiTurnData, "grpo": MultiTurnData, "icpo": ICPOData}
 
 
 class TrainingError(RuntimeError):
     """Training stopped (non-finite loss or gradient); the last good checkpoint is kept."""
-
-
-# ----------------------------------------------------------------------------- config checks
-
-
-def validate_config(c: Any) -> None:
-    """Fails fast on values that cannot work (keys are checked by the locked ConfigDict)."""
-    rl = c.rl
-    checks = [
-        (rl.alpha >= 0, f"rl.alpha must be >= 0, got {rl.alpha}"),
-        (rl.group_size >= 2, f"rl.group_size (G) must be >= 2 for group-relative advantages, got {rl.group_size}"),
-        (rl.batch_size >= 1, f"rl.batch_size must be >= 1, got {rl.batch_size}"),
-        (rl.steps >= 1, f"rl.steps must be >= 1, got {rl.steps}"),
-        (rl.mu >= 1, f"rl.mu must be >= 1, got {rl.mu}"),
-        (rl.grad_accum >= 1 and (rl.batch_size * rl.group_size) % rl.grad_accum == 0,
-         f"rl.grad_accum ({rl.grad_accum}) must divide batch_size * group_size ({rl.batch_size * rl.group_size})"),
-        (rl.lr > 0, f"rl.lr must be > 0, got {rl.lr}"),
-        (rl.beta >= 0, f"rl.beta must be >= 0, got {rl.beta}"),
-        (rl.kl_estimator in KL_ESTIMATORS, f"rl.kl_estimator must be one of {KL_ESTIMATORS}, got {rl.kl_estimator!r}"),
-        (rl.loss_type in LOSS_TYPES, f"rl.loss_type must be one of {LOSS_TYPES}, got {rl.loss_type!r}"),
-        (rl.verifier_mode in ("strict", "lenient"),
-         f"rl.verifier_mode must be strict|lenient, got {rl.verifier_mode!r}"),
-        (rl.anchor_prompt in ("full", "merged"), f"rl.anchor_prompt must be full|merged, got {rl.anchor_prompt!r}"),
-        (rl.temperature > 0, f"rl.temperature must be > 0 for GRPO rollouts, got {rl.temperature}"),
-        (rl.max_new_tokens >= 1, f"rl.max_new_tokens must be >= 1, got {rl.max_new_tokens}"),
-        (c.data.add_source or c.data.refine_source, "no data: set data.add_source and/or data.refine_source"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(msg)
-    wd = Path(c.workdir)
-    try:
-        check_writable(wd)  # a uniquely named probe: every process of a multi-host run checks at once
-    except OSError as e:
-        cause = e.__cause__ or e
-        why = getattr(cause, "strerror", None) or cause
-        raise ConfigError(f"workdir {str(wd)!r} is not writable ({why})") from None
-
-
-def config_to_dict(c: Any) -> dict[str, Any]:
-    return json.loads(c.to_json()) if hasattr(c, "to_json") else dict(c)
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def load_tasks(specs: str, data: Any, *, max_turns: int = 0, require_each: bool = False) -> list[Any]:
-    """Tasks with at least one condition from comma-separated source specs.
-
-    Keeps at most `data.limit + data.heldout` per source (all when `data.limit` is 0) and, when
-    `max_turns` is set, only problems of at most that many user turns (target + conditions).
-    A bad source, or (with `require_each`) a source left empty, is a ConfigError.
-    """
-    tasks: list[Any] = []
-    for spec in [s.strip() for s in specs.split(",") if s.strip()]:
-        try:
-            got = load_source(spec)
-        except (DataError, OSError) as e:
-            raise ConfigError(f"data source {spec!r}: {e}") from None
-        got = [t for t in got if t.conditions and (not max_turns or len(t.conditions) + 1 <= max_turns)]
-        if require_each and not got:
-            raise ConfigError(f"empty dataset: source {spec!r} gave no usable problems")
-        tasks += got[: data.limit + data.heldout] if data.limit else got
-    return tasks
-
-
-def load_scenarios(c: Any) -> tuple[list[Scenario], list[Scenario]]:
-    """Training and held-out scenarios (MT-Add from add_source, MT-Refine from refine_source)."""
-    train: list[Scenario] = []
-    held: list[Scenario] = []
-    for specs, kind in ((c.data.add_source, "sharded"), (c.data.refine_source, "mt_refine")):
-        if not specs:
-            continue
-        tasks = load_tasks(specs, c.data, max_turns=c.data.max_turns, require_each=True)
-        scen = []
-        for t in tasks:
-            try:
-                scen.append(build_scenario(t, kind, seed=c.seed, shuffle=c.data.shuffle_shards))
-            except DataError:
-                continue  # e.g. an MT-Refine problem with no number to correct
-        rng = np.random.default_rng(c.seed)
-        scen = [scen[i] for i in rng.permutation(len(scen))]  # mix sources before the held-out split
-        n_held = min(c.data.heldout, max(len(scen) - 1, 0))
-        held += scen[len(scen) - n_held:]
-        train += scen[: len(scen) - n_held]
-    if not train:
-        raise ConfigError("empty dataset: no training scenarios after the held-out split")
-    return train, held
 
 
 # ----------------------------------------------------------------------------- policy I/O
@@ -166,10 +82,7 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
     ck = Checkpointer(wd / "checkpoints", read_only=True)
     if ck.latest_step() is None:
         raise FileNotFoundError(f"{wd}/checkpoints: no checkpoint")
-    rl = conf["rl"]
-    opt = make_optimizer(rl["lr"], schedule=rl["schedule"], warmup_steps=rl["warmup_steps"], total_steps=rl["steps"],
-                         weight_decay=rl["weight_decay"], max_grad_norm=rl["max_grad_norm"] or None,
-                         grad_accum_steps=rl["grad_accum"])
+    opt = optimizer_from_config(conf["rl"])
     target = {"params": model.params, "opt_state": opt.init(model.params), "rng": jax.random.PRNGKey(0)}
     state, _ = ck.restore(step, target=target)
     ck.close()
@@ -182,7 +95,7 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
 
 
 class Trainer:
-    """Runs one training job described by a config (see configs/rlsta.py)."""
+    """Runs one training job described by a config (see configs/rlsta.py): the loop, for every method."""
 
     def __init__(self, c: Any, *, log: Callable[[str], None] | None = None):
         validate_config(c)
@@ -193,42 +106,49 @@ class Trainer:
         self.log = log if self.is_main else (lambda msg: None)  # process 0 logs
         self.system = c.system_prompt or None
         self._stop_signal: int | None = None
-        self.train_scen, self.held_scen = self.load_data()  # fails fast on bad or empty data
-        saved = self.wd / "config.json"
-        conf = config_to_dict(c)
+        self.data = RECIPES[c.method]()
+        self.train_scen, self.held_scen = self.data.load(c)  # fails fast on bad or empty data
         if self.is_main:
-            saved.write_text(json.dumps(conf, indent=2, sort_keys=True))
+            (self.wd / "config.json").write_text(json.dumps(config_to_dict(c), indent=2, sort_keys=True))
         self.model = load_model(c.model, param_dtype=c.param_dtype, dtype=c.dtype)
         self.tok = self.model.tokenizer
         self.mesh = self._make_mesh()
         if self.mesh is not None:
             self.model.params = shard_params(self.model.params, self.mesh)
-        if c.ref_model and c.ref_model != c.model:
-            ref = load_model(c.ref_model, param_dtype=c.param_dtype, dtype=c.dtype, with_tokenizer=False)
-            if ref.cfg.vocab_size != self.model.cfg.vocab_size:
-                raise ConfigError(f"ref_model {c.ref_model!r} has another vocabulary than {c.model!r}")
-            self.ref_params = ref.params if self.mesh is None else shard_params(ref.params, self.mesh)
-        else:
-            self.ref_params = self.model.params  # immutable arrays: updates never touch them
+        self.multi = spans_processes(self.mesh)  # one global mesh over several processes
+        self._check_micro_batch()
+        self.ref_params = self._reference_params()
         self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch, mesh=self.mesh)
         self.ref_scorer = Scorer(self.ref_params, self.model.cfg, pad_id=self.model.pad_id,
                                  batch_size=min(16, c.rl.batch_size * c.rl.group_size), mesh=self.mesh)
-        self.multi = spans_processes(self.mesh)  # one global mesh over several processes
+        self.reward_name = reward_name(c)
+        self.reward_fn = make_reward(self.reward_name, RewardEnv(c, c.rl.group_size, self.tok, self.system,
+                                                                 self.ref_scorer))
+        rl = c.rl
+        self.optimizer = optimizer_from_config(rl)
+        self.lc = LossConfig(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=rl.beta,
+                             kl_estimator=rl.kl_estimator, loss_type=rl.loss_type, temperature=rl.temperature,
+                             max_completion_length=rl.max_new_tokens, remat=rl.remat)
+        self._steps: dict[int, Any] = {}
+        self.metrics = MetricsLog(self.wd, enabled=self.is_main)
+
+    def _check_micro_batch(self) -> None:
+        c = self.c
         micro_rows = c.rl.batch_size * c.rl.group_size // c.rl.grad_accum
         if self.multi and micro_rows % rows_multiple(self.mesh):
             raise ConfigError(f"train micro-batch of {micro_rows} rows per process (rl.batch_size * rl.group_size "
                               f"/ rl.grad_accum) is not a multiple of {rows_multiple(self.mesh)}, this process's "
                               "share of the mesh's data x fsdp shards")
-        rl = c.rl
-        self.optimizer = make_optimizer(rl.lr, schedule=rl.schedule, warmup_steps=rl.warmup_steps, total_steps=rl.steps,
-                                        weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm or None,
-                                        grad_accum_steps=rl.grad_accum)
-        self.lc = LossConfig(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=rl.beta,
-                             kl_estimator=rl.kl_estimator, loss_type=rl.loss_type, temperature=rl.temperature,
-                             max_completion_length=rl.max_new_tokens, remat=rl.remat)
-        self._steps: dict[int, Any] = {}
-        self._local_sampler: Sampler | None = None  # multi-process data preparation (see _prep_sampler)
-        self.metrics = MetricsLog(self.wd, enabled=self.is_main)
+
+    def _reference_params(self) -> Any:
+        """The frozen reference model's parameters (the policy's initial ones unless `ref_model` is set)."""
+        c = self.c
+        if c.ref_model and c.ref_model != c.model:
+            ref = load_model(c.ref_model, param_dtype=c.param_dtype, dtype=c.dtype, with_tokenizer=False)
+            if ref.cfg.vocab_size != self.model.cfg.vocab_size:
+                raise ConfigError(f"ref_model {c.ref_model!r} has another vocabulary than {c.model!r}")
+            return ref.params if self.mesh is None else shard_params(ref.params, self.mesh)
+        return self.model.params  # immutable arrays: updates never touch them
 
     # ------------------------------------------------------------------ stages
 
@@ -248,123 +168,13 @@ class Trainer:
         except ValueError as e:
             raise ConfigError(f"mesh_shape {spec!r}: {e}") from None
 
-    def load_data(self) -> tuple[list[Any], list[Any]]:
-        """Training and held-out scenarios (before any model is loaded)."""
-        return load_scenarios(self.c)
-
-    # ------------------------------------------------------------------ multi-process helpers
-
-    def _cached(self, path: Path) -> list[TrainItem] | None:
-        """The items cached at `path`, or None; multi-process: process 0's file, sent to every process."""
-        if not self.multi:
-            return load_items(path) if path.exists() else None
-        got = broadcast_json([it.to_json() for it in load_items(path)] if self.is_main and path.exists() else None)
-        return None if got is None else [TrainItem.from_json(d) for d in got]
-
-    def _prep_sampler(self) -> Sampler:
-        """The sampler of the data-preparation stages: the policy's, or (multi-process) a sampler on
-        a process-local copy of the policy, so that each process works on its block alone."""
-        if not self.multi:
-            return self.sampler
-        if self._local_sampler is None:
-            s = self.sampler
-            self._local_sampler = Sampler(local_copy(self.model.params, self.mesh), s.cfg, s.tokenizer,
-                                          eos_ids=s.eos_ids, pad_id=s.pad_id, max_batch=s.max_batch,
-                                          mesh=local_mesh(self.mesh))
-        return self._local_sampler
-
-    def _per_process(self, fn: Callable[[Sequence[Any]], list[Any]], seq: Sequence[Any]) -> list[Any]:
-        """fn(seq): multi-process, each process maps its contiguous block and the JSON-able results
-        are gathered in order (the same list on every process)."""
-        if not self.multi:
-            return fn(seq)
-        lo, hi = process_block(len(seq))
-        mine = fn(seq[lo:hi]) if hi > lo else []
-        return [x for part in allgather_json(mine) for x in part]
-
-    def _items(self, name: str, scenarios: Sequence[Scenario], seed: int) -> list[TrainItem]:
-        path = self.wd / name
-        cached = self._cached(path)
-        if cached is not None:
-            return cached
-        h = self.c.history
-        sampling = SamplingConfig(max_new_tokens=h.max_new_tokens, temperature=h.temperature)
-        sampler = self._prep_sampler()
-        items = self._per_process(
-            lambda sc: [it.to_json() for it in build_histories(sampler, sc, sampling, seed=seed, system=self.system)],
-            scenarios)
-        items = [TrainItem.from_json(d) for d in items]
-        if self.is_main:
-            save_items(path, items, {"n_items": len(items)})
-        return items
-
     def prepare(self) -> tuple[list[TrainItem], list[TrainItem]]:
-        """Histories for training and held-out scenarios, filtered training items (cached)."""
-        c = self.c
-        t0 = time.perf_counter()
-        held = self._items("heldout.jsonl", self.held_scen, c.seed + 1) if self.held_scen else []
-        items_path = self.wd / "train_items.jsonl"
-        items = self._cached(items_path)
-        if items is None:
-            hist = self._items("histories.jsonl", self.train_scen, c.seed)
-            if c.filter.enabled:
-                sampler = self._prep_sampler()
-
-                def acc(block: Sequence[TrainItem]) -> list[list[float]]:  # [n, 2] (st, mt) per item
-                    st, mt = accuracy_single_and_multi(
-                        sampler, block, SamplingConfig(max_new_tokens=c.rl.max_new_tokens,
-                                                       temperature=c.filter.temperature),
-                        k=c.filter.k, seed=c.seed + 2, system=self.system, modes=(c.rl.verifier_mode,)
-                    )[c.rl.verifier_mode]
-                    return [[float(a), float(b)] for a, b in zip(st, mt)]
-
-                both = np.asarray(self._per_process(acc, hist), np.float64).reshape(-1, 2)  # [n, 2]
-                st, mt = both[:, 0], both[:, 1]
-                items, stats = filter_items(hist, st, mt, cap=c.filter.cap_per_problem, seed=c.seed)
-                self.log(f"filtering: kept {stats['n_kept']}/{stats['n_items']} histories "
-                         f"(single-turn acc {stats['st_acc_mean']:.3f}, multi-turn acc {stats['mt_acc_mean']:.3f})")
-                if not items:
-                    raise ConfigError("latent-capability filtering kept no history (the policy is never better "
-                                      "single-turn than multi-turn here); disable filter.enabled or use more data")
-            else:
-                items, stats = hist, {"n_items": len(hist), "n_kept": len(hist), "filter": "disabled"}
-            if self.is_main:
-                save_items(items_path, items, stats)
-        self._local_sampler = None  # frees the process-local copy of the policy
-        if len(items) < self.c.rl.batch_size:
-            raise ConfigError(f"empty dataset: {len(items)} training items < rl.batch_size {self.c.rl.batch_size}")
-        self.log(f"data: {len(items)} training items, {len(held)} held-out ({time.perf_counter() - t0:.1f}s)")
-        return items, held
+        """Training and held-out items of the method's data recipe (cached in the workdir)."""
+        return self.data.prepare(self, self.train_scen, self.held_scen)
 
     def evaluate(self, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
-        """Greedy single-turn (full prompt) and multi-turn (history + last turn) accuracy.
-
-        Multi-process: each process evaluates its contiguous block of `held` (padded with repeats
-        to the largest block, since the sampler call is collective) and the result is the
-        item-weighted mean over processes: the accuracy over all held-out items.
-        """
-        if not held:
-            return {}
-        self.sampler.params = params
-        mine = list(held)
-        if self.multi:
-            lo, hi = process_block(len(held))
-            mine = list(held[lo:hi])
-            size = agree_max(len(mine))
-            mine = (mine + [mine[-1] if mine else held[0]] * size)[:size]
-            n_mine = hi - lo
-        acc = accuracy_single_and_multi(
-            self.sampler, mine, SamplingConfig(max_new_tokens=self.c.eval.max_new_tokens, temperature=0.0),
-            k=1, seed=0, system=self.system, modes=("strict", "lenient"))
-        out = {}
-        for mode, (st, mt) in acc.items():
-            if self.multi:
-                st, mt = st[:n_mine], mt[:n_mine]
-            out[f"eval/single_turn_acc_{mode}"] = float(np.mean(st)) if len(st) else 0.0
-            out[f"eval/multi_turn_acc_{mode}"] = float(np.mean(mt)) if len(mt) else 0.0
-        if self.multi:
-            out = mean_over_processes(out, weight=n_mine)
-        return out
+        """The method's held-out metrics of `params`."""
+        return self.data.evaluate(self, params, held)
 
     # ------------------------------------------------------------------ rollouts and rewards
 
@@ -380,7 +190,7 @@ class Trainer:
                                         seed=jax.random.fold_in(jax.random.PRNGKey(self.c.seed), step))
         gen_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        reward, comps, cols = self.rewards(items, res)
+        reward, comps, cols = check_output(self.reward_fn(items, res), len(rows), f"reward {self.reward_name!r}")
         adv = np.asarray(group_advantages(jnp.asarray(reward, jnp.float32), G, scale_rewards=c.scale_rewards))
         P = bucket(max(len(p) for p in rows), 32)
         C = min(bucket(max(max(res.lengths), 1), 16), bucket(c.max_new_tokens, 16))
@@ -416,43 +226,6 @@ class Trainer:
         out = completion_logprobs(params, self.model.cfg, *put_rows(self.mesh, [tokens, mask]), prompt_len=P,
                                   temperature=self.lc.temperature)
         return np.asarray(fetch_rows(out))[: len(tokens)]
-
-    def anchor(self, anchors: Sequence[str], completions: Sequence[Sequence[int]]) -> np.ndarray:
-        """R_s [N] of each completion under its anchor prompt (0 for an empty completion).
-
-        Multi-process the scorer call is collective, so every process calls it, even with no
-        non-empty completion (`anchor_reward` would skip the call).
-        """
-        if not self.multi:
-            return anchor_reward(self.ref_scorer, self.tok, anchors, completions, system=self.system)
-        ctx = anchor_contexts(self.tok, anchors, system=self.system)
-        nonempty = [i for i, c in enumerate(completions) if len(c)]
-        out = np.zeros(len(completions), np.float64)
-        r = self.ref_scorer.score([ctx[i] for i in nonempty], [list(completions[i]) for i in nonempty])
-        out[nonempty] = r.geo_mean
-        return out
-
-    def rewards(self, items: Sequence[TrainItem], res: Any
-                ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list]]:
-        """RLSTA reward R = R_v + alpha * R_s of each completion (rows grouped by item, G each).
-
-        Returns the reward [N], its components (logged as reward/<name>) and sample-table columns.
-        """
-        c, G = self.c.rl, self.c.rl.group_size
-        golds = [it.answer for it in items for _ in range(G)]
-        strict = np.array([verify(t, g, "strict") for t, g in zip(res.texts, golds)])
-        lenient = np.array([verify(t, g, "lenient") for t, g in zip(res.texts, golds)])
-        rv = strict if c.verifier_mode == "strict" else lenient
-        anchors = [(it.anchor_prompt if c.anchor_prompt == "full" else it.merged_user)
-                   for it in items for _ in range(G)]
-        # R_s is computed even when alpha = 0 (the GRPO baseline) so that runs log the same curves.
-        rs = self.anchor(anchors, res.tokens)
-        if c.zero_anchor_for_wrong:
-            rs = zero_anchor_for_wrong(rs, rv, G)
-        reward = rv + c.alpha * rs
-        comps = {"verifier": rv, "anchor": rs, "verifier_strict": strict, "verifier_lenient": lenient}
-        cols = {"gold": golds, "R_v": [f"{x:.0f}" for x in rv], "R_s": [f"{x:.3f}" for x in rs]}
-        return reward, comps, cols
 
     def _train_step(self, P: int, params: Any, opt_state: Any):
         if P not in self._steps:
@@ -492,58 +265,71 @@ class Trainer:
         self._stop_signal = signum
         self.log(f"received {signal.Signals(signum).name}: will checkpoint after the current step and exit")
 
+    def _start_state(self, it: Any, ck: Checkpointer) -> tuple[Any, Any, Any, int]:
+        """(params, optimizer state, rng, first step): fresh, or restored from the latest checkpoint."""
+        params = self.model.params
+        opt_state = self.optimizer.init(params)
+        if self.mesh is not None:
+            params, opt_state = shard_train_state(params, opt_state, self.mesh)
+        rng = jax.random.PRNGKey(self.c.seed)
+        if self.multi:  # orbax saves global arrays: the key, the same on every process, replicated
+            rng = put_replicated(self.mesh, rng)
+        latest = ck.latest_step()
+        if latest is None:
+            if self.is_main:
+                self.metrics.truncate_after(-1)
+            return params, opt_state, rng, 0
+        state, extra = ck.restore(latest, target={"params": params, "opt_state": opt_state, "rng": rng})
+        it.set_state(extra["data_state"])
+        start = int(extra["step"])
+        self.metrics.truncate_after(start)
+        self.log(f"resumed from {self.wd / 'checkpoints'} at step {start}")
+        return state["params"], state["opt_state"], state["rng"], start
+
+    def _log_step(self, done: int, m: dict[str, float], samples: list[dict], params: Any,
+                  held: Sequence[TrainItem]) -> dict[str, float]:
+        """Logs a finished step's metrics (global means), samples and periodic held-out metrics."""
+        c = self.c
+        if self.multi:  # global means (train/* are already global: the same on every process)
+            m = mean_over_processes(m, max_keys=("completion/max_length",))
+        if done % c.log.every == 0 or done == c.rl.steps:
+            self.metrics.scalars(done, m)
+        if c.log.samples_every and done % c.log.samples_every == 0:
+            self.metrics.samples(done, samples[: c.log.n_samples])
+        if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and held:
+            self.metrics.scalars(done, self.evaluate(params, held))
+        return m
+
+    def _eval_phase(self, when: str, step: int, params: Any, held: Sequence[TrainItem],
+                    evals: dict[str, dict[str, float]]) -> None:
+        evals[when] = self.evaluate(params, held)
+        self.metrics.scalars(step, evals[when])
+        self.log(f"eval {when}: " + _fmt(evals[when]))
+
     def run(self) -> dict[str, Any]:
         """Trains to `rl.steps` (resuming from the latest checkpoint) and writes the outputs."""
         c = self.c
         items, held = self.prepare()
         it = make_iterator(items, batch_size=c.rl.batch_size, seed=c.seed, shuffle=True,
                            shard_index=jax.process_index(), shard_count=jax.process_count())
-        params = self.model.params
-        opt_state = self.optimizer.init(params)
-        if self.mesh is not None:
-            params, opt_state = shard_train_state(params, opt_state, self.mesh)
-        rng = jax.random.PRNGKey(c.seed)
-        if self.multi:  # orbax saves global arrays: the key, the same on every process, replicated
-            rng = put_replicated(self.mesh, rng)
         ck = Checkpointer(self.wd / "checkpoints", max_to_keep=c.checkpoint.keep)
-        start = 0
-        latest = ck.latest_step()
-        if latest is not None:
-            state, extra = ck.restore(latest, target={"params": params, "opt_state": opt_state, "rng": rng})
-            params, opt_state, rng = state["params"], state["opt_state"], state["rng"]
-            it.set_state(extra["data_state"])
-            start = int(extra["step"])
-            self.metrics.truncate_after(start)
-            self.log(f"resumed from {self.wd / 'checkpoints'} at step {start}")
-        elif self.is_main:
-            self.metrics.truncate_after(-1)
+        params, opt_state, rng, start = self._start_state(it, ck)
         evals: dict[str, dict[str, float]] = {}
         if start == 0 and held:
-            evals["before"] = self.evaluate(params, held)
-            self.metrics.scalars(0, evals["before"])
-            self.log("eval before: " + _fmt(evals["before"]))
+            self._eval_phase("before", 0, params, held, evals)
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        last_saved = start
+        last_saved, step = start, start
         try:
             bar = _progress(range(start, c.rl.steps), initial=start, total=c.rl.steps, enabled=self.is_main)
             for step in bar:
                 t0 = time.perf_counter()
-                batch_items = next(it)
-                batch, m, samples = self.rollout(params, batch_items, step)
+                batch, m, samples = self.rollout(params, next(it), step)
                 params, opt_state, tm = self.update(params, opt_state, batch)
-                m.update(tm)
-                m["perf/step_s"] = time.perf_counter() - t0
-                if self.multi:  # global means (train/* are already global: the same on every process)
-                    m = mean_over_processes(m, max_keys=("completion/max_length",))
-                done = step + 1
-                if done % c.log.every == 0 or done == c.rl.steps:
-                    self.metrics.scalars(done, m)
-                if c.log.samples_every and done % c.log.samples_every == 0:
-                    self.metrics.samples(done, samples[: c.log.n_samples])
-                if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and held:
-                    self.metrics.scalars(done, self.evaluate(params, held))
+                m = self._log_step(step + 1, {**m, **tm, "perf/step_s": time.perf_counter() - t0}, samples, params,
+                                   held)
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(R=f"{m['reward/total']:.3f}", s=f"{m['perf/step_s']:.1f}")
+                done = step + 1
                 if done % c.checkpoint.every == 0 or done == c.rl.steps or self._stop_signal is not None:
                     ck.save(done, {"params": params, "opt_state": opt_state, "rng": rng},
                             {"step": done, "data_state": it.get_state()}, force=True)
@@ -562,12 +348,9 @@ class Trainer:
             ck.wait()
             ck.close()
         if held:
-            evals["after"] = self.evaluate(params, held)
-            self.metrics.scalars(c.rl.steps, evals["after"])
-            self.log("eval after: " + _fmt(evals["after"]))
+            self._eval_phase("after", c.rl.steps, params, held, evals)
         self.metrics.close()
-        summary = self.finish(params, evals)
-        return summary
+        return self.finish(params, evals)
 
     def finish(self, params: Any, evals: dict[str, dict[str, float]]) -> dict[str, Any]:
         """Writes summary.txt, curves.png and the exported policy (process 0)."""

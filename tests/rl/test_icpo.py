@@ -7,6 +7,7 @@ import pytest
 from configs.icpo import get_config
 from jaxrl_mt.data import synthetic_tasks
 from jaxrl_mt.rewards.judge import NON_ANSWER_TYPES, RESPONSE_TYPES
+from jaxrl_mt.rl.histories import load_items
 from jaxrl_mt.rl.icpo import COMPLETE, UNDERSPECIFIED, icpo_reward, make_items
 
 
@@ -62,3 +63,23 @@ def test_presets() -> None:
     assert (paper.rl.lr, paper.rl.batch_size, paper.rl.group_size) == (1e-6, 64, 8)
     cpu = get_config("cpu")
     assert cpu.method == "icpo" and cpu.rl.alpha == 0.0 and cpu.icpo.judge == "rule"
+
+
+def test_icpo_runs_in_the_one_trainer(tiny_chat_model_dir, tmp_path) -> None:
+    """ICPO is data + a reward: the same Trainer runs it, with the icpo recipe and the registered reward."""
+    from jaxrl_mt.rl.icpo import ICPOData
+    from jaxrl_mt.rl.loop import Trainer
+
+    c = get_config("cpu")
+    c.model, c.workdir = str(tiny_chat_model_dir), str(tmp_path / "w")
+    c.data.add_source, c.data.limit, c.data.heldout = "synthetic:8:0", 8, 1
+    c.rl.steps, c.rl.batch_size, c.rl.group_size, c.rl.max_new_tokens = 1, 2, 2, 4
+    c.rl.remat, c.eval.max_new_tokens, c.export = False, 4, False
+    t = Trainer(c)
+    assert isinstance(t.data, ICPOData) and t.reward_name == "icpo"
+    out = t.run()
+    row = out["metrics"][0]
+    assert {"reward/total", "reward/type_answer_attempt", "train/loss"} <= set(row)
+    assert set(out["evals"]) == {"before", "after"} and "eval/type_clarification" in out["evals"]["after"]
+    kinds = {it.kind for it in load_items(tmp_path / "w" / "train_items.jsonl")}
+    assert kinds <= {COMPLETE, UNDERSPECIFIED} and kinds

@@ -1,0 +1,158 @@
+"""The multi-turn data recipe of RLSTA and GRPO: histories, latent-capability filtering, held-out accuracy.
+
+A data recipe tells the training loop (``jaxrl_mt.rl.loop.Trainer``) where its items come from
+and how held-out items are scored; the reward is a separate plug-in
+(``jaxrl_mt.rewards.registry``). This one:
+
+- ``load``: MT-Add / MT-Refine scenarios from the config's sources (before any model loads);
+- ``prepare``: generates each scenario's history with the policy (``build_histories``), keeps
+  the items it is better at single-turn than multi-turn (``filter_items``), caches both in the
+  workdir (``histories.jsonl``, ``train_items.jsonl``, ``heldout.jsonl``);
+- ``evaluate``: greedy single-turn (full prompt) and multi-turn (history + last turn) accuracy.
+
+Multi-process runs split histories and filtering over the processes, each on a process-local
+copy of the policy, and gather the results so that every process holds the same items; process
+0 writes the caches and a resumed run reads process 0's copy. The held-out evaluation is split
+over the processes and reported as the item-weighted global mean.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jaxrl_mt.parallel import (agree_max, allgather_json, broadcast_json, local_copy, local_mesh,
+                               mean_over_processes, process_block)
+from jaxrl_mt.rl.data import ConfigError, load_scenarios
+from jaxrl_mt.rl.histories import TrainItem, accuracy_single_and_multi, build_histories, filter_items, load_items, \
+    save_items
+from jaxrl_mt.sampling import Sampler, SamplingConfig
+
+if TYPE_CHECKING:
+    from jaxrl_mt.rl.loop import Trainer
+
+
+def cached_items(t: Trainer, path: Path) -> list[TrainItem] | None:
+    """The items cached at `path`, or None; multi-process: process 0's file, sent to every process."""
+    if not t.multi:
+        return load_items(path) if path.exists() else None
+    got = broadcast_json([it.to_json() for it in load_items(path)] if t.is_main and path.exists() else None)
+    return None if got is None else [TrainItem.from_json(d) for d in got]
+
+
+def per_process(t: Trainer, fn: Callable[[Sequence[Any]], list[Any]], seq: Sequence[Any]) -> list[Any]:
+    """fn(seq): multi-process, each process maps its contiguous block and the JSON-able results are
+    gathered in order (the same list on every process)."""
+    if not t.multi:
+        return fn(seq)
+    lo, hi = process_block(len(seq))
+    mine = fn(seq[lo:hi]) if hi > lo else []
+    return [x for part in allgather_json(mine) for x in part]
+
+
+class MultiTurnData:
+    """The data recipe of ``method = "rlsta"`` and ``"grpo"`` (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._local: Sampler | None = None  # multi-process: a sampler on a process-local copy of the policy
+
+    def load(self, c: Any) -> tuple[list[Any], list[Any]]:
+        """Training and held-out scenarios."""
+        return load_scenarios(c)
+
+    def _sampler(self, t: Trainer) -> Sampler:
+        """The policy's sampler, or (multi-process) one on a process-local copy of the policy, so that
+        each process prepares its block alone."""
+        if not t.multi:
+            return t.sampler
+        if self._local is None:
+            s = t.sampler
+            self._local = Sampler(local_copy(t.model.params, t.mesh), s.cfg, s.tokenizer, eos_ids=s.eos_ids,
+                                  pad_id=s.pad_id, max_batch=s.max_batch, mesh=local_mesh(t.mesh))
+        return self._local
+
+    def _histories(self, t: Trainer, name: str, scenarios: Sequence[Any], seed: int) -> list[TrainItem]:
+        path = t.wd / name
+        cached = cached_items(t, path)
+        if cached is not None:
+            return cached
+        h = t.c.history
+        sampling = SamplingConfig(max_new_tokens=h.max_new_tokens, temperature=h.temperature)
+        sampler = self._sampler(t)
+        items = per_process(
+            t, lambda sc: [it.to_json() for it in build_histories(sampler, sc, sampling, seed=seed, system=t.system)],
+            scenarios)
+        items = [TrainItem.from_json(d) for d in items]
+        if t.is_main:
+            save_items(path, items, {"n_items": len(items)})
+        return items
+
+    def _filtered(self, t: Trainer, hist: list[TrainItem]) -> tuple[list[TrainItem], dict[str, Any]]:
+        """Latent-capability filtering: the items the policy solves more often single-turn than multi-turn."""
+        c = t.c
+        if not c.filter.enabled:
+            return hist, {"n_items": len(hist), "n_kept": len(hist), "filter": "disabled"}
+        sampler = self._sampler(t)
+        sampling = SamplingConfig(max_new_tokens=c.rl.max_new_tokens, temperature=c.filter.temperature)
+
+        def acc(block: Sequence[TrainItem]) -> list[list[float]]:  # [n, 2] (st, mt) per item
+            st, mt = accuracy_single_and_multi(sampler, block, sampling, k=c.filter.k, seed=c.seed + 2,
+                                               system=t.system, modes=(c.rl.verifier_mode,))[c.rl.verifier_mode]
+            return [[float(a), float(b)] for a, b in zip(st, mt)]
+
+        both = np.asarray(per_process(t, acc, hist), np.float64).reshape(-1, 2)  # [n, 2]
+        items, stats = filter_items(hist, both[:, 0], both[:, 1], cap=c.filter.cap_per_problem, seed=c.seed)
+        t.log(f"filtering: kept {stats['n_kept']}/{stats['n_items']} histories "
+              f"(single-turn acc {stats['st_acc_mean']:.3f}, multi-turn acc {stats['mt_acc_mean']:.3f})")
+        if not items:
+            raise ConfigError("latent-capability filtering kept no history (the policy is never better "
+                              "single-turn than multi-turn here); disable filter.enabled or use more data")
+        return items, stats
+
+    def prepare(self, t: Trainer, train: Sequence[Any], held: Sequence[Any]) -> tuple[list[TrainItem],
+                                                                                      list[TrainItem]]:
+        """Histories for training and held-out scenarios, filtered training items (cached)."""
+        c = t.c
+        t0 = time.perf_counter()
+        held_items = self._histories(t, "heldout.jsonl", held, c.seed + 1) if held else []
+        items_path = t.wd / "train_items.jsonl"
+        items = cached_items(t, items_path)
+        if items is None:
+            items, stats = self._filtered(t, self._histories(t, "histories.jsonl", train, c.seed))
+            if t.is_main:
+                save_items(items_path, items, stats)
+        self._local = None  # frees the process-local copy of the policy
+        if len(items) < c.rl.batch_size:
+            raise ConfigError(f"empty dataset: {len(items)} training items < rl.batch_size {c.rl.batch_size}")
+        t.log(f"data: {len(items)} training items, {len(held_items)} held-out ({time.perf_counter() - t0:.1f}s)")
+        return items, held_items
+
+    def evaluate(self, t: Trainer, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
+        """Greedy single-turn (full prompt) and multi-turn (history + last turn) accuracy.
+
+        Multi-process: each process evaluates its contiguous block of `held` (padded with repeats
+        to the largest block, since the sampler call is collective) and the result is the
+        item-weighted mean over processes: the accuracy over all held-out items.
+        """
+        if not held:
+            return {}
+        t.sampler.params = params
+        mine, n_mine = list(held), len(held)
+        if t.multi:
+            lo, hi = process_block(len(held))
+            mine, n_mine = list(held[lo:hi]), hi - lo
+            size = agree_max(len(mine))
+            mine = (mine + [mine[-1] if mine else held[0]] * size)[:size]
+        acc = accuracy_single_and_multi(
+            t.sampler, mine, SamplingConfig(max_new_tokens=t.c.eval.max_new_tokens, temperature=0.0),
+            k=1, seed=0, system=t.system, modes=("strict", "lenient"))
+        out = {}
+        for mode, (st, mt) in acc.items():
+            st, mt = st[:n_mine], mt[:n_mine]
+            out[f"eval/single_turn_acc_{mode}"] = float(np.mean(st)) if len(st) else 0.0
+            out[f"eval/multi_turn_acc_{mode}"] = float(np.mean(mt)) if len(mt) else 0.0
+        return mean_over_processes(out, weight=n_mine) if t.multi else out
