@@ -62,6 +62,40 @@ def plan_chunks(lengths: Sequence[int], max_batch: int | None, cells: Callable[[
     return out
 
 
+def pack_rows(rows: Sequence[Sequence[int]], pad_id: int, width: int, *, align: str = "left",
+              n_rows: int | None = None, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Packs variable-length id rows into a fixed [n_rows, width] array and its mask.
+
+    Args:
+      rows: the id rows.
+      pad_id: the id of padding cells.
+      width: columns of the result.
+      align: "left" pads on the left (rows end at column `width`, as prompts for generation);
+        "right" puts each row at column `offset` and pads after it.
+      n_rows: rows of the result (default len(rows)); extra rows are all padding.
+      offset: first column of every row when align == "right".
+
+    Returns:
+      ids [n_rows, width] int32 and mask [n_rows, width] bool (True on real ids).
+
+    Raises:
+      ValueError: a row that does not fit, or an unknown alignment.
+    """
+    if align not in ("left", "right"):
+        raise ValueError(f"pack_rows: align must be 'left' or 'right', got {align!r}")
+    n = len(rows) if n_rows is None else n_rows
+    ids = np.full((n, width), pad_id, np.int32)
+    mask = np.zeros((n, width), bool)
+    for i, r in enumerate(rows):
+        k = len(r)
+        start = width - k if align == "left" else offset
+        if start < 0 or start + k > width:
+            raise ValueError(f"row {i}: {k} ids do not fit {width} columns (offset {offset}, align {align})")
+        ids[i, start:start + k] = r
+        mask[i, start:start + k] = True
+    return ids, mask
+
+
 def as_key(seed: SeedLike) -> Any:
     """A PRNG key from an int seed (`jax.random.PRNGKey`); a key is returned as it is."""
     import jax

@@ -11,6 +11,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxrl_mt.batching import pack_rows
+
 Message = Mapping[str, str]
 Conversation = Sequence[Message]
 ROLES = ("system", "user", "assistant")
@@ -94,23 +96,11 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = No
     t = max(len(s) for s in seqs) if length is None else length
     if any(len(s) > t for s in seqs):
         raise ChatError(f"a sequence of length {max(len(s) for s in seqs)} exceeds the pad length {t}")
-    tokens = np.full((len(seqs), t), pad_id, np.int32)
-    mask = np.zeros((len(seqs), t), bool)
-    for i, s in enumerate(seqs):
-        if len(s):
-            tokens[i, t - len(s):] = s
-            mask[i, t - len(s):] = True
-    return tokens, mask
+    return pack_rows(seqs, pad_id, t, align="left")
 
 
 def right_pad(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None
               ) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads id lists into tokens [B, T] int32 and a mask [B, T] bool."""
+    """Right-pads id lists into tokens [B, T] int32 and a mask [B, T] bool (longer lists are cut at T)."""
     t = max(len(s) for s in seqs) if length is None else length
-    tokens = np.full((len(seqs), t), pad_id, np.int32)
-    mask = np.zeros((len(seqs), t), bool)
-    for i, s in enumerate(seqs):
-        s = list(s)[:t]
-        tokens[i, : len(s)] = s
-        mask[i, : len(s)] = True
-    return tokens, mask
+    return pack_rows([list(s)[:t] for s in seqs], pad_id, t, align="right")

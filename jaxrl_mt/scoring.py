@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mt.batching import bucket
+from jaxrl_mt.batching import bucket, pack_rows
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params, forward, lm_head, positions_from_mask
 
@@ -134,6 +134,42 @@ class Scorer:
         self.batch_size, self.chunk = batch_size, chunk
         self.mesh = mesh  # the params' mesh; only used when it spans several processes
 
+    def _shape(self, lens: Sequence[int], n: int, multi: bool) -> tuple[int, int]:
+        """(rows, tokens) of one batch of pairs of total lengths `lens` (n pairs in the whole call)."""
+        max_ctx = self.cfg.max_position_embeddings
+        lens = list(lens) or [1]
+        if max(lens) > max_ctx:
+            raise ValueError(f"a context+completion of {max(lens)} tokens exceeds the model context {max_ctx}")
+        t = min(bucket(max(lens), 16), max_ctx)
+        bsz = self.batch_size if n > self.batch_size else bucket(len(lens), 1)
+        if multi:
+            from jaxrl_mt.parallel import agree_max_many
+
+            t, bsz = agree_max_many([t, bsz])
+        return bsz, t
+
+    def _batch(self, ctx: list[list[int]], comp: list[list[int]], pool: str, n: int, multi: bool
+               ) -> list[np.ndarray]:
+        """[tokens, token mask, target mask, pool mask] of one batch, each [rows, T] (rows padded)."""
+        bsz, t = self._shape([len(a) + len(b) for a, b in zip(ctx, comp)], n, multi)
+        seqs = [a + b for a, b in zip(ctx, comp)]
+        tokens, tmask = pack_rows(seqs, self.pad_id, t, align="right", n_rows=bsz)
+        target = np.zeros((bsz, t), bool)
+        pmask = np.zeros((bsz, t), bool)
+        for i, (a, s) in enumerate(zip(ctx, seqs)):
+            target[i, len(a): len(s)] = True
+            lo, hi = {"completion": (len(a), len(s)), "context": (0, len(a)), "all": (0, len(s))}[pool]
+            pmask[i, lo:hi] = True
+        return [tokens, tmask, target, pmask]
+
+    def _run(self, arrays: list[np.ndarray], multi: bool) -> dict[str, np.ndarray]:
+        """One `score_batch` call: this process's rows of its outputs, on the host."""
+        if multi:  # this process's rows of one global batch
+            from jaxrl_mt.parallel import fetch_rows, put_rows
+
+            return fetch_rows(score_batch(self.params, self.cfg, *put_rows(self.mesh, arrays), chunk=self.chunk))
+        return jax.device_get(score_batch(self.params, self.cfg, *arrays, chunk=self.chunk))
+
     def score(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
               pool: str = "completion") -> ScoreResult:
         """Scores each completion given its context.
@@ -143,7 +179,7 @@ class Scorer:
           completions: token ids of each completion (the scored span).
           pool: which span's hidden states to mean-pool: "completion", "context" or "all".
         """
-        from jaxrl_mt.parallel import agree_max, agree_max_many, fetch_rows, put_rows, spans_processes
+        from jaxrl_mt.parallel import agree_max, spans_processes
 
         if len(contexts) != len(completions):
             raise ValueError(f"{len(contexts)} contexts but {len(completions)} completions")
@@ -151,56 +187,23 @@ class Scorer:
             raise ValueError(f"unknown pool {pool!r}")
         multi = spans_processes(self.mesh)
         n = len(contexts)
-        out_lp: list[np.ndarray] = []
-        sums, means, geos, pooled = [], [], [], []
-        max_ctx = self.cfg.max_position_embeddings
         n_batches = -(-n // self.batch_size)
         if multi:  # every process runs the same number of batches (some may be all padding)
             n_batches = agree_max(n_batches)
+        out_lp: list[np.ndarray] = []
+        parts: dict[str, list[np.ndarray]] = {"sum": [], "mean": [], "geo_mean": [], "pooled": []}
         for j in range(n_batches):
             start = j * self.batch_size
             ctx = [list(c) for c in contexts[start:start + self.batch_size]]
             comp = [list(c) for c in completions[start:start + self.batch_size]]
-            lens = [len(a) + len(b) for a, b in zip(ctx, comp)] or [1]
-            if max(lens) > max_ctx:
-                raise ValueError(f"a context+completion of {max(lens)} tokens exceeds the model context {max_ctx}")
-            t = min(bucket(max(lens), 16), max_ctx)
-            bsz = self.batch_size if n > self.batch_size else bucket(len(ctx), 1)
-            if multi:
-                t, bsz = agree_max_many([t, bsz])
-            tokens = np.full((bsz, t), self.pad_id, np.int32)
-            tmask = np.zeros((bsz, t), bool)
-            target = np.zeros((bsz, t), bool)
-            pmask = np.zeros((bsz, t), bool)
-            for i, (a, b) in enumerate(zip(ctx, comp)):
-                seq = a + b
-                tokens[i, : len(seq)] = seq
-                tmask[i, : len(seq)] = True
-                target[i, len(a): len(seq)] = True
-                if pool == "completion":
-                    pmask[i, len(a): len(seq)] = True
-                elif pool == "context":
-                    pmask[i, : len(a)] = True
-                else:
-                    pmask[i, : len(seq)] = True
-            if multi:  # this process's rows of one global batch
-                r = fetch_rows(score_batch(self.params, self.cfg, *put_rows(self.mesh, [tokens, tmask, target, pmask]),
-                                           chunk=self.chunk))
-            else:
-                r = jax.device_get(score_batch(self.params, self.cfg, tokens, tmask, target, pmask,
-                                               chunk=self.chunk))
-            for i, (a, b) in enumerate(zip(ctx, comp)):
-                out_lp.append(np.asarray(r["logprobs"][i, len(a): len(a) + len(b)]))
-            k = len(ctx)
-            sums.append(r["sum"][:k])
-            means.append(r["mean"][:k])
-            geos.append(r["geo_mean"][:k])
-            pooled.append(r["pooled"][:k])
-        if not sums:  # no rows (only on a process of a multi-process call)
-            return ScoreResult([], np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32),
-                               np.zeros((0, self.cfg.hidden_size), np.float32))
-        return ScoreResult(out_lp, np.concatenate(sums), np.concatenate(means), np.concatenate(geos),
-                           np.concatenate(pooled))
+            r = self._run(self._batch(ctx, comp, pool, n, multi), multi)
+            out_lp += [np.asarray(r["logprobs"][i, len(a): len(a) + len(b)]) for i, (a, b) in enumerate(zip(ctx, comp))]
+            for k, v in parts.items():
+                v.append(r[k][: len(ctx)])
+        if not parts["sum"]:  # no rows (only on a process of a multi-process call)
+            zero = np.zeros(0, np.float32)
+            return ScoreResult([], zero, zero, zero, np.zeros((0, self.cfg.hidden_size), np.float32))
+        return ScoreResult(out_lp, *(np.concatenate(parts[k]) for k in ("sum", "mean", "geo_mean", "pooled")))
 
 
 def cosine(a: np.ndarray, b: np.ndarray, eps: float = 1e-8) -> np.ndarray:

@@ -132,37 +132,9 @@ def build_scenario(
         for k in range(1, len(shards)):
             turns.append(f"{SNOWBALL_HEADER}\n{bullets(shards[:k])}\n{SNOWBALL_NEW.format(shard=shards[k])}")
     elif kind in ("mt_refine", "atr", "aiwr"):
-        if not n:
-            raise DataError(f"task {task.task_id!r}: kind {kind!r} needs at least one condition")
-        task = _with_corruption(task, seed, n_shards)
-        bad = set(task.corrupted_indices)
-        shown = [task.corrupted[i] if i in bad else task.conditions[i] for i in order]
-        fixes = {i: correction_template.format(original=task.conditions[i]) for i in bad}
-        if kind == "mt_refine":
-            turns = [f"{task.target}\n{bullets(shown)}"] + [fixes[i] for i in order if i in bad]
-        elif kind == "atr":
-            turns = [task.target, *shown] + [fixes[i] for i in order if i in bad]
-        else:
-            turns = [task.target]
-            for i, s in zip(order, shown):
-                turns.append(s)
-                if i in bad:
-                    turns.append(fixes[i])
-        meta["corrupted"] = tuple(i for i in order if i in bad)
-        if "corrupted_answer" in task.meta:
-            meta["corrupted_answer"] = task.meta["corrupted_answer"]
+        task, turns = _corrected_turns(task, kind, order, seed, n_shards, correction_template, meta)
     elif kind == "underspecified":
-        if not n:
-            raise DataError(f"task {task.task_id!r}: kind 'underspecified' needs at least one condition")
-        rng = random.Random(f"underspecified-{task.task_id}-{seed}")
-        pool = _required_indices(task) or list(range(n))
-        k = n_remove if n_remove is not None else rng.choice((1, 2))
-        if k not in (1, 2):
-            raise DataError(f"n_remove must be 1 or 2, got {n_remove}")
-        removed = tuple(sorted(rng.sample(pool, min(k, len(pool)))))
-        kept = [c for i, c in enumerate(task.conditions) if i not in removed]
-        turns = [join_shards(task.target, kept)]
-        meta["order"] = tuple(i for i in range(n) if i not in removed)
+        turns, removed = _underspecified_turns(task, seed, n_remove, meta)
     else:  # pragma: no cover - canonical_kind guards this
         raise DataError(f"unhandled kind {kind!r}")
 
@@ -176,6 +148,48 @@ def build_scenario(
         removed=removed,
         metadata=meta,
     )
+
+
+def _corrected_turns(task: ShardedTask, kind: str, order: list[int], seed: int, n_shards: int | None,
+                     correction_template: str, meta: dict) -> tuple[ShardedTask, list[str]]:
+    """The turns of mt_refine / atr / aiwr (a corrupted shard, later corrected); fills ``meta``."""
+    if not task.conditions:
+        raise DataError(f"task {task.task_id!r}: kind {kind!r} needs at least one condition")
+    task = _with_corruption(task, seed, n_shards)
+    bad = set(task.corrupted_indices)
+    shown = [task.corrupted[i] if i in bad else task.conditions[i] for i in order]
+    fixes = {i: correction_template.format(original=task.conditions[i]) for i in bad}
+    if kind == "mt_refine":
+        turns = [f"{task.target}\n{bullets(shown)}"] + [fixes[i] for i in order if i in bad]
+    elif kind == "atr":
+        turns = [task.target, *shown] + [fixes[i] for i in order if i in bad]
+    else:
+        turns = [task.target]
+        for i, s in zip(order, shown):
+            turns.append(s)
+            if i in bad:
+                turns.append(fixes[i])
+    meta["corrupted"] = tuple(i for i in order if i in bad)
+    if "corrupted_answer" in task.meta:
+        meta["corrupted_answer"] = task.meta["corrupted_answer"]
+    return task, turns
+
+
+def _underspecified_turns(task: ShardedTask, seed: int, n_remove: int | None, meta: dict
+                          ) -> tuple[list[str], tuple[int, ...]]:
+    """The single turn of an underspecified prompt (1-2 required conditions removed) and the removed indices."""
+    n = len(task.conditions)
+    if not n:
+        raise DataError(f"task {task.task_id!r}: kind 'underspecified' needs at least one condition")
+    rng = random.Random(f"underspecified-{task.task_id}-{seed}")
+    pool = _required_indices(task) or list(range(n))
+    k = n_remove if n_remove is not None else rng.choice((1, 2))
+    if k not in (1, 2):
+        raise DataError(f"n_remove must be 1 or 2, got {n_remove}")
+    removed = tuple(sorted(rng.sample(pool, min(k, len(pool)))))
+    kept = [c for i, c in enumerate(task.conditions) if i not in removed]
+    meta["order"] = tuple(i for i in range(n) if i not in removed)
+    return [join_shards(task.target, kept)], removed
 
 
 def build_scenarios(

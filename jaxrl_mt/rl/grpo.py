@@ -142,23 +142,7 @@ def grpo_loss(
       ValueError: for an unknown ``loss_type`` or ``kl_estimator``, mismatched shapes, or
         ``beta != 0`` without ``ref_logp``.
     """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"grpo_loss: unknown loss_type {loss_type!r}; valid: {', '.join(LOSS_TYPES)}")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(
-            f"grpo_loss: unknown kl_estimator {kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}"
-        )
-    if logp.ndim != 2 or mask.shape != logp.shape:
-        raise ValueError(f"grpo_loss: logp {logp.shape} and mask {mask.shape} must both be [N, T]")
-    for name, other in (("old_logp", old_logp), ("ref_logp", ref_logp)):
-        if other is not None and other.shape != logp.shape:
-            raise ValueError(f"grpo_loss: {name} has shape {other.shape}, logp has {logp.shape}")
-    if advantages.shape not in ((logp.shape[0],), logp.shape):
-        raise ValueError(
-            f"grpo_loss: advantages has shape {advantages.shape}, expected [{logp.shape[0]}] or {logp.shape}"
-        )
-    if beta != 0.0 and ref_logp is None:
-        raise ValueError(f"grpo_loss: beta={beta} needs ref_logp (got None)")
+    _check_inputs(logp, old_logp, ref_logp, advantages, mask, beta, kl_estimator, loss_type)
 
     mask = mask.astype(logp.dtype)  # [N, T]
     adv = advantages[:, None] if advantages.ndim == 1 else advantages  # [N, 1] or [N, T]
@@ -184,11 +168,35 @@ def grpo_loss(
         length = logp.shape[1] if max_completion_length is None else max_completion_length
         loss = jnp.sum(per_token_loss * mask) / (logp.shape[0] * length)
 
-    is_low = ((coef_1 < 1.0 - epsilon_low) & (adv < 0)).astype(logp.dtype)  # [N, T]
-    is_high = ((coef_1 > 1.0 + epsilon_high) & (adv > 0)).astype(logp.dtype)  # [N, T]
-    metrics["clip_ratio/low_mean"] = masked_mean(is_low, mask)
-    metrics["clip_ratio/high_mean"] = masked_mean(is_high, mask)
-    metrics["clip_ratio/region_mean"] = masked_mean(jnp.maximum(is_low, is_high), mask)
-    metrics["ratio_mean"] = masked_mean(jax.lax.stop_gradient(coef_1), mask)
+    metrics.update(_clip_metrics(coef_1, adv, mask, epsilon_low, epsilon_high))
     metrics = {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
     return loss, metrics
+
+
+def _check_inputs(logp: jax.Array, old_logp: jax.Array | None, ref_logp: jax.Array | None, advantages: jax.Array,
+                  mask: jax.Array, beta: float, kl_estimator: str, loss_type: str) -> None:
+    """Raises ValueError (naming the argument) for what `grpo_loss` cannot take."""
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"grpo_loss: unknown loss_type {loss_type!r}; valid: {', '.join(LOSS_TYPES)}")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"grpo_loss: unknown kl_estimator {kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+    if logp.ndim != 2 or mask.shape != logp.shape:
+        raise ValueError(f"grpo_loss: logp {logp.shape} and mask {mask.shape} must both be [N, T]")
+    for name, other in (("old_logp", old_logp), ("ref_logp", ref_logp)):
+        if other is not None and other.shape != logp.shape:
+            raise ValueError(f"grpo_loss: {name} has shape {other.shape}, logp has {logp.shape}")
+    if advantages.shape not in ((logp.shape[0],), logp.shape):
+        raise ValueError(f"grpo_loss: advantages has shape {advantages.shape}, expected [{logp.shape[0]}] or "
+                         f"{logp.shape}")
+    if beta != 0.0 and ref_logp is None:
+        raise ValueError(f"grpo_loss: beta={beta} needs ref_logp (got None)")
+
+
+def _clip_metrics(coef_1: jax.Array, adv: jax.Array, mask: jax.Array, epsilon_low: float, epsilon_high: float
+                  ) -> dict[str, jax.Array]:
+    """Masked fractions of tokens where the lower / upper clip is active, and the mean ratio."""
+    is_low = ((coef_1 < 1.0 - epsilon_low) & (adv < 0)).astype(coef_1.dtype)  # [N, T]
+    is_high = ((coef_1 > 1.0 + epsilon_high) & (adv > 0)).astype(coef_1.dtype)  # [N, T]
+    return {"clip_ratio/low_mean": masked_mean(is_low, mask), "clip_ratio/high_mean": masked_mean(is_high, mask),
+            "clip_ratio/region_mean": masked_mean(jnp.maximum(is_low, is_high), mask),
+            "ratio_mean": masked_mean(jax.lax.stop_gradient(coef_1), mask)}

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxrl_mt.batching import pack_rows
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params
 from jaxrl_mt.rl.grpo import grpo_loss
@@ -43,19 +44,13 @@ def assemble_rollouts(prompts: Sequence[Sequence[int]], completions: Sequence[Se
     Returns:
       tokens [N, P + C] int32, token_mask [N, P + C] bool, completion_mask [N, C] bool.
     """
-    n = len(prompts)
-    tokens = np.full((n, prompt_len + completion_len), pad_id, np.int32)
-    tmask = np.zeros_like(tokens, bool)
-    cmask = np.zeros((n, completion_len), bool)
     for i, (p, c) in enumerate(zip(prompts, completions)):
         if len(p) > prompt_len or len(c) > completion_len:
             raise ValueError(f"row {i}: prompt {len(p)} / completion {len(c)} exceed {prompt_len} / {completion_len}")
-        tokens[i, prompt_len - len(p): prompt_len] = p
-        tmask[i, prompt_len - len(p): prompt_len] = True
-        tokens[i, prompt_len: prompt_len + len(c)] = c
-        tmask[i, prompt_len: prompt_len + len(c)] = True
-        cmask[i, : len(c)] = True
-    return {"tokens": tokens, "token_mask": tmask, "completion_mask": cmask}
+    ptok, pmask = pack_rows(prompts, pad_id, prompt_len, align="left")
+    ctok, cmask = pack_rows(completions, pad_id, completion_len, align="right")
+    return {"tokens": np.concatenate([ptok, ctok], axis=1), "token_mask": np.concatenate([pmask, cmask], axis=1),
+            "completion_mask": cmask}
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "prompt_len", "temperature", "chunk"))

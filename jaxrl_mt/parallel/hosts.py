@@ -1,230 +1,24 @@
-"""Meshes, partition rules and multi-host initialisation.
+"""Processes: multi-host initialisation and the per-process-rows helpers around a jitted call.
 
-One `jax.sharding.Mesh` with named axes ("data", "fsdp", "tensor"). Batches are split over
-("data", "fsdp"); parameters follow partition rules keyed by their path in the pytree
-(models/decoder.py's layout); `jax.jit` propagates the shardings. The same code runs on one CPU,
-8 fake CPU devices (`--xla_force_host_platform_device_count=8`), a GPU host or a TPU pod.
-
-What is sharded how:
-
-- parameters: `PARAM_RULES` by path (matrices over fsdp x tensor, norms replicated);
-- optimizer state (`opt_state_shardings`): the same rules, since optax moments keep the
-  parameter's path as a suffix (`.../mu/layers/q`); step counters are scalars (replicated);
-- KV cache (`CACHE_RULES`, `shard_cache`): rows over (data, fsdp), KV heads over tensor;
-- batches: leading axis over (data, fsdp) (`shard_batch`; per-process rows: `global_batch`).
-
-Multi-host: `maybe_initialize_distributed` calls `jax.distributed.initialize` from the config
-or the environment; every process then builds the same global mesh over `jax.devices()`, feeds
-its own rows with `global_batch` and logs through `log0` (process 0 only). Around a jitted call
-on per-process rows: `agree_max` (the same buckets everywhere), `put_rows` (rows in),
-`fetch_rows` (this process's rows out), `mean_over_processes` (global metrics); `gather_to_host`
-/ `local_copy` / `local_mesh` for work a process does alone. On one process all of them reduce
-to the single-process path (`shard_batch`, `jax.device_get`, the identity).
+In a multi-process run every process holds its own rows (its data shard). A jitted program is
+one global computation, so every process must call it with the same global shapes: the
+processes agree on buckets with `agree_max` before padding, feed their rows with `put_rows`,
+read their rows back with `fetch_rows` and log global metrics with `mean_over_processes`.
+With one process every helper reduces to the single-process code path (`shard_batch`,
+`jax.device_get`, the identity), so single-process results do not change.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")  # the batch (row) axis of activations, caches and inputs
-
-# (regex on the parameter path, spec). Stacked layer weights have a leading layer axis.
-PARAM_RULES: tuple[tuple[str, P], ...] = (
-    (r"embed$", P("tensor", "fsdp")),  # [V, D]
-    (r"lm_head$", P("fsdp", "tensor")),  # [D, V]
-    (r"layers/(q|k|v|gate|up)$", P(None, "fsdp", "tensor")),  # [L, D, out]
-    (r"layers/(o|down)$", P(None, "tensor", "fsdp")),  # [L, in, D]
-    (r"layers/(q|k|v)_bias$", P(None, "tensor")),  # [L, out]
-    (r".*", P()),  # norms and everything else: replicated
-)
-
-
-def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence[Any] | None = None) -> Mesh:
-    """A mesh over (data, fsdp, tensor); one -1 entry takes the remaining devices."""
-    devs = list(devices if devices is not None else jax.devices())
-    shape = list(shape)
-    if shape.count(-1) > 1:
-        raise ValueError(f"mesh shape {shape}: at most one -1")
-    if -1 in shape:
-        rest = int(np.prod([s for s in shape if s != -1]))
-        shape[shape.index(-1)] = len(devs) // rest
-    if int(np.prod(shape)) != len(devs):
-        raise ValueError(f"mesh shape {tuple(shape)} needs {int(np.prod(shape))} devices, have {len(devs)}")
-    return Mesh(np.asarray(devs).reshape(shape), AXES)
-
-
-# KV-cache rules (models/decoder.py's KVCache fields): rows over the batch axes, KV heads over tensor.
-CACHE_RULES: dict[str, P] = {
-    "k": P(None, BATCH_AXES, "tensor", None, None),  # [L, B, Hkv, S, K]
-    "v": P(None, BATCH_AXES, "tensor", None, None),  # [L, B, Hkv, S, K]
-    "valid": P(BATCH_AXES, None),  # [B, S]
-    "index": P(),  # []
-}
-
-
-def _key_str(k: Any) -> str:
-    for attr in ("key", "name", "idx"):  # DictKey, GetAttrKey (optax NamedTuples), SequenceKey
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
-
-
-def _path(kp: Any) -> str:
-    return "/".join(_key_str(k) for k in kp)
-
-
-def _fit(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
-    """Drops the mesh axes of `spec` that do not divide their dimension."""
-    out = []
-    for dim, ax in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-        names = () if ax is None else ((ax,) if isinstance(ax, str) else tuple(ax))
-        size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
-        out.append(ax if names and dim % size == 0 else None)
-    return P(*out)
-
-
-def param_spec(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
-    """The PartitionSpec of one parameter; axes that do not divide the dim are dropped."""
-    spec = next(s for pat, s in PARAM_RULES if re.search(pat, path))  # the last rule matches everything
-    return _fit(spec, shape, mesh)
-
-
-def param_shardings(params: Any, mesh: Mesh) -> Any:
-    """NamedShardings for every leaf of a parameter (or optimizer-state) pytree."""
-    def one(kp, x):
-        shape = getattr(x, "shape", ())
-        if len(shape) == 0:
-            return NamedSharding(mesh, P())
-        return NamedSharding(mesh, param_spec(_path(kp), tuple(shape), mesh))
-
-    return jax.tree_util.tree_map_with_path(one, params)
-
-
-def shard_params(params: Any, mesh: Mesh) -> Any:
-    """Places a parameter pytree on the mesh by the partition rules."""
-    return jax.device_put(params, param_shardings(params, mesh))
-
-
-def opt_state_shardings(opt_state: Any, mesh: Mesh) -> Any:
-    """NamedShardings of an optax state: each moment is sharded like its parameter.
-
-    optax keeps the parameter tree inside its states (`ScaleByAdamState.mu` / `.nu`,
-    `MultiStepsState.acc_grads`), so a moment's path ends with its parameter's path and the
-    parameter rules apply unchanged; step counters are scalars and stay replicated.
-    """
-    return param_shardings(opt_state, mesh)
-
-
-def shard_train_state(params: Any, opt_state: Any, mesh: Mesh) -> tuple[Any, Any]:
-    """Places parameters and optimizer state on the mesh (moments sharded like their parameters)."""
-    return shard_params(params, mesh), jax.device_put(opt_state, opt_state_shardings(opt_state, mesh))
-
-
-def shard_train_step(step: Callable[..., Any], mesh: Mesh, params: Any, opt_state: Any) -> Callable[..., Any]:
-    """Pins a `step(params, opt_state, batch) -> (params, opt_state, metrics)` to the rules.
-
-    Without it `jax.jit` lets XLA choose the output shardings, which can drift from the rules
-    (e.g. norm weights come back sharded) and recompile the step on its second call. With it,
-    updated parameters and optimizer moments keep `param_shardings` / `opt_state_shardings`,
-    metrics are replicated and the batch keeps the sharding it arrives with.
-
-    Args:
-      step: the (jitted or plain) train step, e.g. from `jaxrl_mt.rl.step.make_train_step`.
-      mesh: the mesh.
-      params, opt_state: examples of the trees (arrays or ShapeDtypeStructs) for their paths.
-    """
-    ps, os_ = param_shardings(params, mesh), opt_state_shardings(opt_state, mesh)
-    return jax.jit(step, in_shardings=(ps, os_, None), out_shardings=(ps, os_, NamedSharding(mesh, P())))
-
-
-def cache_shardings(mesh: Mesh, cache: Any) -> Any:
-    """Shardings of a `KVCache` by `CACHE_RULES` (axes that do not divide are dropped)."""
-    return type(cache)(**{f: NamedSharding(mesh, _fit(CACHE_RULES[f], tuple(getattr(cache, f).shape), mesh))
-                          for f in cache._fields})
-
-
-def shard_cache(cache: Any, mesh: Mesh) -> Any:
-    """Places a `KVCache` on the mesh by `CACHE_RULES`."""
-    return jax.device_put(cache, cache_shardings(mesh, cache))
-
-
-def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-    """Leading (batch) axis over data x fsdp, the rest replicated."""
-    return NamedSharding(mesh, P(("data", "fsdp"), *([None] * (ndim - 1))))
-
-
-def shard_batch(mesh: Mesh, arrays: Sequence[Any]) -> list[Any]:
-    """Puts host arrays on the mesh, batch axis split over (data, fsdp) when it divides."""
-    n = mesh.shape["data"] * mesh.shape["fsdp"]
-    out = []
-    for a in arrays:
-        a = np.asarray(a)
-        if a.ndim and a.shape[0] % n == 0:
-            out.append(jax.device_put(a, batch_sharding(mesh, a.ndim)))
-        else:
-            out.append(jax.device_put(a, NamedSharding(mesh, P())))
-    return out
-
-
-def global_batch(mesh: Mesh, arrays: Sequence[Any]) -> list[jax.Array]:
-    """Global arrays from each process's own rows (per-process data sharding).
-
-    Every process passes its local rows (the same number on each); the global batch is their
-    concatenation in process order, split over (data, fsdp). With one process this is
-    `shard_batch` for arrays whose batch divides the data x fsdp size.
-
-    Args:
-      mesh: the global mesh.
-      arrays: host arrays [B_local, ...] of this process.
-
-    Returns:
-      `jax.Array`s [B_local * process_count, ...] sharded over the batch axes.
-    """
-    out = []
-    for a in arrays:
-        a = np.asarray(a)
-        sharding = batch_sharding(mesh, a.ndim)
-        out.append(jax.make_array_from_process_local_data(sharding, a))
-    return out
-
-
-def local_rows(x: jax.Array) -> np.ndarray:
-    """This process's rows of a batch-sharded global array (the inverse of `global_batch`).
-
-    The addressable shards are placed by their index; shards repeated over other mesh axes
-    (e.g. tensor) count once; rows come back in global order. On one process this is the whole
-    array.
-
-    Raises:
-      ValueError: the addressable shards do not cover whole rows (a non-batch dimension is split
-        over devices of another process; `fetch_rows` reshards such arrays first).
-    """
-    if x.is_fully_addressable:
-        return np.asarray(x)
-    if x.ndim == 0:
-        return np.asarray(x.addressable_data(0))
-    shards = [(sh.index, sh) for sh in x.addressable_shards]
-    lo = min(idx[0].start or 0 for idx, _ in shards)
-    hi = max(x.shape[0] if idx[0].stop is None else idx[0].stop for idx, _ in shards)
-    out = np.empty((hi - lo,) + tuple(x.shape[1:]), x.dtype)
-    seen = np.zeros(out.shape, bool)
-    for idx, sh in shards:
-        at = (slice((idx[0].start or 0) - lo, (x.shape[0] if idx[0].stop is None else idx[0].stop) - lo),) + idx[1:]
-        out[at] = np.asarray(sh.data)
-        seen[at] = True
-    if not seen.all():
-        raise ValueError(f"local_rows: this process's shards of an array {x.shape} ({x.sharding}) do not cover "
-                         "whole rows; reshard it over the batch axis first")
-    return out
-
+from jaxrl_mt.parallel.rules import global_batch, local_rows, make_mesh, shard_batch, shard_params
 
 def is_main_process() -> bool:
     """True on process 0 (the one that logs and writes run summaries)."""
@@ -320,13 +114,6 @@ def maybe_initialize_distributed(config: Any = None) -> bool:
 
 
 # ----------------------------------------------------------------------------- per-process rows
-#
-# In a multi-process run every process holds its own rows (its data shard). A jitted program is
-# one global computation, so every process must call it with the same global shapes: the
-# processes agree on buckets with `agree_max` before padding, feed their rows with `put_rows`,
-# read their rows back with `fetch_rows` and log global metrics with `mean_over_processes`.
-# With one process every helper reduces to the single-process code path (`shard_batch`,
-# `jax.device_get`, the identity), so single-process results do not change.
 
 
 def _allgather(x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,164 @@
+"""The host side of generation: `Sampler` tokenises, buckets shapes, calls the jitted kernel, decodes.
+
+Prompts are left-padded; each row has its own stop tokens and its own budget of new tokens.
+Prompt length and batch are bucketed (powers of two, `jaxrl_mt.batching`) so a run compiles a
+handful of programs. Rows beyond `max_batch` are answered in chunks (chunk j sampled with
+`batching.chunk_key(seed, j)`). Under a mesh the rows are placed over its (data, fsdp) axes
+(`parallel.put_rows`: `shard_batch` within one process, global rows across processes).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_mt.batching import bucket, chunk_key
+from jaxrl_mt.chat import ChatError, Conversation, encode_prompt, left_pad
+from jaxrl_mt.models.config import ModelConfig
+from jaxrl_mt.models.decoder import Params
+from jaxrl_mt.sampling.kernels import FINISH_NAMES, decode_params_jit, generate_tokens
+from jaxrl_mt.sampling.methods import RowParams, SamplingConfig
+from jaxrl_mt.sampling.results import GenerationResult, stop_array
+from jaxrl_mt.sampling.session import DecodeSession
+
+
+class Sampler:
+    """Host-side driver: tokenises, buckets shapes, calls `generate_tokens`, decodes."""
+
+    def __init__(self, params: Params, cfg: ModelConfig, tokenizer: Any = None, *,
+                 eos_ids: Sequence[int] = (), pad_id: int = 0, min_prompt_bucket: int = 32,
+                 min_new_bucket: int = 16, max_batch: int | None = None, mesh: Any = None,
+                 fuse_weights: bool | None = None):
+        self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
+        # fused decode weights (`decode_params`): default on the CPU backend, where they are faster;
+        # made once per parameter version (`decode_weights`)
+        self.fuse_weights = jax.default_backend() == "cpu" if fuse_weights is None else fuse_weights
+        self._decode_cache: tuple[list[Any], Params] | None = None  # (weakrefs to the params' leaves, dparams)
+        self.eos_ids = tuple(eos_ids)
+        self.pad_id = pad_id
+        self.min_prompt_bucket, self.min_new_bucket = min_prompt_bucket, min_new_bucket
+        self.max_batch = max_batch
+        self.mesh = mesh
+        # shapes run so far: (B, P, N) for generate_tokens, (B, T, S, N) for continue_tokens
+        self.compiled_shapes: set[tuple[int, ...]] = set()
+
+    def decode_weights(self) -> Params | None:
+        """`decode_params(self.params)`, made once per parameter version (None when not used).
+
+        A new version is any change of a leaf's identity (`sampler.params = new_params`); the
+        cache holds weak references to the leaves, so it keeps no old version alive. Under a
+        mesh the fused weights are made inside each call instead, where they inherit the sharding.
+        """
+        if not self.fuse_weights or self.mesh is not None:
+            return None
+        leaves = jax.tree_util.tree_leaves(self.params)
+        refs = self._decode_cache[0] if self._decode_cache is not None else []
+        if len(refs) != len(leaves) or any(ref() is not leaf for ref, leaf in zip(refs, leaves)):
+            self._decode_cache = None  # the old copy is freed before the new one is made
+            self._decode_cache = ([weakref.ref(x) for x in leaves], decode_params_jit(self.params, self.cfg))
+        return self._decode_cache[1]
+
+    @classmethod
+    def from_model(cls, model: Any, **kw: Any) -> "Sampler":
+        return cls(model.params, model.cfg, model.tokenizer, eos_ids=model.eos_ids, pad_id=model.pad_id, **kw)
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, *,
+                     seed: int | jax.Array = 0, max_new_tokens: Sequence[int] | None = None,
+                     stop_ids: Sequence[Sequence[int]] | None = None) -> GenerationResult:
+        """Generates continuations of token-id prompts.
+
+        Args:
+          prompts: B prompts of token ids (non-empty).
+          sampling: the sampling config (its max_new_tokens is the default per-row budget).
+          seed: an int seed or a PRNG key; the same seed gives the same outputs (chunk j of
+            `max_batch` rows uses `batching.chunk_key(seed, j)`).
+          max_new_tokens: optional per-row budgets (each <= sampling.max_new_tokens).
+          stop_ids: optional per-row stop ids (default: the model's EOS ids for every row).
+        """
+        sampling.validate()
+        if not prompts:
+            raise ValueError("no prompts")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+        n = sampling.max_new_tokens
+        budgets = np.full(len(prompts), n, np.int32) if max_new_tokens is None else np.asarray(max_new_tokens, np.int32)
+        if np.any(budgets <= 0) or np.any(budgets > n):
+            raise ValueError(f"per-row max_new_tokens must be in [1, {n}]")
+        longest = max(len(p) for p in prompts)
+        ctx = self.cfg.max_position_embeddings
+        if longest + n > ctx:
+            raise ValueError(f"prompt of {longest} tokens + {n} new tokens exceeds the model context ({ctx})")
+        chunk = self.max_batch or len(prompts)
+        results: list[dict[str, np.ndarray]] = []
+        t0 = time.perf_counter()
+        for j, s in enumerate(range(0, len(prompts), chunk)):
+            results.append(self._run(prompts[s:s + chunk], budgets[s:s + chunk], sampling, chunk_key(seed, j),
+                                     None if stop_ids is None else stop_ids[s:s + chunk]))
+        out = {k: np.concatenate([r[k] for r in results]) for k in results[0]}
+        dt = time.perf_counter() - t0
+        lengths = out["lengths"]
+        toks = [out["tokens"][i, : lengths[i]].tolist() for i in range(len(prompts))]
+        lps = [out["logprobs"][i, : lengths[i]] for i in range(len(prompts))]
+        res = GenerationResult(toks, lps, lengths, [FINISH_NAMES[int(f)] for f in out["finish"]],
+                               stats={"seconds": dt, "new_tokens": float(lengths.sum())})
+        res.texts = self.decode_texts(toks, res.finish_reasons)
+        return res
+
+    def decode_texts(self, tokens: Sequence[Sequence[int]], finish_reasons: Sequence[str]) -> list[str] | None:
+        """Decoded replies, without the stop token of a row that ended on one (None: no tokenizer)."""
+        if self.tokenizer is None:
+            return None
+        stops = set(self.eos_ids)
+        return [self.tokenizer.decode([t for t in (tk[:-1] if (tk and tk[-1] in stops and fr == "stop") else tk)],
+                                      skip_special_tokens=False)
+                for tk, fr in zip(tokens, finish_reasons)]
+
+    def _run(self, prompts, budgets, sampling, key, stop_ids) -> dict[str, np.ndarray]:
+        from jaxrl_mt.parallel import agree_max_many, fetch_rows, put_replicated, put_rows, spans_processes
+
+        multi = spans_processes(self.mesh)  # a mesh over several processes: a collective call on per-process rows
+        b = len(prompts)
+        bb = bucket(b, 1)
+        pb = min(bucket(max(len(p) for p in prompts), self.min_prompt_bucket),
+                 self.cfg.max_position_embeddings - sampling.max_new_tokens)
+        stops = [list(stop_ids[i]) if stop_ids is not None else list(self.eos_ids) for i in range(b)]
+        width = max(1, max((len(s) for s in stops), default=0))
+        if multi:  # one program: every process pads to the largest row, prompt and stop-list buckets
+            bb, pb, width = agree_max_many([bb, pb, width])
+        nb = min(bucket(sampling.max_new_tokens, self.min_new_bucket), self.cfg.max_position_embeddings - pb)
+        rows = list(prompts) + [[self.pad_id]] * (bb - b)
+        tokens, mask = left_pad(rows, self.pad_id, pb)
+        budget = np.zeros(bb, np.int32)
+        budget[:b] = budgets
+        stop_arr = stop_array(stops, bb)
+        if multi:
+            stop_arr = np.pad(stop_arr, ((0, 0), (0, width - stop_arr.shape[1])), constant_values=-1)
+        self.compiled_shapes.add((bb, pb, nb))
+        rp = sampling.row_params(bb)
+        args = [tokens, mask, stop_arr, budget, rp.temperature, rp.top_k, rp.top_p]
+        if self.mesh is not None:  # rows over (data, fsdp): one process shard_batch, several global rows
+            args = put_rows(self.mesh, args)
+        if multi:
+            key = put_replicated(self.mesh, key)
+        tokens, mask, stop_arr, budget, *rp = args
+        r = generate_tokens(self.params, self.cfg, tokens, mask, key, stop_arr, budget, RowParams(*rp), max_new=nb,
+                            method=sampling.method(), fuse=self.fuse_weights, dparams=self.decode_weights())
+        r = fetch_rows(r)  # this process's rows; jax.device_get when the arrays are addressable
+        return {k: np.asarray(v)[:b] for k, v in r.items()}
+
+    def session(self, n_rows: int, **kw: Any) -> DecodeSession:
+        """A `DecodeSession` of `n_rows` rows on this sampler (keyword arguments: its options)."""
+        return DecodeSession(self, n_rows, **kw)
+
+    def generate(self, conversations: Sequence[Conversation], sampling: SamplingConfig, *,
+                 seed: int | jax.Array = 0, system: str | None = None, **kw: Any) -> GenerationResult:
+        """Generates the next assistant message of each conversation (chat template applied)."""
+        if self.tokenizer is None:
+            raise ChatError("Sampler.generate needs a tokenizer")
+        prompts = [encode_prompt(self.tokenizer, c, system=system) for c in conversations]
+        return self.generate_ids(prompts, sampling, seed=seed, **kw)
