@@ -31,6 +31,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.top_p = 1.0  # assistant nucleus sampling mass (1.0: off)
     c.max_new_tokens = 64  # assistant reply budget per turn, in tokens
     c.max_batch = 32  # at most this many conversations per sampler call
+    c.mesh_shape = "auto"  # devices: "auto" (all on data when > 1) | "none" (one device) | "data,fsdp,tensor"
     c.max_chunk_cells = 16 * 512 * 576  # memory cap: rows x prompt bucket x (prompt + reply bucket) per chunk
     c.reuse_cache = True  # keep each conversation's KV cache across turns: prefill only the new tokens of a turn
     c.system_prompt = ""  # system prompt of the assistant ("": the chat template's default)

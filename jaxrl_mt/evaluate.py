@@ -43,7 +43,7 @@ from jaxrl_mt.eval.simulator import (
 from jaxrl_mt.models.config import ModelError
 from jaxrl_mt.rewards.verifier import MODES, verify
 
-__all__ = ["RESULT_FIELDS", "evaluate", "load_eval_model", "load_tasks", "normalize_config"]
+__all__ = ["RESULT_FIELDS", "evaluate", "load_eval_model", "load_tasks", "make_sampler", "normalize_config"]
 
 EXIT_BAD_INPUT = 2
 TRANSCRIPTS, RUN_CONFIG = "transcripts.jsonl", "eval_config.json"
@@ -97,12 +97,32 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
             raise EvalError(f"config field '{name}': bad value {c[name]!r}")
     if not isinstance(c.setdefault("reuse_cache", True), bool):
         raise EvalError(f"config field 'reuse_cache': expected true or false, got {c['reuse_cache']!r}")
+    _mesh(c.setdefault("mesh_shape", "auto"))
     _backend_spec(c["judge"], "judge", "rule")
     _backend_spec(c["user_simulator"], "user_simulator", "fixed")
     get_strategy(c["strategy"])
     if not str(c["workdir"]).strip():
         raise EvalError("config field 'workdir': empty")
     return c
+
+
+def _mesh(spec: str) -> Any:
+    """The evaluation's device mesh (``parallel.mesh_from_spec``), or EvalError naming the field."""
+    from jaxrl_mt.parallel import mesh_from_spec
+
+    try:
+        return mesh_from_spec(spec)
+    except ValueError as e:
+        raise EvalError(f"config field 'mesh_shape': {e}") from None
+
+
+def make_sampler(model: Any, mesh_shape: str = "auto", max_batch: int | None = None) -> Any:
+    """The evaluated model's sampler: data-parallel over the mesh of ``mesh_shape`` (rows, KV caches
+    and the SeDT scorer's rows split over its (data, fsdp) axes), its parameters placed by the
+    partition rules; the model's own parameters are left where they are."""
+    from jaxrl_mt.sampling import Sampler
+
+    return Sampler.from_model(model, mesh=_mesh(mesh_shape), max_batch=max_batch)
 
 
 def _with_task(spec: str, task: str) -> str:
@@ -176,7 +196,8 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     Args:
       cfg: the config (see ``configs/eval_lic.py``).
       model: an already loaded Model to evaluate instead of loading ``cfg.model``.
-      sampler: a ready Sampler of that model (default: ``Sampler.from_model(model, max_batch=...)``).
+      sampler: a ready Sampler of that model (default: :func:`make_sampler` with the config's
+        ``mesh_shape`` and ``max_batch``).
       log: progress messages (default: stderr).
 
     Returns:
@@ -201,11 +222,11 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     stats: dict[str, Any] = {}
     if todo:
         from jaxrl_mt.eval.user_sim import make_user
-        from jaxrl_mt.sampling import Sampler, SamplingConfig
+        from jaxrl_mt.sampling import SamplingConfig
 
         if model is None and sampler is None:
             model = load_eval_model(c["model"], dtype=c["dtype"])
-        sampler = sampler if sampler is not None else Sampler.from_model(model, max_batch=c["max_batch"])
+        sampler = sampler if sampler is not None else make_sampler(model, c["mesh_shape"], c["max_batch"])
         judge = make_judge(c["judge"], model=model, max_new_tokens=c["judge_max_new_tokens"])
         user = make_user(c["user_simulator"], model=model, max_new_tokens=c["user_max_new_tokens"],
                          temperature=c["user_temperature"])

@@ -123,16 +123,18 @@ class ScoreResult:
 class Scorer:
     """Scores completions under contexts in bucketed, chunked batches of one jitted function.
 
-    With a `mesh` over several processes (multi-host), `score` is collective: every process calls
-    it with its own rows (any number, 0 included), the processes agree on the number of batches
-    and on their shapes, and each gets back the scores of its own rows.
+    With a `mesh`, each batch's rows are split over its (data, fsdp) axes (padded to a multiple
+    of their product, `parallel.row_shards`) like the sampler's and the train step's. With a
+    mesh over several processes (multi-host), `score` is collective: every process calls it with
+    its own rows (any number, 0 included), the processes agree on the number of batches and on
+    their shapes, and each gets back the scores of its own rows.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, *, pad_id: int = 0, batch_size: int = 8,
                  chunk: int = 128, mesh: Any = None):
         self.params, self.cfg, self.pad_id = params, cfg, pad_id
         self.batch_size, self.chunk = batch_size, chunk
-        self.mesh = mesh  # the params' mesh; only used when it spans several processes
+        self.mesh = mesh  # the params' mesh: rows are split over its (data, fsdp) axes
 
     def _shape(self, lens: Sequence[int], n: int, multi: bool) -> tuple[int, int]:
         """(rows, tokens) of one batch of pairs of total lengths `lens` (n pairs in the whole call)."""
@@ -146,6 +148,11 @@ class Scorer:
             from jaxrl_mt.parallel import agree_max_many
 
             t, bsz = agree_max_many([t, bsz])
+        elif self.mesh is not None:
+            from jaxrl_mt.parallel import row_shards
+
+            m = row_shards(self.mesh)
+            bsz = -(-bsz // m) * m
         return bsz, t
 
     def _batch(self, ctx: list[list[int]], comp: list[list[int]], pool: str, n: int, multi: bool
@@ -162,13 +169,14 @@ class Scorer:
             pmask[i, lo:hi] = True
         return [tokens, tmask, target, pmask]
 
-    def _run(self, arrays: list[np.ndarray], multi: bool) -> dict[str, np.ndarray]:
+    def _run(self, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
         """One `score_batch` call: this process's rows of its outputs, on the host."""
-        if multi:  # this process's rows of one global batch
-            from jaxrl_mt.parallel import fetch_rows, put_rows
+        if self.mesh is None:
+            return jax.device_get(score_batch(self.params, self.cfg, *arrays, chunk=self.chunk))
+        from jaxrl_mt.parallel import fetch_rows, put_rows
 
-            return fetch_rows(score_batch(self.params, self.cfg, *put_rows(self.mesh, arrays), chunk=self.chunk))
-        return jax.device_get(score_batch(self.params, self.cfg, *arrays, chunk=self.chunk))
+        # rows over (data, fsdp): `shard_batch` within one process, this process's rows of a global batch across
+        return fetch_rows(score_batch(self.params, self.cfg, *put_rows(self.mesh, arrays), chunk=self.chunk))
 
     def score(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
               pool: str = "completion") -> ScoreResult:
@@ -196,7 +204,7 @@ class Scorer:
             start = j * self.batch_size
             ctx = [list(c) for c in contexts[start:start + self.batch_size]]
             comp = [list(c) for c in completions[start:start + self.batch_size]]
-            r = self._run(self._batch(ctx, comp, pool, n, multi), multi)
+            r = self._run(self._batch(ctx, comp, pool, n, multi))
             out_lp += [np.asarray(r["logprobs"][i, len(a): len(a) + len(b)]) for i, (a, b) in enumerate(zip(ctx, comp))]
             for k, v in parts.items():
                 v.append(r[k][: len(ctx)])

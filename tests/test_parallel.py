@@ -120,6 +120,19 @@ def test_make_mesh_shapes_and_errors() -> None:
         parallel.make_mesh((-1, -1, 1))
 
 
+def test_mesh_from_spec_and_row_shards() -> None:
+    """The one reader of `mesh_shape` (training and evaluation): auto / none / D,F,T, clear errors."""
+    assert parallel.mesh_from_spec("auto") is None and parallel.mesh_from_spec("none") is None  # one device
+    m = parallel.mesh_from_spec("1,-1,1")
+    assert dict(m.shape) == {"data": 1, "fsdp": 1, "tensor": 1} and parallel.row_shards(m) == 1
+    assert parallel.row_shards(None) == 1
+    assert parallel.row_shards(AbstractMesh((2, 4, 2), parallel.AXES)) == 8  # data x fsdp, not tensor
+    for spec, msg in (("2,1,1", r"mesh_shape '2,1,1': mesh shape \(2, 1, 1\) needs 2 devices, have 1"),
+                      ("8,1", "needs 3 entries"), ("a,b,c", "'auto', 'none' or 'data,fsdp,tensor'")):
+        with pytest.raises(ValueError, match=msg):
+            parallel.mesh_from_spec(spec)
+
+
 # ----------------------------------------------------------------------------- multi-host settings
 
 

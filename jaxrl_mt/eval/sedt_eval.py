@@ -191,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=32,
                     help="rows per sampler call (prefill memory grows with rows x prompt length^2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mesh-shape", default="auto",
+                    help="devices: auto (all on data when > 1) | none | data,fsdp,tensor")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="SeDTConfig override (repeatable), e.g. guard=coverage for the coverage-only guard ablation")
     a = ap.parse_args(argv)
@@ -205,10 +207,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from jaxrl_mt.models.registry import load_model
+    from jaxrl_mt.parallel import mesh_from_spec
     from jaxrl_mt.sampling import Sampler
 
+    try:
+        mesh = mesh_from_spec(a.mesh_shape)
+    except ValueError as e:
+        ap.error(f"--mesh-shape: {e}")
     model = load_model(a.model)
-    sampler = Sampler.from_model(model, max_batch=a.max_batch)
+    sampler = Sampler.from_model(model, max_batch=a.max_batch, mesh=mesh)
     log(f"{len(runs)} conversations ({a.problems} problems x {a.runs} runs), model {a.model}")
     results, records = run_eval(sampler, runs, sampling, cfg=cfg, seed=a.seed, log=log)
     results["model"] = a.model

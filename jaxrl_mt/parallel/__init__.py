@@ -31,16 +31,16 @@ from jaxrl_mt.parallel.hosts import (_allgather, _cfg_get, _process_rows, agree_
                                      local_mesh, log0, maybe_initialize_distributed, mean_over_processes,
                                      process_block, put_replicated, put_rows, rows_multiple, spans_processes)
 from jaxrl_mt.parallel.rules import (AXES, BATCH_AXES, CACHE_RULES, PARAM_RULES, _fit, _key_str, _path, batch_sharding,
-                                     cache_shardings, global_batch, local_rows, make_mesh, opt_state_shardings,
-                                     param_shardings, param_spec, shard_batch, shard_cache, shard_params,
-                                     shard_train_state, shard_train_step)
+                                     cache_shardings, global_batch, local_rows, make_mesh, mesh_from_spec,
+                                     opt_state_shardings, param_shardings, param_spec, row_shards, shard_batch,
+                                     shard_cache, shard_params, shard_train_state, shard_train_step)
 
 __all__ = [
     "AXES", "BATCH_AXES", "CACHE_RULES", "PARAM_RULES", "agree_max", "agree_max_many", "allgather_ints",
     "allgather_json", "batch_sharding", "broadcast_json", "cache_shardings", "check_same_rows", "distributed_settings",
     "fetch_rows", "gather_to_host", "global_batch", "is_main_process", "local_copy", "local_mesh", "local_rows", "log0",
-    "make_mesh", "maybe_initialize_distributed", "mean_over_processes", "opt_state_shardings",
-    "param_shardings", "param_spec", "process_block", "put_replicated", "put_rows", "rows_multiple",
+    "make_mesh", "maybe_initialize_distributed", "mean_over_processes", "mesh_from_spec", "opt_state_shardings",
+    "param_shardings", "param_spec", "process_block", "put_replicated", "put_rows", "row_shards", "rows_multiple",
     "shard_batch", "shard_cache", "shard_params", "shard_train_state", "shard_train_step", "spans_processes",
     # private helpers the tests use
     "_allgather", "_cfg_get", "_fit", "_key_str", "_path", "_process_rows",

@@ -41,6 +41,42 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence[Any] | None =
     return Mesh(np.asarray(devs).reshape(shape), AXES)
 
 
+def mesh_from_spec(spec: str) -> Mesh | None:
+    """The mesh of a config field ``mesh_shape``.
+
+    ``"auto"``: every device on ``data`` when there is more than one device, else no mesh;
+    ``"none"`` (or ``""``): no mesh (one device); ``"D,F,T"``: that (data, fsdp, tensor) shape
+    (one entry may be -1).
+
+    Raises:
+      ValueError: a malformed spec, or a shape the devices cannot fill (the message names it).
+    """
+    spec = str(spec).strip()
+    if spec in ("", "none"):
+        return None
+    if spec == "auto":
+        return make_mesh((-1, 1, 1)) if jax.device_count() > 1 else None
+    try:
+        shape = tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        raise ValueError(f"mesh_shape must be 'auto', 'none' or 'data,fsdp,tensor' integers, got {spec!r}") from None
+    if len(shape) != 3:
+        raise ValueError(f"mesh_shape needs 3 entries (data, fsdp, tensor), got {spec!r}")
+    try:
+        return make_mesh(shape)
+    except ValueError as e:
+        raise ValueError(f"mesh_shape {spec!r}: {e}") from None
+
+
+def row_shards(mesh: Mesh | None) -> int:
+    """How many ways a batch's rows are split on `mesh` (data x fsdp; 1 without a mesh).
+
+    A sampler or scorer pads its rows to a multiple of it, so that every batch is split over the
+    devices instead of replicated.
+    """
+    return 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
+
+
 # KV-cache rules (models/decoder.py's KVCache fields): rows over the batch axes, KV heads over tensor.
 CACHE_RULES: dict[str, P] = {
     "k": P(None, BATCH_AXES, "tensor", None, None),  # [L, B, Hkv, S, K]
@@ -108,7 +144,8 @@ def shard_train_state(params: Any, opt_state: Any, mesh: Mesh) -> tuple[Any, Any
     return shard_params(params, mesh), jax.device_put(opt_state, opt_state_shardings(opt_state, mesh))
 
 
-def shard_train_step(step: Callable[..., Any], mesh: Mesh, params: Any, opt_state: Any) -> Callable[..., Any]:
+def shard_train_step(step: Callable[..., Any], mesh: Mesh, params: Any, opt_state: Any, *,
+                     donate: bool = False) -> Callable[..., Any]:
     """Pins a `step(params, opt_state, batch) -> (params, opt_state, metrics)` to the rules.
 
     Without it `jax.jit` lets XLA choose the output shardings, which can drift from the rules
@@ -120,9 +157,12 @@ def shard_train_step(step: Callable[..., Any], mesh: Mesh, params: Any, opt_stat
       step: the (jitted or plain) train step, e.g. from `jaxrl_mt.rl.step.make_train_step`.
       mesh: the mesh.
       params, opt_state: examples of the trees (arrays or ShapeDtypeStructs) for their paths.
+      donate: donate the parameters and optimizer state (their buffers become the outputs'; the
+        caller must not read the arrays it passed in again).
     """
     ps, os_ = param_shardings(params, mesh), opt_state_shardings(opt_state, mesh)
-    return jax.jit(step, in_shardings=(ps, os_, None), out_shardings=(ps, os_, NamedSharding(mesh, P())))
+    return jax.jit(step, in_shardings=(ps, os_, None), out_shardings=(ps, os_, NamedSharding(mesh, P())),
+                   donate_argnums=(0, 1) if donate else ())
 
 
 def cache_shardings(mesh: Mesh, cache: Any) -> Any:

@@ -41,7 +41,7 @@ from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.data.pipeline import make_iterator
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.registry import Model, load_model
-from jaxrl_mt.parallel import (agree_max_many, check_same_rows, fetch_rows, gather_to_host, make_mesh,
+from jaxrl_mt.parallel import (agree_max_many, check_same_rows, fetch_rows, gather_to_host, mesh_from_spec,
                                mean_over_processes, put_replicated, put_rows, rows_multiple, shard_params,
                                shard_train_state, shard_train_step, spans_processes)
 from jaxrl_mt.rewards.registry import RewardEnv, check_output, make_reward
@@ -117,9 +117,9 @@ class Trainer:
             self.model.params = shard_params(self.model.params, self.mesh)
         self.multi = spans_processes(self.mesh)  # one global mesh over several processes
         self._check_micro_batch()
-        self.ref_params = self._reference_params()
+        self.ref_params, self.ref_cfg = self._reference()
         self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch, mesh=self.mesh)
-        self.ref_scorer = Scorer(self.ref_params, self.model.cfg, pad_id=self.model.pad_id,
+        self.ref_scorer = Scorer(self.ref_params, self.ref_cfg, pad_id=self.model.pad_id,
                                  batch_size=min(16, c.rl.batch_size * c.rl.group_size), mesh=self.mesh)
         self.reward_name = reward_name(c)
         self.reward_fn = make_reward(self.reward_name, RewardEnv(c, c.rl.group_size, self.tok, self.system,
@@ -140,33 +140,34 @@ class Trainer:
                               f"/ rl.grad_accum) is not a multiple of {rows_multiple(self.mesh)}, this process's "
                               "share of the mesh's data x fsdp shards")
 
-    def _reference_params(self) -> Any:
-        """The frozen reference model's parameters (the policy's initial ones unless `ref_model` is set)."""
-        c = self.c
-        if c.ref_model and c.ref_model != c.model:
-            ref = load_model(c.ref_model, param_dtype=c.param_dtype, dtype=c.dtype, with_tokenizer=False)
-            if ref.cfg.vocab_size != self.model.cfg.vocab_size:
-                raise ConfigError(f"ref_model {c.ref_model!r} has another vocabulary than {c.model!r}")
-            return ref.params if self.mesh is None else shard_params(ref.params, self.mesh)
-        return self.model.params  # immutable arrays: updates never touch them
+    def _reference(self) -> tuple[Any, Any]:
+        """The frozen reference model: its own parameters and its own config.
+
+        Default: a separate copy of the policy's initial parameters (the train step donates the
+        policy's buffers, so the reference must not share them). With `ref_model`, that model
+        under its own config (another depth or width is fine); refused with a ConfigError when
+        its token ids cannot mean the policy's (another vocabulary) or its context is shorter.
+        """
+        c, cfg = self.c, self.model.cfg
+        if not c.ref_model or c.ref_model == c.model:
+            return jax.tree_util.tree_map(jnp.copy, self.model.params), cfg
+        ref = load_model(c.ref_model, param_dtype=c.param_dtype, dtype=c.dtype, with_tokenizer=False)
+        if ref.cfg.vocab_size != cfg.vocab_size:
+            raise ConfigError(f"ref_model {c.ref_model!r} has a vocabulary of {ref.cfg.vocab_size} tokens, the policy "
+                              f"{c.model!r} {cfg.vocab_size}: the reference must score the policy's token ids")
+        if ref.cfg.max_position_embeddings < cfg.max_position_embeddings:
+            raise ConfigError(f"ref_model {c.ref_model!r} has a context of {ref.cfg.max_position_embeddings} "
+                              f"tokens, shorter than the policy's {cfg.max_position_embeddings}")
+        return (ref.params if self.mesh is None else shard_params(ref.params, self.mesh)), ref.cfg
 
     # ------------------------------------------------------------------ stages
 
     def _make_mesh(self) -> Any:
-        """The device mesh from `mesh_shape` ("data,fsdp,tensor"; "auto": all devices on data)."""
-        spec = self.c.mesh_shape
-        if spec == "auto":
-            return make_mesh((-1, 1, 1)) if jax.device_count() > 1 else None
+        """The device mesh from `mesh_shape` (`parallel.mesh_from_spec`: "auto", "none" or "data,fsdp,tensor")."""
         try:
-            shape = tuple(int(x) for x in spec.split(","))
-        except ValueError:
-            raise ConfigError(f"mesh_shape must be 'auto' or 'data,fsdp,tensor' integers, got {spec!r}") from None
-        if len(shape) != 3:
-            raise ConfigError(f"mesh_shape needs 3 entries (data, fsdp, tensor), got {spec!r}")
-        try:
-            return make_mesh(shape)
+            return mesh_from_spec(self.c.mesh_shape)
         except ValueError as e:
-            raise ConfigError(f"mesh_shape {spec!r}: {e}") from None
+            raise ConfigError(str(e)) from None
 
     def prepare(self) -> tuple[list[TrainItem], list[TrainItem]]:
         """Training and held-out items of the method's data recipe (cached in the workdir)."""
@@ -199,9 +200,9 @@ class Trainer:
         batch = assemble_rollouts(rows, res.tokens, self.model.pad_id, P, C)
         batch["advantages"] = adv.astype(np.float32)
         if self.lc.beta > 0:
-            batch["ref_logp"] = self._completion_logprobs(self.ref_params, batch, P)
+            batch["ref_logp"] = self._completion_logprobs(self.ref_params, self.ref_cfg, batch, P)
         if c.mu > 1:
-            batch["old_logp"] = self._completion_logprobs(params, batch, P)
+            batch["old_logp"] = self._completion_logprobs(params, self.model.cfg, batch, P)
         score_s = time.perf_counter() - t1
         lens = res.lengths.astype(np.float64)
         m = {"reward/total": float(reward.mean()), "reward/group_std": float(reward.reshape(-1, G).std(1).mean())}
@@ -217,22 +218,25 @@ class Trainer:
                    for i in range(0, len(rows), G)]
         return batch, m, samples
 
-    def _completion_logprobs(self, params: Any, batch: dict[str, np.ndarray], P: int) -> np.ndarray:
-        """Log-probs [N, C] of this process's completions (per-process rows of a global batch)."""
+    def _completion_logprobs(self, params: Any, cfg: Any, batch: dict[str, np.ndarray], P: int) -> np.ndarray:
+        """Log-probs [N, C] of this process's completions under (params, cfg); under a mesh the rows are
+        split over (data, fsdp) (per-process rows of a global batch across processes)."""
         tokens, mask = batch["tokens"], batch["token_mask"]
-        if not self.multi:
-            return np.asarray(completion_logprobs(params, self.model.cfg, tokens, mask, prompt_len=P,
+        if self.mesh is None:
+            return np.asarray(completion_logprobs(params, cfg, tokens, mask, prompt_len=P,
                                                   temperature=self.lc.temperature))
-        out = completion_logprobs(params, self.model.cfg, *put_rows(self.mesh, [tokens, mask]), prompt_len=P,
+        out = completion_logprobs(params, cfg, *put_rows(self.mesh, [tokens, mask]), prompt_len=P,
                                   temperature=self.lc.temperature)
         return np.asarray(fetch_rows(out))[: len(tokens)]
 
     def _train_step(self, P: int, params: Any, opt_state: Any):
+        """The jitted step for prompt bucket P; it donates params and optimizer state (updated in place)."""
         if P not in self._steps:
-            fn = make_train_step(self.model.cfg, self.optimizer, self.lc, P)
-            if self.mesh is not None:  # pin outputs to the partition rules (no drift, no recompiles)
-                fn = shard_train_step(fn, self.mesh, params, opt_state)
-            self._steps[P] = fn
+            if self.mesh is None:
+                self._steps[P] = make_train_step(self.model.cfg, self.optimizer, self.lc, P, donate=True)
+            else:  # pin outputs to the partition rules (no drift, no recompiles)
+                fn = make_train_step(self.model.cfg, self.optimizer, self.lc, P)
+                self._steps[P] = shard_train_step(fn, self.mesh, params, opt_state, donate=True)
         return self._steps[P]
 
     def update(self, params: Any, opt_state: Any, batch: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:

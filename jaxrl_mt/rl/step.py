@@ -83,7 +83,9 @@ def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, l
     """A jitted `step(params, opt_state, batch) -> (params, opt_state, metrics)`.
 
     A non-finite loss or gradient leaves params and optimizer state unchanged and reports
-    metrics["finite"] = 0, so the caller can stop with the last good state.
+    metrics["finite"] = 0, so the caller can stop with the last good state. With `donate`, the
+    parameters and optimizer state passed in are donated (updated in place: one copy of the
+    train state instead of two; the caller must not read them again).
     """
 
     def step(params: Params, opt_state: Any, batch: dict[str, jax.Array]):

@@ -62,9 +62,24 @@ class Sampler:
             self._decode_cache = ([weakref.ref(x) for x in leaves], decode_params_jit(self.params, self.cfg))
         return self._decode_cache[1]
 
+    def rows_bucket(self, n: int) -> int:
+        """Rows of a call of n rows: a power of two, padded to a multiple of the mesh's row shards
+        (`parallel.row_shards`), so that the rows (and the KV cache) are split over the devices."""
+        from jaxrl_mt.parallel import row_shards, rows_multiple, spans_processes
+
+        m = rows_multiple(self.mesh) if spans_processes(self.mesh) else row_shards(self.mesh)  # this process's share
+        return -(-bucket(n, 1) // m) * m
+
     @classmethod
-    def from_model(cls, model: Any, **kw: Any) -> "Sampler":
-        return cls(model.params, model.cfg, model.tokenizer, eos_ids=model.eos_ids, pad_id=model.pad_id, **kw)
+    def from_model(cls, model: Any, *, mesh: Any = None, **kw: Any) -> "Sampler":
+        """A sampler of a registry Model; with a `mesh`, its parameters placed by the partition rules
+        (`parallel.shard_params`; already placed arrays are not copied)."""
+        params = model.params
+        if mesh is not None:
+            from jaxrl_mt.parallel import shard_params
+
+            params = shard_params(params, mesh)
+        return cls(params, model.cfg, model.tokenizer, eos_ids=model.eos_ids, pad_id=model.pad_id, mesh=mesh, **kw)
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, *,
                      seed: int | jax.Array = 0, max_new_tokens: Sequence[int] | None = None,
@@ -123,7 +138,7 @@ class Sampler:
 
         multi = spans_processes(self.mesh)  # a mesh over several processes: a collective call on per-process rows
         b = len(prompts)
-        bb = bucket(b, 1)
+        bb = self.rows_bucket(b)
         pb = min(bucket(max(len(p) for p in prompts), self.min_prompt_bucket),
                  self.cfg.max_position_embeddings - sampling.max_new_tokens)
         stops = [list(stop_ids[i]) if stop_ids is not None else list(self.eos_ids) for i in range(b)]
@@ -147,7 +162,8 @@ class Sampler:
             key = put_replicated(self.mesh, key)
         tokens, mask, stop_arr, budget, *rp = args
         r = generate_tokens(self.params, self.cfg, tokens, mask, key, stop_arr, budget, RowParams(*rp), max_new=nb,
-                            method=sampling.method(), fuse=self.fuse_weights, dparams=self.decode_weights())
+                            method=sampling.method(), fuse=self.fuse_weights, dparams=self.decode_weights(),
+                            mesh=self.mesh)
         r = fetch_rows(r)  # this process's rows; jax.device_get when the arrays are addressable
         return {k: np.asarray(v)[:b] for k, v in r.items()}
 

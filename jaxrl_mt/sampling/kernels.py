@@ -15,6 +15,7 @@ their shardings come from the mesh rules (`jaxrl_mt.parallel`), not from module 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import flax.struct
 import jax
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import KVCache, Params, decode_params, forward, init_cache, positions_from_mask
+from jaxrl_mt.parallel import cache_shardings
 from jaxrl_mt.sampling.methods import Categorical, Greedy, RowParams
 
 FINISH_STOP, FINISH_LENGTH = 1, 2
@@ -120,16 +122,24 @@ def _outputs(state: DecodeState) -> dict[str, jax.Array]:
     return {"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths, "finish": state.finish}
 
 
+def _constrain(cache: KVCache, mesh: Any) -> KVCache:
+    """The cache laid out by the KV-cache partition rules (`parallel.CACHE_RULES`) on `mesh` (None: as is)."""
+    if mesh is None:
+        return cache
+    return jax.lax.with_sharding_constraint(cache, cache_shardings(mesh, cache))
+
+
 def _weights(params: Params, cfg: ModelConfig, fuse: bool, dparams: Params | None) -> Params:
     if dparams is not None:
         return dparams
     return decode_params(params, cfg) if fuse else params
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "method", "fuse"))
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "method", "fuse", "mesh"))
 def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, rng: jax.Array,
                     stop_ids: jax.Array, max_new_per_row: jax.Array, row_params: RowParams, *, max_new: int,
-                    method: Method, fuse: bool = False, dparams: Params | None = None) -> dict[str, jax.Array]:
+                    method: Method, fuse: bool = False, dparams: Params | None = None, mesh: Any = None
+                    ) -> dict[str, jax.Array]:
     """The jitted sampler.
 
     Args:
@@ -143,13 +153,15 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
       dparams: `decode_params(params, cfg)` made once by the caller (`Sampler.decode_weights`);
         it replaces `params` and spares the call the concatenations (~0.25 s for the embedded
         model on 2 CPU cores).
+      mesh: the mesh of a sharded call (static): the KV cache follows `parallel.CACHE_RULES`
+        (rows over data x fsdp, KV heads over tensor).
 
     Returns:
       tokens [B, N], logprobs [B, N], lengths [B], finish [B] (1 stop, 2 length).
     """
     b, p = tokens.shape
     params = _weights(params, cfg, fuse, dparams)
-    cache = jax.lax.optimization_barrier(init_cache(cfg, b, p + max_new))  # no constant folding
+    cache = _constrain(jax.lax.optimization_barrier(init_cache(cfg, b, p + max_new)), mesh)  # no constant folding
     logits, _, cache = forward(params, cfg, tokens, positions_from_mask(token_mask), token_mask, cache,
                                logits="last")
     prompt_len = jnp.sum(token_mask, axis=-1).astype(jnp.int32)  # [B]
@@ -158,11 +170,11 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
     return _outputs(state)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "method", "fuse"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "method", "fuse", "mesh"), donate_argnames=("cache",))
 def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions: jax.Array, tokens: jax.Array,
                     token_mask: jax.Array, rng: jax.Array, stop_ids: jax.Array, max_new_per_row: jax.Array,
                     row_params: RowParams, *, max_new: int, method: Method, fuse: bool = False,
-                    dparams: Params | None = None) -> tuple[dict[str, jax.Array], KVCache]:
+                    dparams: Params | None = None, mesh: Any = None) -> tuple[dict[str, jax.Array], KVCache]:
     """The jitted continuation: appends a segment to each row's cached context, then samples.
 
     The segment is prefilled at slots cache.index..index+T-1 (slot order is free: RoPE positions
@@ -177,7 +189,7 @@ def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions:
       positions: [B] RoPE position of each row's first segment token (= its cached tokens).
       tokens: [B, T] left-padded segments; token_mask: [B, T] real tokens. A row with an empty
         segment must have budget 0 (it is idle: nothing is written or generated for it).
-      rng, stop_ids, max_new_per_row, row_params, max_new, method, fuse, dparams: as in
+      rng, stop_ids, max_new_per_row, row_params, max_new, method, fuse, dparams, mesh: as in
         `generate_tokens`.
 
     Returns:
@@ -186,6 +198,7 @@ def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions:
       the updated cache).
     """
     params = _weights(params, cfg, fuse, dparams)
+    cache = _constrain(cache, mesh)
     seg_len = jnp.sum(token_mask, axis=-1).astype(jnp.int32)  # [B]
     seg_pos = positions[:, None] + positions_from_mask(token_mask)  # [B, T]
     logits, _, cache = forward(params, cfg, tokens, seg_pos, token_mask, cache, logits="last")

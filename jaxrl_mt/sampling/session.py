@@ -11,7 +11,8 @@ and how its last generation ended (`finish`).
 Each step repacks a chunk's cache (`resize_cache`: holes removed, capacity rounded up by
 `cache_bucket`), prefills the segments and decodes (`continue_tokens`, which donates the cache
 it is given). Rows that are `release`d are emptied, and dropped from their chunk when that lets
-the chunk use a smaller power-of-two batch.
+the chunk use a smaller power-of-two batch. Under the sampler's mesh a chunk's rows, and its
+cache by `parallel.CACHE_RULES`, are split over the (data, fsdp) axes.
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ class DecodeSession:
         kept = [i for i in ch.rows if i not in self.released]
         if not kept:
             return None  # every row released: the cache is freed
-        rows = kept if bucket(len(kept), 1) < bucket(len(ch.rows), 1) else ch.rows
+        rb = self.sampler.rows_bucket
+        rows = kept if rb(len(kept)) < rb(len(ch.rows)) else ch.rows
         active = [i for i in rows if segments[i] is not None]
         if not active and rows == ch.rows and not any(i in self._cleared for i in rows):
             return ch
@@ -225,13 +227,13 @@ class DecodeSession:
         """The chunk of `rows` (a subset of ch.rows, in order) with its cache repacked and `room`
         free slots after the longest context."""
         s = self.sampler
-        bb = bucket(len(rows), 1)
+        bb = s.rows_bucket(len(rows))
         src = [ch.rows.index(i) for i in rows] + [0] * (bb - len(rows))
         keep = [i not in self._cleared for i in rows] + [False] * (bb - len(rows))
         longest = max(len(self.tokens[i]) for i in rows)
         capacity = cache_bucket(longest + room, self.cache_quantum)
         if ch.cache is None:  # no cache yet (nothing fed): zero slots, in ch.rows' batch layout
-            old_bb = bucket(len(ch.rows), 1)
+            old_bb = s.rows_bucket(len(ch.rows))
             shape = (s.cfg.num_layers, old_bb, s.cfg.num_kv_heads, 0, s.cfg.head_dim)
             dt = s.cfg.jnp_dtype
             old = KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt), jnp.zeros((old_bb, 0), bool),
@@ -239,6 +241,10 @@ class DecodeSession:
         else:
             old = ch.cache
         cache = resize_cache(old, jnp.asarray(src, jnp.int32), jnp.asarray(keep), capacity=capacity)
+        if s.mesh is not None:
+            from jaxrl_mt.parallel import shard_cache
+
+            cache = shard_cache(cache, s.mesh)  # KV-cache rules: rows over (data, fsdp), KV heads over tensor
         return _Chunk(list(rows), cache)
 
     def _continue(self, chunk: _Chunk, segments: Sequence[Sequence[int] | None], budgets: np.ndarray,
@@ -265,5 +271,5 @@ class DecodeSession:
         positions, tokens, mask, stops, budget, *rp = args
         out, cache = continue_tokens(s.params, s.cfg, chunk.cache, positions, tokens, mask, key, stops, budget,
                                      RowParams(*rp), max_new=nb, method=sampling.method(), fuse=s.fuse_weights,
-                                     dparams=s.decode_weights())
+                                     dparams=s.decode_weights(), mesh=s.mesh)
         return {k: np.asarray(v) for k, v in jax.device_get(out).items()}, cache

@@ -311,8 +311,8 @@ def make_embedder(cfg: SeDTConfig, sampler: Sampler | None = None) -> Embedder:
         return _LOADED[cfg.sem_model]
     if sampler is None:
         raise ValueError("make_embedder: the scorer encoder of the policy needs its sampler")
-    return scorer_embedder(Scorer(sampler.params, sampler.cfg, pad_id=sampler.pad_id, batch_size=32),
-                           sampler.tokenizer)
+    return scorer_embedder(Scorer(sampler.params, sampler.cfg, pad_id=sampler.pad_id, batch_size=32,
+                                  mesh=getattr(sampler, "mesh", None)), sampler.tokenizer)
 
 
 def annotate_batch(embed: Embedder, shard_lists: Sequence[Sequence[str]], domains: Sequence[str],

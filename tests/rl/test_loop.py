@@ -121,3 +121,40 @@ def test_cli_rejects_unknown_key_and_bad_alpha(tmp_path: Path) -> None:
     assert r.returncode != 0 and "alhpa" in r.stderr
     r = _train_cli("--config", "configs/rlsta.py:cpu", f"--config.workdir={tmp_path / 'w'}", "--config.rl.alpha=-1")
     assert r.returncode == 2 and "rl.alpha must be >= 0" in r.stderr
+
+
+def _ref_model(tmp_path: Path, like: Path, **changes) -> Path:
+    """A random-weight model folder shaped like `like`'s config with `changes` (no tokenizer)."""
+    import dataclasses
+
+    import jax
+
+    from jaxrl_mt.models.decoder import init_params
+    from jaxrl_mt.models.hf_io import export_hf_folder
+    from jaxrl_mt.models.registry import load_model
+
+    cfg = dataclasses.replace(load_model(str(like), with_tokenizer=False).cfg, **changes)
+    return export_hf_folder(cfg, init_params(cfg, jax.random.PRNGKey(1), scale=0.5), tmp_path / "ref")
+
+
+def test_reference_is_a_copy_or_its_own_model_under_its_own_config(tiny_chat_model_dir: Path, tmp_path: Path):
+    import numpy as np
+
+    t = Trainer(tiny_config(tiny_chat_model_dir, tmp_path / "a"))
+    # the train step donates the policy's buffers: the reference must be a separate copy
+    assert t.ref_cfg is t.model.cfg and t.ref_params["embed"] is not t.model.params["embed"]
+    np.testing.assert_array_equal(np.asarray(t.ref_params["embed"]), np.asarray(t.model.params["embed"]))
+    deeper = _ref_model(tmp_path, tiny_chat_model_dir, num_layers=3)
+    c = tiny_config(tiny_chat_model_dir, tmp_path / "b")
+    c.ref_model = str(deeper)
+    t = Trainer(c)
+    assert t.ref_cfg.num_layers == 3 != t.model.cfg.num_layers and t.ref_scorer.cfg is t.ref_cfg
+    assert t.ref_params["layers"]["q"].shape[0] == 3
+
+
+def test_reference_with_another_vocabulary_is_refused(tiny_chat_model_dir: Path, tmp_path: Path) -> None:
+    c = tiny_config(tiny_chat_model_dir, tmp_path / "w")
+    c.ref_model = str(_ref_model(tmp_path, tiny_chat_model_dir, vocab_size=64, bos_token_id=1, eos_token_id=(2,),
+                                 pad_token_id=2))
+    with pytest.raises(ConfigError, match="vocabulary of 64 tokens.*must score the policy's token ids"):
+        Trainer(c)
