@@ -42,18 +42,20 @@ def worker(out: Path, model_dir: str) -> None:
 
     seen: dict[str, list] = {"score": [], "cache": []}
 
-    def spec_of(x) -> list:
-        return [list(a) if isinstance(a, tuple) else a for a in getattr(x.sharding, "spec", ())]
+    def placed(x) -> dict:
+        """The rows and sharding of an input (a host array is not split: replicated)."""
+        sh = getattr(x, "sharding", None)
+        spec = [list(a) if isinstance(a, tuple) else a for a in getattr(sh, "spec", ())]
+        return {"rows": int(x.shape[0]), "spec": spec, "replicated": sh is None or bool(sh.is_fully_replicated)}
 
     real_score, real_continue = scoring.score_batch, session.continue_tokens
 
     def score_batch(params, cfg, tokens, *a, **kw):
-        seen["score"].append({"rows": int(tokens.shape[0]), "spec": spec_of(tokens),
-                              "replicated": bool(tokens.sharding.is_fully_replicated)})
+        seen["score"].append(placed(tokens))
         return real_score(params, cfg, tokens, *a, **kw)
 
     def continue_tokens(params, cfg, cache, *a, **kw):
-        seen["cache"].append({"spec": spec_of(cache.k), "replicated": bool(cache.k.sharding.is_fully_replicated)})
+        seen["cache"].append(placed(cache.k))
         return real_continue(params, cfg, cache, *a, **kw)
 
     scoring.score_batch, session.continue_tokens = score_batch, continue_tokens
