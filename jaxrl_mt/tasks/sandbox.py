@@ -165,6 +165,8 @@ def check_code(code: str, limits: SandboxLimits = SandboxLimits()) -> str:
     """Why ``code`` would be rejected before running ("" when it would run)."""
     if not isinstance(code, str) or not code.strip():
         return "empty code"
+    if "\0" in code:
+        return "the code contains a NUL byte"
     size = len(code.encode("utf-8", "replace"))
     if size > limits.max_code_bytes:
         return f"code is {size} bytes, over the {limits.max_code_bytes}-byte cap"
