@@ -14,6 +14,8 @@ Source specs (:func:`load_source`):
 ``rlsta_refine:FILE``       RLSTA MT-Refine jsonl (corrupted shards included)
 ``lic:FILE[:task]``         LiC sharded-instructions JSON, one task (default ``math``)
 ``synthetic:N[:steps]``     N synthetic arithmetic problems
+``humaneval:FILE[:N]``      HumanEval jsonl(.gz), all problems or the first N, domain ``code``
+                            (``humaneval:@`` = the 164 shipped ones); see ``jaxrl_mt.data.humaneval``
 ``hf:ID[:config[:split]]``  a GSM8K-shaped Hugging Face dataset (needs the hub or its cache)
 ``tfds:NAME[:split]``       a GSM8K-shaped tensorflow-datasets dataset (needs the package)
 ``tasks:FILE``              tasks saved with :func:`save_tasks_jsonl`
@@ -28,6 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxrl_mt.data.humaneval import code_full_prompt, load_humaneval
 from jaxrl_mt.data.records import DataError, Scenario, ShardedTask
 from jaxrl_mt.data.scenarios import join_shards
 from jaxrl_mt.data.segment import segment_rule_based
@@ -40,6 +43,7 @@ DEFAULT_ASSETS = {
     "rlsta_add": "rlsta/mt_add_math_train_sample.jsonl",
     "rlsta_refine": "rlsta/mt_refine_math_train_sample.jsonl",
     "lic": "lic/lic_math_format_sample.json",
+    "humaneval": "humaneval/HumanEval.jsonl.gz",
 }
 
 
@@ -375,7 +379,9 @@ def load_lic(path, task: str = "math") -> list[ShardedTask]:
     sorted; the first is the high-level intent (the target).
 
     Non-math tasks: the full prompt is the first text field among ``question``,
-    ``fully_specified_question``, ``query``, ``instruction`` (else the joined shards); the answer
+    ``fully_specified_question``, ``query``, ``instruction`` (code: the HumanEval ``prompt`` or the
+    LiveCodeBench ``question_content`` first, see ``humaneval.code_full_prompt``; else the joined
+    shards); the answer
     is ``answer``/``reference_answer``/``solution`` as text (else ""); the task-specific fields
     are kept as JSON text in metadata ``lic_extra``. LiC's ``summary`` shards carry document
     ids, not text, and are rejected with a DataError.
@@ -402,6 +408,8 @@ def load_lic(path, task: str = "math") -> list[ShardedTask]:
             extra = {}
         else:
             full_prompt = next((d[f].strip() for f in _LIC_PROMPT_FIELDS if isinstance(d.get(f), str) and d[f].strip()), None)
+            if task == "code":
+                full_prompt = code_full_prompt(d) or full_prompt
             full_prompt = full_prompt or join_shards(target, conds)
             ans = next((d[f] for f in _LIC_ANSWER_FIELDS if f in d), "")
             answer = ans if isinstance(ans, str) else json.dumps(ans, ensure_ascii=False)
@@ -454,7 +462,7 @@ def load_scenarios_jsonl(path) -> list[Scenario]:
 
 # --------------------------------------------------------------------------- source specs
 
-SOURCE_KINDS = ("gsm8k", "rlsta_add", "rlsta_refine", "lic", "synthetic", "hf", "tfds", "tasks")
+SOURCE_KINDS = ("gsm8k", "rlsta_add", "rlsta_refine", "lic", "synthetic", "hf", "tfds", "tasks", "humaneval")
 
 
 def _resolve(kind: str, file: str) -> str:
@@ -496,6 +504,11 @@ def load_source(spec: str, *, segmenter=None) -> list[ShardedTask]:
         if sep2 and tail in LIC_TASKS:
             file, task = head, tail
         return load_lic(_resolve(kind, file), task=task)
+    if kind == "humaneval":
+        file, sep2, tail = rest.rpartition(":")
+        if not (sep2 and tail.isdigit()):
+            file, tail = rest, ""
+        return load_humaneval(_resolve(kind, file), limit=int(tail) if tail else None)
     if kind == "synthetic":
         parts = rest.split(":")
         try:
