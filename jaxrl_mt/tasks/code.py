@@ -38,7 +38,7 @@ from jaxrl_mt.tasks.base import Verdict
 from jaxrl_mt.tasks.code_tests import CodeTests, code_tests, run_tests
 from jaxrl_mt.tasks.sandbox import SandboxLimits
 
-__all__ = ["CodeTask", "CODE_SYSTEM_PROMPT", "extract_code", "looks_like_code"]
+__all__ = ["CODE_SYSTEM_PROMPT", "CodeTask", "extract_code", "looks_like_code"]
 
 CODE_SYSTEM_PROMPT = (
     "You are a helpful assistant who writes Python code. When you give a solution, write the "
@@ -47,9 +47,9 @@ CODE_SYSTEM_PROMPT = (
     "every import it needs. Keep the function name and parameters the user asked for."
 )
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.S | re.M)
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
 _PY_TAGS = {"", "python", "py", "python3", "py3"}
-_CODE_START = re.compile(r"^(def |async def |class |import |from \S+ import )", re.M)
+_CODE_START = re.compile(r"^(def |async def |class |import |from \S+ import )", re.MULTILINE)
 _CODE_NODES = (
     ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Assign,
     ast.AugAssign, ast.AnnAssign, ast.For, ast.While, ast.If, ast.With, ast.Try, ast.Return,
@@ -109,15 +109,15 @@ class CodeTask:
 
     Args:
       limits: sandbox limits of each run (a HumanEval check is one run; a stdio task one run per
-        case).
+        case); default: a 6 s timeout (LiC's), the other :class:`SandboxLimits` defaults.
       private_tests: also run LiveCodeBench private cases when a record has them.
     """
 
     name = "code"
     system_prompt = CODE_SYSTEM_PROMPT
 
-    def __init__(self, limits: SandboxLimits = SandboxLimits(timeout_s=6.0), private_tests: bool = True):
-        self.limits = limits
+    def __init__(self, limits: SandboxLimits | None = None, private_tests: bool = True):
+        self.limits = limits or SandboxLimits(timeout_s=6.0)
         self.private_tests = private_tests
 
     def tests(self, task: ShardedTask) -> CodeTests:

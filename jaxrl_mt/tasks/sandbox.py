@@ -49,7 +49,7 @@ import time
 
 from jaxrl_mt.tasks.isolation import Plan, isolation, kill_uid, make_preexec, new_uid
 
-__all__ = ["VERDICTS", "SandboxLimits", "SandboxResult", "run_python", "check_code"]
+__all__ = ["VERDICTS", "SandboxLimits", "SandboxResult", "check_code", "run_python"]
 
 VERDICTS = ("passed", "failed", "timeout", "crashed", "rejected")
 TAIL_CHARS = 2000
@@ -291,7 +291,8 @@ def run_python(code: str, *, stdin: str | None = None, limits: SandboxLimits = S
                 [iso.python, "-I", "-B", "-c", _BOOTSTRAP, str(prog_fd), str(nonce_r), str(report_w)],
                 stdin=in_fd if in_fd is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, env=env,
-                pass_fds=(prog_fd, nonce_r, report_w), start_new_session=True, preexec_fn=make_preexec(plan),
+                pass_fds=(prog_fd, nonce_r, report_w), start_new_session=True,
+                preexec_fn=make_preexec(plan),  # noqa: PLW1509 (thread-safe: see isolation.make_preexec)
             )
         except (OSError, subprocess.SubprocessError) as e:
             return SandboxResult("crashed", f"the sandbox could not start the child: {e}", "", "", time.monotonic() - start, None, iso.label)
