@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -172,12 +173,12 @@ def make_preexec(plan: Plan):
 
 
 def kill_uid(uid: int, rounds: int = 50) -> int:
-    """SIGKILLs every process whose real uid is ``uid`` until none is left; returns how many.
+    """SIGKILLs every process whose real uid is ``uid`` until none is left; returns how many pids.
 
     Catches what a process-group kill misses (a grandchild that called ``setsid``). Only for the
     throwaway uids of :func:`new_uid`: no other process runs under them.
     """
-    killed = 0
+    killed: set[int] = set()
     for _ in range(rounds):
         found = 0
         for pid in (p for p in os.listdir("/proc") if p.isdigit()):
@@ -188,13 +189,14 @@ def kill_uid(uid: int, rounds: int = 50) -> int:
                     fields = dict(line.split(":", 1) for line in f if ":" in line)
                 if fields["State"].split()[0] not in ("Z", "X") and int(fields["Uid"].split()[0]) == uid:
                     os.kill(int(pid), signal.SIGKILL)
+                    killed.add(int(pid))
                     found += 1
             except (OSError, KeyError, ValueError, IndexError):
                 continue
-        killed += found
         if not found:
             break
-    return killed
+        time.sleep(0.002)  # let the kills land before looking again
+    return len(killed)
 
 
 def _world_executable(path: str) -> bool:
