@@ -250,3 +250,16 @@ def test_the_test_process_is_unharmed():
     assert (os.getpid(), os.getcwd(), dict(os.environ)) == (pid, cwd, env)
     done = subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True, timeout=30, check=True)
     assert done.stdout == "1\n"
+
+
+def test_concurrent_runs_from_threads_stay_apart():
+    from concurrent.futures import ThreadPoolExecutor
+
+    prog = "import os\nopen('mine.txt', 'w').write('{i}')\nprint(sorted(os.listdir('.')), open('mine.txt').read(), os.getuid())"
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: run_python(prog.format(i=i), limits=FAST), range(6)))
+    assert [r.verdict for r in results] == ["passed"] * 6
+    outs = [r.stdout.split() for r in results]
+    assert [o[:2] for o in outs] == [["['mine.txt']", str(i)] for i in range(6)]  # each its own fresh directory
+    if isolation().mode in ("full", "uid"):
+        assert len({o[2] for o in outs}) == 6  # a throwaway uid each
