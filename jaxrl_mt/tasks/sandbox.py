@@ -62,7 +62,8 @@ def _describe(e):
     import traceback
     frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == "main.py"]
     msg = traceback.format_exception_only(type(e), e)[-1].strip()
-    return f"line {frames[-1].lineno}: {frames[-1].line} -> {msg}" if frames else msg
+    line = (frames[-1].line or "")[:150] if frames else ""
+    return f"line {frames[-1].lineno}: {line} -> {msg}" if frames else msg
 def _boot():
     prog_fd, nonce_fd, report_fd = (int(a) for a in sys.argv[1:4])
     nonce = os.read(nonce_fd, 64)
