@@ -43,10 +43,10 @@ from typing import Any
 
 from jaxrl_mt.data.records import DataError, ShardedTask
 
-__all__ = ["load_humaneval", "shard_prompt", "code_full_prompt", "HEADING", "FULL_PROMPT_FRAME"]
+__all__ = ["FULL_PROMPT_FRAME", "HEADING", "code_full_prompt", "load_humaneval", "shard_prompt"]
 
 FULL_PROMPT_FRAME = "Complete the following Python function:\n```python\n{prompt}\n```"
-HEADING = re.compile(r"^\s*(for\s+)?(examples?|e\.g\.?)(\s*\d+)?\s*:?\s*$", re.I)
+HEADING = re.compile(r"^\s*(for\s+)?(examples?|e\.g\.?)(\s*\d+)?\s*:?\s*$", re.IGNORECASE)
 _CALLISH = re.compile(r"^\s*(?:[-*•]\s*|for\s+|e\.g\.?,?\s*)?[A-Za-z_][\w.]*\s*\(.*\)\s*(==>|=>|➞|->|==|=|should\s+return|returns?\b|is\b|#)")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 _LIST_ITEM = re.compile(r"^\s*(\d+[.)]|[-*•])\s+")
