@@ -415,7 +415,7 @@ def load_lic(path, task: str = "math") -> list[ShardedTask]:
             full_prompt = full_prompt or join_shards(target, conds)
         meta = {"source": "lic", "lic_task": task}
         if extra:
-            meta["lic_extra"] = json.dumps(extra, ensure_ascii=False, sort_keys=True)
+            meta["lic_extra"] = json.dumps(dict(sorted(extra.items())), ensure_ascii=False)  # nested order kept (spec order)
         out.append(
             ShardedTask(
                 task_id=task_id,

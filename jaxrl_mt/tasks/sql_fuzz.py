@@ -8,7 +8,8 @@ rows, ``killed > 10`` gives values on both sides of 10, ``state LIKE '%North%'``
 containing ``North``), so that filters select something. Columns joined in the query
 (``T1.a = T2.b``) share values even without a declared foreign key. Table sizes vary across
 instances (3-6, 6-12, 10-20, 15-30 rows by default), and so do value domains (narrow: many
-duplicates for GROUP BY; wide: few ties for ORDER BY).
+duplicates for GROUP BY; wide: few ties for ORDER BY; columns the query sorts on are always
+wide, so that ``ORDER BY x LIMIT 1`` rarely depends on how ties are broken).
 
 Everything is a function of (schema, literals, seed): instances are cached and two runs with
 the same seed give byte-identical databases (``random.Random`` with string seeds; no set
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 
 from jaxrl_mt.tasks.sql_schema import Literal, Table, parse_schema, quote_ident, sql_literals, sqlite_ddl, tokenize
 
-__all__ = ["FuzzConfig", "Instance", "make_instances", "schema_names", "column_pairs"]
+__all__ = ["FuzzConfig", "Instance", "make_instances", "schema_names", "column_pairs", "order_columns"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,19 @@ def column_pairs(sql: str, names: set[str]) -> list[tuple[str, str]]:
     return out
 
 
+def order_columns(sql: str, names: set[str]) -> list[str]:
+    """Columns named in the ORDER BY clauses of ``sql`` (lower-case); they get wide domains."""
+    toks, out, on = tokenize(sql), [], False
+    for i, t in enumerate(toks):
+        if t.upper == "BY" and i and toks[i - 1].upper == "ORDER":
+            on = True
+        elif t.upper in ("LIMIT", "UNION", "EXCEPT", "INTERSECT", "OFFSET") or t.text == ")" and on:
+            on = False
+        elif on and t.kind in ("word", "qid") and t.text.strip('"`[]').lower() in names:
+            out.append(t.text.strip('"`[]').lower())
+    return out
+
+
 def _kind(type_text: str) -> str:
     t = type_text.lower()
     if "bool" in t:
@@ -115,8 +129,8 @@ def _fill_like(pattern: str, rng: random.Random) -> str:
 class _Columns:
     """Per-instance value domains of the columns of one schema."""
 
-    def __init__(self, literals: Sequence[Literal], rng: random.Random, cfg: FuzzConfig):
-        self.rng, self.cfg = rng, cfg
+    def __init__(self, literals: Sequence[Literal], rng: random.Random, cfg: FuzzConfig, order_cols: frozenset = frozenset()):
+        self.rng, self.cfg, self.order_cols = rng, cfg, order_cols
         self.by_col: dict[str, list[Literal]] = {}
         for lit in literals:
             self.by_col.setdefault(lit.column or "", []).append(lit)
@@ -154,14 +168,15 @@ class _Columns:
         if key in self.domains:
             return self.domains[key]
         rng, nums = self.rng, [lit.value for lit in self.by_col.get(col, []) if isinstance(lit.value, (int, float))]
-        narrow = rng.random() < 0.35
+        narrow = rng.random() < 0.35 and col not in self.order_cols  # sort keys: few ties
         c = nums[0] if nums else rng.choice([10, 50, 500])
         lo, hi = (int(c - max(5, abs(c))) if nums else 0), int(c + max(5, abs(c)))
         if kind == "bool":
             dom = (["T", "F"], lo, hi)
         elif kind == "text":
             stem = "".join(ch for ch in col.title() if ch.isalnum())[:10] or "v"
-            dom = ([f"{stem}{k}" for k in rng.sample(range(100), rng.randint(2, 6))], lo, hi)
+            size = rng.randint(2, 6) if col not in self.order_cols else 60
+            dom = ([f"{stem}{k}" for k in rng.sample(range(100), size)], lo, hi)
         else:
             dom = ([self._draw(kind, lo, hi) for _ in range(rng.randint(2, 4))] if narrow else None, lo, hi)
         self.domains[key] = dom
@@ -253,9 +268,10 @@ def _table_rows(t: Table, n: int, cols: _Columns, made: dict, pairs: dict) -> li
     return rows
 
 
-def _instance(tables: tuple[Table, ...], literals: tuple[Literal, ...], pairs: dict, seed: int, i: int, cfg: FuzzConfig) -> Instance:
+def _instance(tables: tuple[Table, ...], literals: tuple[Literal, ...], pairs: dict, order_cols: frozenset, seed: int, i: int,
+              cfg: FuzzConfig) -> Instance:
     rng = random.Random(f"jaxrl_mt.sql_fuzz:{seed}:{i}")
-    cols = _Columns(literals, rng, cfg)
+    cols = _Columns(literals, rng, cfg, order_cols)
     lo, hi = cfg.sizes[i % len(cfg.sizes)]
     made: dict[tuple[str, str], list] = {}
     out = {}
@@ -286,7 +302,8 @@ def _suite(schema_sql: str, sqls: tuple[str, ...], seed: int, cfg: FuzzConfig) -
         for a, b in column_pairs(s, names):
             pairs.setdefault(a, []).append(b)
             pairs.setdefault(b, []).append(a)
-    return tuple(_instance(tables, literals, pairs, seed, i, cfg) for i in range(cfg.n_instances))
+    order_cols = frozenset(c for s in sqls for c in order_columns(s, names))
+    return tuple(_instance(tables, literals, pairs, order_cols, seed, i, cfg) for i in range(cfg.n_instances))
 
 
 def make_instances(schema_sql: str, sqls: Sequence[str], *, seed: int = 0, config: FuzzConfig = FuzzConfig()) -> tuple[Instance, ...]:
