@@ -191,11 +191,10 @@ def check_calls(calls: Sequence[Call], reference: Sequence[Mapping], specs: Sequ
     match = _matching([[e is None for e in row] for row in errors])
     if all(i >= 0 for i in match):
         return None
+    # pair the first unmatched reference call with the first unmatched predicted call
     i = next(i for i in range(len(refs)) if i not in match)
-    name = refs[i][0]
-    row = errors[i]
-    same = [e for c, e in zip(calls, row) if _same_name(c.name, name)]
-    why = (same or row)[0]
+    j = next(j for j in range(len(calls)) if match[j] < 0)
+    why = errors[i][j] or "matches only calls that other reference calls need"
     if len(refs) == 1:
         return why
-    return f"no call matches reference call {i + 1} ({name}): {why}" if same else f"no call to {name} (reference call {i + 1})"
+    return f"reference call {i + 1} ({refs[i][0]}) unmatched, predicted call {j + 1}: {why}"
