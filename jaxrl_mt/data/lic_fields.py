@@ -18,7 +18,7 @@ from typing import Any
 
 from jaxrl_mt.data.records import DataError
 
-__all__ = ["LITERAL_FIELDS", "parse_literal", "parse_literal_fields", "lic_task_fields"]
+__all__ = ["LITERAL_FIELDS", "lic_task_fields", "parse_literal", "parse_literal_fields"]
 
 LITERAL_FIELDS = ("function", "reference_answer", "schema_tables", "shards", "fully_specified_question")
 _PROMPT_FIELDS = ("question", "fully_specified_question", "query", "instruction")

@@ -21,7 +21,7 @@ from jaxrl_mt.tasks.base import Verdict, lic_extra
 from jaxrl_mt.tasks.bfcl_check import check_calls
 from jaxrl_mt.tasks.calls import Call, calls_to_json, find_calls
 
-__all__ = ["ACTIONS_SYSTEM_PROMPT", "ActionsTask", "render_functions", "reference_calls"]
+__all__ = ["ACTIONS_SYSTEM_PROMPT", "ActionsTask", "reference_calls", "render_functions"]
 
 ACTIONS_SYSTEM_PROMPT = (
     "You are an assistant that acts by calling functions. The functions you may call are "

@@ -28,7 +28,7 @@ from typing import Any
 
 from jaxrl_mt.tasks.calls import Call, Expr
 
-__all__ = ["normalize_string", "check_type", "check_call", "check_calls"]
+__all__ = ["check_call", "check_calls", "check_type", "normalize_string"]
 
 _STRIP_RE = re.compile(r"[\s,./\-_*^'\"]")
 _TYPE_ALIASES = {"number": "float", "double": "float", "int": "integer", "str": "string", "bool": "boolean",

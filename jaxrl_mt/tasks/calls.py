@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Call", "Expr", "parse_calls", "find_calls", "calls_to_json", "calls_from_json", "render_python", "render_json"]
+__all__ = ["Call", "Expr", "calls_from_json", "calls_to_json", "find_calls", "parse_calls", "render_json", "render_python"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from jaxrl_mt.data.records import ShardedTask
 from jaxrl_mt.tasks.base import Verdict, lic_extra
-from jaxrl_mt.tasks.sql_exec import QueryResult, guard, open_readonly, results_equal, run_query
+from jaxrl_mt.tasks.sql_exec import (
+    QueryResult,
+    guard,
+    open_readonly,
+    results_equal,
+    run_query,
+)
 from jaxrl_mt.tasks.sql_fuzz import FuzzConfig, make_instances
 from jaxrl_mt.tasks.sql_schema import has_top_level, strip_comments
 
@@ -78,6 +84,17 @@ def extract_sql(reply: str) -> str | None:
     return found.rstrip().rstrip(";").rstrip() if found else None
 
 
+def _difference(gold: tuple, pred: tuple, ordered: bool) -> str:
+    """How a wrong result differs, in a few words."""
+    if len(gold) != len(pred):
+        return f"{len(pred)} rows, the reference gives {len(gold)}"
+    if gold and pred and len(gold[0]) != len(pred[0]):
+        return f"{len(pred[0])} columns, the reference gives {len(gold[0])}"
+    if ordered and results_equal(gold, pred, ordered=False):
+        return f"same {len(gold)} rows in another order (the reference sorts)"
+    return f"{len(pred)} rows as the reference, with other values"
+
+
 @functools.lru_cache(maxsize=1024)
 def _reference_results(schema_sql: str, ref_sql: str, seed: int, cfg: FuzzConfig, timeout_s: float) -> tuple[QueryResult, ...]:
     out = []
@@ -121,9 +138,11 @@ class DatabaseTask:
         return f"{self.system_prompt}\n\nDatabase{f' {db}' if db else ''} schema:\n{schema}" if schema else self.system_prompt
 
     def extract(self, reply: str, task: ShardedTask) -> str | None:
+        """The SQL of ``reply`` (:func:`extract_sql`)."""
         return extract_sql(reply)
 
     def is_answer_attempt(self, reply: str, task: ShardedTask) -> bool:
+        """Whether ``reply`` holds a SELECT/WITH query."""
         sql = extract_sql(reply)
         return sql is not None and _is_query(sql)
 
@@ -166,7 +185,7 @@ class DatabaseTask:
             return self._failed(sql, pred, db_id)
         if results_equal(gold.rows, pred.rows, ordered=has_top_level(ref, "ORDER", "BY")):
             return Verdict(1.0, sql, "correct", f"same result as the reference on {db_id}")
-        return Verdict(0.0, sql, "wrong", f"{db_id}: {len(pred.rows)} rows, the reference gives {len(gold.rows)}")
+        return Verdict(0.0, sql, "wrong", f"{db_id}: {_difference(gold.rows, pred.rows, has_top_level(ref, 'ORDER', 'BY'))}")
 
     def _verify_suite(self, sql: str, ref: str, schema: str) -> Verdict:
         instances = make_instances(schema, [ref], seed=self.seed, config=self.fuzz)
@@ -185,8 +204,7 @@ class DatabaseTask:
             if pred.status != "ok":
                 return self._failed(sql, pred, where)
             if not results_equal(gold.rows, pred.rows, ordered=ordered):
-                return Verdict(0.0, sql, "wrong", f"{where}: {len(pred.rows)} rows, the reference gives {len(gold.rows)}"
-                               + (" (order matters)" if ordered else ""))
+                return Verdict(0.0, sql, "wrong", f"{where}: {_difference(gold.rows, pred.rows, ordered)}")
         if used == 0:
             return Verdict(0.0, sql, "reference_error", f"the reference query failed on all {k} instances: {golds[0].error}")
         return Verdict(1.0, sql, "correct", f"same result as the reference on {used}/{k} generated databases")

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from jaxrl_mt.tasks.sql_schema import split_statements
 
-__all__ = ["QueryResult", "guard", "open_readonly", "run_query", "results_equal"]
+__all__ = ["QueryResult", "guard", "open_readonly", "results_equal", "run_query"]
 
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
 _DENIED_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"}
@@ -134,8 +134,8 @@ def results_equal(ref: Sequence, pred: Sequence, *, ordered: bool) -> bool:
     The columns may come in any order (Spider's test-suite rule); at most 6 columns are
     permuted, wider results must keep the reference's column order.
     """
-    ref = [tuple(_norm(v) for v in r) for r in ref]
-    pred = [tuple(_norm(v) for v in r) for r in pred]
+    ref = [tuple(_key(_norm(v)) for v in r) for r in ref]
+    pred = [tuple(_key(_norm(v)) for v in r) for r in pred]
     if len(ref) != len(pred):
         return False
     if not ref:
@@ -143,16 +143,13 @@ def results_equal(ref: Sequence, pred: Sequence, *, ordered: bool) -> bool:
     n = len(ref[0])
     if any(len(r) != n for r in pred):
         return False
-    ref_cols = [Counter(_key(r[j]) for r in ref) for j in range(n)]
-    pred_cols = [Counter(_key(r[j]) for r in pred) for j in range(n)]
-    perms = itertools.permutations(range(n)) if n <= 6 else [tuple(range(n))]
-    target = ref if ordered else Counter(map(lambda r: tuple(_key(x) for x in r), ref))
-    for perm in perms:
+    ref_cols = [Counter(r[j] for r in ref) for j in range(n)]
+    pred_cols = [Counter(r[j] for r in pred) for j in range(n)]
+    target = ref if ordered else Counter(ref)
+    for perm in itertools.permutations(range(n)) if n <= 6 else [tuple(range(n))]:
         if any(pred_cols[p] != ref_cols[j] for j, p in enumerate(perm)):
-            continue
+            continue  # some column's values do not match: skip without building rows
         moved = [tuple(r[p] for p in perm) for r in pred]
-        if ordered and [tuple(_key(x) for x in r) for r in moved] == [tuple(_key(x) for x in r) for r in target]:
-            return True
-        if not ordered and Counter(tuple(_key(x) for x in r) for r in moved) == target:
+        if (moved if ordered else Counter(moved)) == target:
             return True
     return False

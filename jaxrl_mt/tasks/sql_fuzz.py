@@ -24,9 +24,17 @@ import random
 import sqlite3
 from collections.abc import Sequence
 
-from jaxrl_mt.tasks.sql_schema import Literal, Table, parse_schema, quote_ident, sql_literals, sqlite_ddl, tokenize
+from jaxrl_mt.tasks.sql_schema import (
+    Literal,
+    Table,
+    parse_schema,
+    quote_ident,
+    sql_literals,
+    sqlite_ddl,
+    tokenize,
+)
 
-__all__ = ["FuzzConfig", "Instance", "make_instances", "schema_names", "column_pairs", "order_columns"]
+__all__ = ["FuzzConfig", "Instance", "column_pairs", "make_instances", "order_columns", "schema_names"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +191,7 @@ class _Columns:
         return dom
 
     def value(self, table: str, col: str, kind: str, shared: list | None = None):
+        """A value for a non-key column: from its literals, a joined column's values, or its domain."""
         rng = self.rng
         cands = self._candidates(col, kind)
         if cands and rng.random() < self.cfg.p_literal:

@@ -13,11 +13,23 @@ column each one is compared with, so the instance generator can put them into th
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 
 __all__ = [
-    "Token", "tokenize", "Column", "Table", "SchemaError", "parse_schema", "sqlite_ddl", "quote_ident",
-    "Literal", "sql_literals", "has_top_level", "split_statements", "strip_comments",
+    "Column",
+    "Literal",
+    "SchemaError",
+    "Table",
+    "Token",
+    "has_top_level",
+    "parse_schema",
+    "quote_ident",
+    "split_statements",
+    "sql_literals",
+    "sqlite_ddl",
+    "strip_comments",
+    "tokenize",
 ]
 
 _TOKEN_RE = re.compile(
@@ -42,6 +54,7 @@ class Token:
 
     @property
     def upper(self) -> str:
+        """The text in upper case (keyword comparisons)."""
         return self.text.upper()
 
     @property
@@ -120,6 +133,7 @@ class Table:
     foreign_keys: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = ()  # (cols, ref table, ref cols)
 
     def column(self, name: str) -> Column | None:
+        """The column called ``name`` (case-insensitive), or None."""
         low = name.lower()
         return next((c for c in self.columns if c.name.lower() == low), None)
 
@@ -182,8 +196,8 @@ def _column(item: str) -> tuple[Column, bool, tuple | None]:
         j = words.index("REFERENCES") + 1
         cols, _ = _paren_names(toks, j + 1) if j + 1 < len(toks) and toks[j + 1].text == "(" else ((), 0)
         ref = ((name,), _unquote(toks[j].text), cols)
-    pk = any(a == "PRIMARY" and b == "KEY" for a, b in zip(words, words[1:]))
-    notnull = any(a == "NOT" and b == "NULL" for a, b in zip(words, words[1:]))
+    pk = ("PRIMARY", "KEY") in itertools.pairwise(words)
+    notnull = ("NOT", "NULL") in itertools.pairwise(words)
     return Column(name, type_text, notnull, default), pk, ref
 
 
@@ -246,6 +260,7 @@ def parse_schema(schema_sql: str) -> tuple[Table, ...]:
 
 
 def quote_ident(name: str) -> str:
+    """``name`` as a double-quoted SQL identifier."""
     return '"' + name.replace('"', '""') + '"'
 
 

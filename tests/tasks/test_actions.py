@@ -12,7 +12,14 @@ from jaxrl_mt.tasks import get_task
 from jaxrl_mt.tasks.actions import ActionsTask, reference_calls
 from jaxrl_mt.tasks.base import lic_extra
 from jaxrl_mt.tasks.bfcl_check import normalize_string
-from jaxrl_mt.tasks.calls import Call, Expr, calls_from_json, find_calls, render_json, render_python
+from jaxrl_mt.tasks.calls import (
+    Call,
+    Expr,
+    calls_from_json,
+    find_calls,
+    render_json,
+    render_python,
+)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,15 @@ import sqlite3
 import pytest
 
 from jaxrl_mt.tasks.sql_fuzz import column_pairs, order_columns
-from jaxrl_mt.tasks.sql_schema import Literal, SchemaError, has_top_level, parse_schema, split_statements, sql_literals, sqlite_ddl
+from jaxrl_mt.tasks.sql_schema import (
+    Literal,
+    SchemaError,
+    has_top_level,
+    parse_schema,
+    split_statements,
+    sql_literals,
+    sqlite_ddl,
+)
 
 SPIDERISH = """
 CREATE TABLE sqlite_sequence (
