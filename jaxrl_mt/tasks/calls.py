@@ -11,7 +11,8 @@ Accepted forms (BFCL / LiC actions):
   "arguments": "<json text>"}}]}``.
 
 Where: the last fenced block that parses; else the whole reply; else every line or inline code
-span that parses as calls (in order); else JSON objects found in the text.
+span that parses as calls (in order); else calls embedded in prose (``name(`` ... ``)``); else
+JSON objects found in the text.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Call:
 _FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.S)
 _INLINE_RE = re.compile(r"`([^`\n]+)`")
 _OPEN_RE = re.compile(r"[\[{]")
+_CALL_START_RE = re.compile(r"(?<![\w.])[A-Za-z_][\w.]*\(")
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -159,6 +161,23 @@ def _scan_json(text: str) -> list[Call]:
         pos = end if calls else m.start() + 1
 
 
+def _scan_python(text: str, order: Mapping[str, Sequence[str]]) -> list[Call]:
+    """Calls embedded in prose (``I'll call f(a=1) now``): each ``name(`` up to the first ``)``
+    that closes a parseable call."""
+    out, pos = [], 0
+    while True:
+        m = _CALL_START_RE.search(text, pos)
+        if m is None:
+            return out
+        pos = m.end()
+        for end in [i for i, ch in enumerate(text[m.end() :], m.end()) if ch == ")"][:20]:
+            calls = _python_calls(text[m.start() : end + 1], order)
+            if calls:
+                out += calls
+                pos = end + 1
+                break
+
+
 def find_calls(reply: str, order: Mapping[str, Sequence[str]] | None = None) -> list[Call] | None:
     """The function calls of a model reply (see module doc for where they are looked for).
 
@@ -180,7 +199,7 @@ def find_calls(reply: str, order: Mapping[str, Sequence[str]] | None = None) -> 
         spans = _INLINE_RE.findall(line) or [line.strip().rstrip(".;,")]
         for span in spans:
             found += _python_calls(span, order or {}) or []
-    return found or _scan_json(reply) or None
+    return found or _scan_python(reply, order or {}) or _scan_json(reply) or None
 
 
 def _plain(v: Any) -> Any:

@@ -52,10 +52,16 @@ def _authorizer(action: int, arg1, arg2, dbname, source) -> int:
     return sqlite3.SQLITE_DENY
 
 
+MAX_VALUE_BYTES = 10_000_000  # no string or blob above 10 MB (zeroblob(1e9) fails at once)
+
+
 def guard(conn: sqlite3.Connection) -> sqlite3.Connection:
-    """Makes ``conn`` read-only for what runs on it next (query_only + the authorizer)."""
+    """Makes ``conn`` read-only for what runs on it next (query_only + the authorizer) and caps
+    the size of one value."""
     conn.execute("PRAGMA query_only = ON")
     conn.set_authorizer(_authorizer)
+    if hasattr(conn, "setlimit"):  # Python >= 3.11
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     return conn
 
 

@@ -220,7 +220,10 @@ def test_call_parsing_forms():
         Call("f", {"a": 1}), Call("g", {"b": 2})]
     assert find_calls('Result: {"name": "f", "arguments": {"a": [1, 2]}} -- done') == [Call("f", {"a": [1, 2]})]
     assert find_calls("```json\n{\"name\": \"f\", \"arguments\": {}}\n```\n```python\nf(a=3)\n```") == [Call("f", {"a": 3})]
-    for none in ("", "I cannot do that.", "print", "x = f(a=1)", "[1, 2, 3]", '{"a": 1}'):
+    assert find_calls("I'll call math.gcd(num1=45, num2=60) and then math.gcd(num1=81, num2=27).") == [
+        Call("math.gcd", {"num1": 45, "num2": 60}), Call("math.gcd", {"num1": 81, "num2": 27})]
+    assert find_calls("result = f(a=1)") == [Call("f", {"a": 1})]  # found inside the assignment
+    for none in ("", "I cannot do that.", "print", "[1, 2, 3]", '{"a": 1}', "the radius (in meters) of compute(this)"):
         assert find_calls(none) is None, none
     calls = [Call("f", {"a": Expr("x"), "b": (1, 2)})]
     assert calls_from_json(render_json(calls)) == [Call("f", {"a": Expr("x"), "b": [1, 2]})]

@@ -182,6 +182,8 @@ def test_writes_are_refused_and_the_instance_is_untouched(tasks):
                 "DELETE FROM country", "ATTACH DATABASE ':memory:' AS other", "PRAGMA query_only = OFF"):
         v = task.verify(_fenced(bad), t)
         assert v.status == "sql_error" and "refused" in v.reason, (bad, v)
+    v = task.verify(_fenced("SELECT length(zeroblob(500000000))"), t)
+    assert v.status == "sql_error" and "too big" in v.reason
     v = task.verify(_fenced("SELECT 1; DROP TABLE country"), t)
     assert v.status == "sql_error" and "one SQL statement" in v.reason
     assert task.verify(_fenced(_sql(t)), t).status == "correct"
