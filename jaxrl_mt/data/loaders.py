@@ -12,7 +12,8 @@ Source specs (:func:`load_source`):
                             with the rule-based segmenter
 ``rlsta_add:FILE``          RLSTA MT-Add jsonl
 ``rlsta_refine:FILE``       RLSTA MT-Refine jsonl (corrupted shards included)
-``lic:FILE[:task]``         LiC sharded-instructions JSON, one task (default ``math``)
+``lic:FILE[:task]``         LiC sharded-instructions JSON, one task (default ``math``);
+                            ``lic:@:database`` / ``lic:@:actions``: that task's shipped sample
 ``synthetic:N[:steps]``     N synthetic arithmetic problems
 ``humaneval:FILE[:N]``      HumanEval jsonl(.gz), all problems or the first N, domain ``code``
                             (``humaneval:@`` = the 164 shipped ones); see ``jaxrl_mt.data.humaneval``
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_mt.data.humaneval import code_full_prompt, load_humaneval
+from jaxrl_mt.data.lic_fields import lic_task_fields, parse_literal_fields
 from jaxrl_mt.data.records import DataError, Scenario, ShardedTask
 from jaxrl_mt.data.scenarios import join_shards
 from jaxrl_mt.data.segment import segment_rule_based
@@ -44,6 +46,11 @@ DEFAULT_ASSETS = {
     "rlsta_refine": "rlsta/mt_refine_math_train_sample.jsonl",
     "lic": "lic/lic_math_format_sample.json",
     "humaneval": "humaneval/HumanEval.jsonl.gz",
+}
+LIC_DEFAULT_ASSETS = {  # ``lic:@:TASK``: the shipped sample of that task
+    "math": "lic/lic_math_format_sample.json",
+    "database": "lic/lic_database_sample.json",
+    "actions": "lic/lic_actions_sample.json",
 }
 
 
@@ -366,10 +373,6 @@ def load_rlsta_refine(path) -> list[ShardedTask]:
 
 # --------------------------------------------------------------------------- LiC
 
-_LIC_PROMPT_FIELDS = ("question", "fully_specified_question", "query", "instruction")
-_LIC_ANSWER_FIELDS = ("answer", "reference_answer", "solution")
-
-
 def load_lic(path, task: str = "math") -> list[ShardedTask]:
     """Loads one task of the LiC sharded-instructions JSON (the whole 600-instruction file).
 
@@ -379,12 +382,16 @@ def load_lic(path, task: str = "math") -> list[ShardedTask]:
     sorted; the first is the high-level intent (the target).
 
     Non-math tasks: the full prompt is the first text field among ``question``,
-    ``fully_specified_question``, ``query``, ``instruction`` (code: the HumanEval ``prompt`` or the
-    LiveCodeBench ``question_content`` first, see ``humaneval.code_full_prompt``; else the joined
-    shards); the answer
-    is ``answer``/``reference_answer``/``solution`` as text (else ""); the task-specific fields
-    are kept as JSON text in metadata ``lic_extra``. LiC's ``summary`` shards carry document
-    ids, not text, and are rejected with a DataError.
+    ``fully_specified_question``, ``query``, ``instruction`` (code: the HumanEval ``prompt`` or the LiveCodeBench
+    ``question_content`` first, see ``humaneval.code_full_prompt``; a BFCL message list gives its user
+    contents; else the joined shards); the answer is ``answer``/``reference_answer``/
+    ``reference_sql``/``solution`` as text (else ""); the task-specific fields are kept as JSON
+    text in metadata ``lic_extra``. Fields stored as Python-literal strings (``function``,
+    ``reference_answer``, ``schema_tables``, ``shards``) are parsed first
+    (:mod:`jaxrl_mt.data.lic_fields`); database and actions records are checked for their
+    fields (``db_id``/``schema_sql``/``reference_sql``; ``function``/``reference_answer``/
+    ``test_category``). LiC's ``summary`` shards carry document ids, not text, and are rejected
+    with a DataError.
 
     Raises:
       DataError: ``path:line: field ...`` for a malformed record, or an unknown task.
@@ -392,14 +399,16 @@ def load_lic(path, task: str = "math") -> list[ShardedTask]:
     if task not in LIC_TASKS:
         raise DataError(f"unknown LiC task {task!r}; valid tasks: {', '.join(LIC_TASKS)}")
     out = []
-    for where, d in _read_json_array(path):
+    for rec, (where, d) in enumerate(_read_json_array(path)):
         task_id = _str(d, "task_id", where)
         rec_task = _str(d, "task", where)
         if rec_task not in LIC_TASKS:
             raise DataError(f"{where}: field 'task': expected one of {', '.join(LIC_TASKS)}, got {rec_task!r}")
         if rec_task != task:
-            _shard_objs(d, "shards", where, text=False)
+            if not isinstance(d.get("shards"), str):
+                _shard_objs(d, "shards", where, text=False)
             continue
+        d = parse_literal_fields(d, f"{where} (record {rec})")
         shards = _shard_objs(d, "shards", where)
         target, conds = shards[0]["shard"].strip(), tuple(s["shard"].strip() for s in shards[1:])
         if task == "math":
@@ -407,16 +416,13 @@ def load_lic(path, task: str = "math") -> list[ShardedTask]:
             answer = _gold(d, "answer", where) if "####" in str(d.get("answer", "")) else _str(d, "answer", where).strip()
             extra = {}
         else:
-            full_prompt = next((d[f].strip() for f in _LIC_PROMPT_FIELDS if isinstance(d.get(f), str) and d[f].strip()), None)
+            full_prompt, answer, extra = lic_task_fields(d, task, f"{where} (record {rec})")
             if task == "code":
                 full_prompt = code_full_prompt(d) or full_prompt
             full_prompt = full_prompt or join_shards(target, conds)
-            ans = next((d[f] for f in _LIC_ANSWER_FIELDS if f in d), "")
-            answer = ans if isinstance(ans, str) else json.dumps(ans, ensure_ascii=False)
-            extra = {k: v for k, v in d.items() if k not in ("task_id", "task", "shards")}
         meta = {"source": "lic", "lic_task": task}
         if extra:
-            meta["lic_extra"] = json.dumps(extra, ensure_ascii=False, sort_keys=True)
+            meta["lic_extra"] = json.dumps(dict(sorted(extra.items())), ensure_ascii=False)  # nested order kept (spec order)
         out.append(
             ShardedTask(
                 task_id=task_id,
@@ -503,6 +509,8 @@ def load_source(spec: str, *, segmenter=None) -> list[ShardedTask]:
         head, sep2, tail = rest.rpartition(":")
         if sep2 and tail in LIC_TASKS:
             file, task = head, tail
+        if file == "@" and task in LIC_DEFAULT_ASSETS:
+            file = "@" + LIC_DEFAULT_ASSETS[task]
         return load_lic(_resolve(kind, file), task=task)
     if kind == "humaneval":
         file, sep2, tail = rest.rpartition(":")
