@@ -37,7 +37,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.protocol = "lic"  # lic: stop at the first correct answer attempt, score the last attempt | final_turn
     c.verifier_mode = "strict"  # answer check: strict (LiC: extracted answer == gold) | lenient (RLSTA)
     c.judge = "rule"  # answer-attempt judge: rule | local | local:MODEL | http:URL#MODEL
-    c.judge_max_new_tokens = 16  # reply budget of an LLM judge
+    c.judge_max_new_tokens = 32  # reply budget of an LLM judge (two lines: category and extracted answer)
     c.user_simulator = "fixed"  # user side: fixed (verbatim shards in order) | local | local:MODEL | http:URL#MODEL
     c.user_max_new_tokens = 128  # reply budget of an LLM user simulator
     c.user_temperature = 0.0  # sampling temperature of an LLM user simulator

@@ -240,6 +240,8 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     report = build_report(records, scenarios=c["scenarios"], protocol=c["protocol"], n_boot=c["bootstrap"],
                           seed=c["seed"], extra=extra)
     files = write_report(report, workdir, plots=c["plots"])
+    for w in report["warnings"]:
+        log(f"WARNING: {w}")
     log(f"wrote {', '.join(str(p) for p in files.values())}")
     return {"report": report, "files": files, "n_planned": len(runs), "n_resumed": len(runs) - len(todo),
             "n_generated": len(todo), "seconds": seconds}

@@ -35,7 +35,7 @@ from typing import Any
 from jaxrl_mt.conversations import ConversationRun, UserPolicy, accepts_reuse_cache, run_conversations
 from jaxrl_mt.data.records import DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
-from jaxrl_mt.rewards.judge import classify_llm, classify_rule_based
+from jaxrl_mt.rewards.judge import classify_rule_based, judge_llm
 from jaxrl_mt.rewards.verifier import extract_answer, verify
 from jaxrl_mt.sampling import GenerationResult, Sampler, SamplingConfig, bucket, plan_chunks
 
@@ -144,9 +144,9 @@ def plan_runs(tasks: Sequence[ShardedTask], kinds: Sequence[str], runs: int, *, 
 class Judge:
     """Labels assistant replies with the LiC response types (``jaxrl_mt.rewards.judge``)."""
 
-    def __init__(self, backend: Any = None, *, max_new_tokens: int = 16, name: str = "rule"):
+    def __init__(self, backend: Any = None, *, max_new_tokens: int = 32, name: str = "rule"):
         """Args:
-          backend: None for the rule-based judge, else a ChatBackend for ``classify_llm``.
+          backend: None for the rule-based judge, else a ChatBackend for ``judge_llm``.
           max_new_tokens: the LLM judge's reply budget.
           name: how the report names this judge.
         """
@@ -155,21 +155,27 @@ class Judge:
         self.name = name
         self.stats: dict[str, int] = {}
 
-    def classify(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str]) -> list[str]:
-        """One label per reply; an LLM judge is asked once per domain present (once in math)."""
+    def judge(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str]
+              ) -> list[tuple[str, str | None]]:
+        """``(label, extracted answer or None)`` per reply; the rule-based judge extracts nothing
+        (the verifier does); an LLM judge is asked once per domain present (once in math)."""
         if self.backend is None:
-            return [classify_rule_based(t, d) for t, d in zip(texts, domains)]
-        labels: list[str] = [""] * len(texts)
+            return [(classify_rule_based(t, d), None) for t, d in zip(texts, domains)]
+        out: list[tuple[str, str | None]] = [("", None)] * len(texts)
         for dom in dict.fromkeys(domains):
             idx = [i for i, d in enumerate(domains) if d == dom]
-            got = classify_llm(self.backend, [texts[i] for i in idx], [questions[i] for i in idx],
-                               domain=dom, max_new_tokens=self.max_new_tokens, stats=self.stats)
-            for i, lab in zip(idx, got):
-                labels[i] = lab
-        return labels
+            got = judge_llm(self.backend, [texts[i] for i in idx], [questions[i] for i in idx],
+                            domain=dom, max_new_tokens=self.max_new_tokens, stats=self.stats)
+            for i, v in zip(idx, got):
+                out[i] = (v.label, v.answer)
+        return out
+
+    def classify(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str]) -> list[str]:
+        """One label per reply."""
+        return [label for label, _ in self.judge(texts, questions, domains)]
 
 
-def make_judge(spec: str, *, model: Any = None, max_new_tokens: int = 16, **backend_kw: Any) -> Judge:
+def make_judge(spec: str, *, model: Any = None, max_new_tokens: int = 32, **backend_kw: Any) -> Judge:
     """``"rule"`` or a backend spec (``"local"``, ``"local:MODEL"``, ``"http:URL#MODEL"``)."""
     if spec == "rule":
         return Judge(name="rule")
@@ -178,15 +184,30 @@ def make_judge(spec: str, *, model: Any = None, max_new_tokens: int = 16, **back
     return Judge(backend_for(spec, model=model, **backend_kw), max_new_tokens=max_new_tokens, name=spec)
 
 
-def judge_turn(text: str, gold: str, label: str, mode: str) -> dict[str, Any]:
+def judge_turn(text: str, gold: str, label: str, mode: str, judge_answer: str | None = None) -> dict[str, Any]:
     """The verdict stored in ``turn.info``: the judge's label and the verifier's check.
 
+    Args:
+      text: the reply.
+      gold: the gold answer.
+      label: the judge's response type.
+      mode: the verifier mode of ``correct``.
+      judge_answer: the answer an LLM judge extracted (LiC's answer extraction), or None. When
+        given, ``extracted`` is that answer and ``correct`` checks it; else the verifier extracts.
+
     Returns:
-      ``{"label", "answer_attempt", "extracted", "correct"}``; ``correct`` is the verifier's
-      score of the reply (0/1) whatever the label, ``extracted`` its extracted answer (or None).
+      ``{"label", "answer_attempt", "extracted", "correct", "correct_strict"}``; ``correct`` is
+      the verifier's score of the answer (0/1) in ``mode`` whatever the label, ``correct_strict``
+      the strict verifier's score of the reply itself (the report's judge-free cross-check).
     """
+    strict = float(verify(text, gold, "strict"))
+    if judge_answer is not None:
+        extracted, correct = judge_answer, float(verify(f"The answer is {judge_answer}", gold, mode))
+    else:
+        extracted = extract_answer(text)
+        correct = strict if mode == "strict" else float(verify(text, gold, mode))
     return {"label": label, "answer_attempt": label == "answer_attempt",
-            "extracted": extract_answer(text), "correct": float(verify(text, gold, mode))}
+            "extracted": extracted, "correct": correct, "correct_strict": strict}
 
 
 def run_score(turns: Sequence[Mapping[str, Any]], protocol: str) -> tuple[float, int | None]:
@@ -252,10 +273,10 @@ class TurnScorer:
 
     def __call__(self, live: Sequence[ConversationRun]) -> None:
         texts = [r.turns[-1].assistant for r in live]
-        labels = self.judge.classify(texts, [r.meta["question"] for r in live], [r.meta["domain"] for r in live])
-        for r, text, label in zip(live, texts, labels):
+        verdicts = self.judge.judge(texts, [r.meta["question"] for r in live], [r.meta["domain"] for r in live])
+        for r, text, (label, answer) in zip(live, texts, verdicts):
             turn = r.turns[-1]
-            turn.info.update(judge_turn(text, r.meta["answer"], label, self.mode))
+            turn.info.update(judge_turn(text, r.meta["answer"], label, self.mode, answer))
             sim = r.meta.get("user_sim")
             if sim and len(sim) >= len(r.turns):
                 s = sim[len(r.turns) - 1]

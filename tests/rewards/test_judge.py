@@ -328,7 +328,7 @@ def test_classify_llm_parses_and_falls_back():
     assert stats == {"llm": 2, "fallback": 1, "empty": 1}
     (conversations, max_new_tokens, temperature), = backend.calls
     assert len(conversations) == 3  # the empty reply was not sent
-    assert temperature == 0.0 and max_new_tokens == 16
+    assert temperature == 0.0 and max_new_tokens == 32
     prompt = conversations[0][0]["content"]
     assert conversations[0][0]["role"] == "user"
     assert "Q1" in prompt and "It is 4 or 6 maybe." in prompt

@@ -1,0 +1,274 @@
+"""Rule-based response-type judge: which kind of reply did the assistant give?
+
+The categories are those of Lost in Conversation (LiC):
+
+- ``answer_attempt``: the reply commits to an answer (math: one value for the asked quantity).
+- ``clarification``: asks the user a single question to clarify the request.
+- ``interrogation``: asks the user several questions.
+- ``discussion``: talks about the problem without answering or asking.
+- ``hedging``: several alternative or conditional answers ("if X then 5, if Y then 7").
+- ``refusal``: declines to answer.
+- ``missing``: empty or degenerate (special tokens only, repetition, a bare "Answer:").
+
+ICPO rewards non-answers on underspecified prompts with ``NON_ANSWER_TYPES``; LiC's scoring and
+its AtR/AiwR metrics use ``is_answer_attempt``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from jaxrl_mt.rewards.verifier import extract_marked_answer, find_numbers
+
+__all__ = ["NON_ANSWER_TYPES", "RESPONSE_TYPES", "classify_rule_based", "clean_reply", "is_answer_attempt"]
+
+RESPONSE_TYPES = (
+    "answer_attempt",
+    "clarification",
+    "interrogation",
+    "discussion",
+    "hedging",
+    "refusal",
+    "missing",
+)
+NON_ANSWER_TYPES = frozenset({"clarification", "interrogation", "discussion", "hedging", "refusal"})
+
+# ----------------------------------------------------------------------------- rule patterns
+
+_SPECIAL_TOKEN_RE = re.compile(r"<\|[^|>]*\|>|</?s>|<eos>|<pad>|\[PAD\]|<end_of_turn>")
+_MARKER_ONLY_RE = re.compile(
+    r"^\W*(?:(?:the\s+)?(?:final\s+)?(?:answer|solution|response)(?:\s+is)?|assistant|user)\W*$",
+    re.IGNORECASE,
+)
+_WORD_RE = re.compile(r"[\w']+")
+_MIN_REPEAT_WORDS = 4  # repetition test needs at least this many words
+_MAX_DISTINCT_RATIO = 0.25  # distinct/total words at or below this is degenerate repetition
+
+_NUM = r"[-\u2212]?\$?\d[\d,]*(?:\.\d+)?"
+_ALTERNATIVE_RE = re.compile(  # "either 4 or 6", "could be 15 or 20"
+    r"\b(?:either|could be|might be|may be|possibly|probably)(?:\s+[\w']+){0,2}?\s+" + _NUM
+    + r"(?:\s+[\w-]+){0,3}\s+or\s+" + _NUM,
+    re.IGNORECASE,
+)
+_FRAMING_RE = re.compile(  # alone, these announce alternatives; numbers must follow
+    r"\bdepend(?:s|ing)?\s+on\b|\bpossibilit(?:y|ies)\b|\bpossible\s+answers?\b"
+    r"|\b(?:two|three|several|multiple|different)\s+(?:ways|interpretations|readings|cases|"
+    r"scenarios|options|answers)\b|\b(?:case|scenario|option)\s+\d|\botherwise\b"
+    r"|\balternatively\b|\bon\s+the\s+other\s+hand\b",
+    re.IGNORECASE,
+)
+_CONDITION_RE = re.compile(r"\bif\b|\bassuming\b|\bsuppos(?:e|ing)\b|\bin\s+case\b", re.IGNORECASE)
+
+_SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
+_PLEASANTRY_RE = re.compile(
+    r"\blet\s+me\s+know\s+if\b|\bwould\s+you\s+like\b|\bdo\s+you\s+want\s+me\b|\bshall\s+i\b"
+    r"|\bhope\s+(?:this|that|it)\s+helps\b|\bfeel\s+free\b|\b(?:other|more|further)\s+questions\b"
+    r"|\banything\s+else\b|\b(?:happy|glad)\s+to\s+help\b",
+    re.IGNORECASE,
+)
+_SECOND_PERSON_RE = re.compile(r"\byou(?:r)?\b|\bplease\b", re.IGNORECASE)
+_REQUEST_RE = re.compile(
+    r"\bplease\s+(?:tell|provide|give|share|specify|clarify|confirm|let\s+me\s+know)\b"
+    r"|\b(?:can|could|would)\s+you\s+(?:please\s+)?(?:tell|provide|give|share|specify|clarify|"
+    r"confirm|let\s+me\s+know)\b|\blet\s+me\s+know\s+(?:how|what|which|whether|the)\b",
+    re.IGNORECASE,
+)
+_EXTRA_ASK_RE = re.compile(  # a further question inside one sentence: ": what ...", ", and how ..."
+    r"(?:[;:]\s*(?:and\s+|or\s+)?|,?\s(?:and|or)\s+)"
+    r"(?:what|how|which|when|where|who|whether|is|are|do|does|did|was|were|can|could)\b",
+    re.IGNORECASE,
+)
+_QUESTION_START_RE = re.compile(
+    r"^\W*(?:and\s+)?(?:what|how|which|when|where|who|whom|why|is|are|am|do|does|did|was|were|"
+    r"can|could|would|will|should|shall|may|have|has)\b",
+    re.IGNORECASE,
+)
+_LIST_ITEM_RE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+\S")
+_REFUSAL_RE = re.compile(
+    r"\bI\s*(?:can\s*not|cannot|can't|can\u2019t|won't|will\s+not|am\s+unable|'m\s+unable|"
+    r"am\s+not\s+able|'m\s+not\s+able|do\s+not\s+know|don't\s+know|'d\s+rather\s+not|"
+    r"would\s+rather\s+not|must\s+decline|decline)\b"
+    r"|\bI\s+(?:don't|do\s+not)\s+think\s+(?:I|it|this)\s+(?:can|is\s+possible)\b"
+    r"|\bcan(?:\s*not|'t|\u2019t)\s+be\s+(?:solved|answered|determined|calculated|computed)\b"
+    r"|\bno\s+(?:answer|solution)\s+can\b|\b(?:not|n't)\s+(?:enough|sufficient)\s+information\b"
+    r"|\bimpossible\s+to\s+(?:solve|answer|determine|calculate|compute|say|tell)\b"
+    r"|\bas\s+an\s+ai\b|\bunable\s+to\s+(?:help|assist|answer|solve|provide)\b",
+    re.IGNORECASE,
+)
+_CONCLUSION_START_RE = re.compile(
+    r"^\W*(?:so|therefore|thus|hence|in\s+total|altogether|overall|finally|in\s+conclusion|"
+    r"that\s+means|this\s+means|which\s+means|the\s+total\s+is|in\s+all)\b",
+    re.IGNORECASE,
+)
+_PLANNING_RE = re.compile(
+    r"\b(?:need|needs|will|would|should|must|let's|let\s+us|we'll|have\s+to|going\s+to|"
+    r"first|next|want)\b",
+    re.IGNORECASE,
+)
+_RESULT_RE = re.compile(  # a computed value: "= 31", "gives 9", "which is 12"
+    r"(?:=|\bgives?\b|\bgiving\b|\bequals?\b|\bwhich\s+is\b|\bwe\s+get\b|\bto\s+get\b"
+    r"|\bresults?\s+in\b|\bcomes?\s+to\b)\s*(" + _NUM + r")",
+    re.IGNORECASE,
+)
+_SHORT_ANSWER_WORDS = 4  # a reply of at most this many words holding a number is an answer
+_CODE_RE = re.compile(r"```|^\s*(?:def|class|SELECT|import)\b", re.MULTILINE)
+_DISCUSSION_RE = re.compile(
+    r"\b(?:we\s+need\s+to|let's|let\s+us|to\s+solve\s+this|first,?\s+we|we\s+would|we\s+will|"
+    r"I\s+will|I'll)\b",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class _Asks:
+    """Questions and requests directed at the user."""
+
+    n_questions: int  # asks in sentences ending with "?"
+    n_requests: int  # imperative asks without "?" ("Please tell me ...")
+    n_list_items: int  # list items following an ask that ends with ":"
+
+
+def clean_reply(text: str) -> str:
+    """The reply without special tokens, stripped."""
+    return _SPECIAL_TOKEN_RE.sub(" ", text).strip()
+
+
+def _is_missing(text: str) -> bool:
+    if not re.search(r"[A-Za-z0-9]", text) or _MARKER_ONLY_RE.match(text):
+        return True
+    words = [w.lower() for w in _WORD_RE.findall(text)]
+    return len(words) >= _MIN_REPEAT_WORDS and len(set(words)) / len(words) <= _MAX_DISTINCT_RATIO
+
+
+def _is_hedging(text: str) -> bool:
+    if _ALTERNATIVE_RE.search(text):
+        return True
+    framing = _FRAMING_RE.search(text)
+    conditions = list(_CONDITION_RE.finditer(text))
+    n_cues = len(conditions) + len(_FRAMING_RE.findall(text))
+    starts = [m.start() for m in conditions]
+    if framing:
+        starts.append(framing.start())
+    if not starts or (framing is None and n_cues < 2):
+        return False
+    first = min(starts)
+    sentence_start = max(text.rfind(c, 0, first) for c in ".!?\n") + 1
+    return len(set(find_numbers(text[sentence_start:]))) >= 2  # alternatives hold numbers
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE_SPLIT_RE.split(text) if s and s.strip()]
+
+
+def _substantive(sentences: list[str]) -> list[str]:
+    """Drops pleasantries and offers ("Let me know if ...", "Would you like me to ...?")."""
+    return [s for s in sentences if not _PLEASANTRY_RE.search(s)]
+
+
+def _is_question(sentence: str) -> bool:
+    return sentence.rstrip(" *_\"')").endswith("?")
+
+
+def _count_asks(lines: list[str]) -> _Asks:
+    """Counts the asks directed at the user in a reply's substantive lines."""
+    sentences = [s for line in lines for s in _sentences(line)]
+    trailing = len(sentences)
+    while trailing > 0 and _is_question(sentences[trailing - 1]):
+        trailing -= 1  # sentences[trailing:] is the block of questions that ends the reply
+    n_questions = n_requests = 0
+    for i, s in enumerate(sentences):
+        if _is_question(s) and (i >= trailing or _SECOND_PERSON_RE.search(s)):
+            starts_as_question = bool(_QUESTION_START_RE.match(s))
+            n_questions += max(1, int(starts_as_question) + len(_EXTRA_ASK_RE.findall(s)))
+        elif not _is_question(s) and _REQUEST_RE.search(s):
+            n_requests += 1
+    n_items = 0
+    for i, line in enumerate(lines):
+        if line.rstrip().endswith(":") and (_REQUEST_RE.search(line) or "?" in line):
+            items = 0
+            for follow in lines[i + 1 :]:
+                if not _LIST_ITEM_RE.match(follow):
+                    break
+                items += 1
+            n_items = max(n_items, items)
+    return _Asks(n_questions, n_requests, n_items)
+
+
+def _n_asks(asks: _Asks) -> int:
+    if asks.n_list_items >= 2:
+        return max(asks.n_list_items, asks.n_questions)
+    return asks.n_questions if asks.n_questions else asks.n_requests
+
+
+def _concludes_with_number(sentences: list[str], text: str) -> bool:
+    """Whether the reply ends on a stated numeric result."""
+    if not sentences:
+        return False
+    last = sentences[-1]
+    numbers = find_numbers(last)
+    if not numbers:
+        return False
+    if len(_WORD_RE.findall(text)) <= _SHORT_ANSWER_WORDS:
+        return True
+    if _RESULT_RE.search(last):
+        return True
+    if _CONCLUSION_START_RE.match(last) and not _PLANNING_RE.search(last):
+        return True
+    computed = set()
+    for m in _RESULT_RE.finditer(text):
+        computed.update(find_numbers(m.group(1)))
+    if computed.intersection(numbers):
+        return True
+    # Reasoning over numbers that ends on a number not seen before: a stated result.
+    earlier = [find_numbers(s) for s in sentences[:-1]]
+    seen = {v for values in earlier for v in values}
+    return (
+        any(earlier)
+        and bool(set(numbers) - seen)
+        and not _PLANNING_RE.search(last)
+        and not _is_question(last)
+    )
+
+
+def classify_rule_based(text: str, domain: str = "math") -> str:
+    """Classifies a reply into one of ``RESPONSE_TYPES`` with regular-expression rules.
+
+    Args:
+      text: the assistant's reply.
+      domain: ``"math"`` (an answer commits to a number) or any other LiC domain (``"code"``,
+        ``"database"``, ...), where any reply that is not missing, hedging, asking or refusing
+        counts as an answer attempt unless it only plans ("we need to ...") without code.
+
+    Returns:
+      One of ``RESPONSE_TYPES``.
+    """
+    text = clean_reply(text)
+    if _is_missing(text):
+        return "missing"
+    if _is_hedging(text):
+        return "hedging"
+    if domain == "math" and extract_marked_answer(text) is not None:
+        return "answer_attempt"
+    lines = [" ".join(_substantive(_sentences(line))) for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    n_asks = _n_asks(_count_asks(lines))
+    if n_asks >= 2:
+        return "interrogation"
+    if n_asks == 1:
+        return "clarification"
+    if _REFUSAL_RE.search(text):
+        return "refusal"
+    if domain != "math":
+        if _CODE_RE.search(text) or not _DISCUSSION_RE.search(text):
+            return "answer_attempt"
+        return "discussion"
+    sentences = _substantive(_sentences(text))
+    if _concludes_with_number(sentences, text):
+        return "answer_attempt"
+    return "discussion"
+
+
+def is_answer_attempt(text: str, domain: str = "math") -> bool:
+    """Whether the rule-based judge calls ``text`` an answer attempt."""
+    return classify_rule_based(text, domain) == "answer_attempt"
