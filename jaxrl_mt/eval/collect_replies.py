@@ -74,14 +74,21 @@ def records(runs: Sequence[ConversationRun], temperature: float) -> list[dict]:
     return out
 
 
+def _every_other(run: ConversationRun, share: float) -> bool:
+    """Whether a task's conversations are also sampled at T > 0 (a fixed share of the tasks)."""
+    h = int(hashlib.sha256(("sampled|" + run.meta["task_id"]).encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return h < share
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="builtin:smollm2-135m-instruct")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--batch", type=int, default=24)
+    ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sampled-share", type=float, default=0.5, help="share of the tasks also run at T > 0")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from jaxrl_mt.eval.simulator import LengthSortedSampler
@@ -90,20 +97,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sampler = LengthSortedSampler(Sampler.from_model(load_model(a.model)))
     base = plan(default_tasks(), KINDS, a.seed)
-    out: list[dict] = []
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = set()  # (conv_id, temperature) already written: a killed run resumes after them
+    if out.exists():
+        for line in out.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a truncated last line: that batch is redone
+            done.add((rec["id"].rsplit("|", 2)[0], rec["temperature"]))
+    n = 0
     for temp in (float(x) for x in a.temperatures.split(",")):
         sampling = SamplingConfig(max_new_tokens=a.max_new_tokens, temperature=temp)
-        for i in range(0, len(base), a.batch):
+        todo = [r for r in base if (r.conv_id, temp) not in done and (temp == 0 or _every_other(r, a.sampled_share))]
+        for i in range(0, len(todo), a.batch):
             runs = [ConversationRun(conv_id=r.conv_id, system=r.system, user_turns=list(r.user_turns),
-                                    meta=dict(r.meta)) for r in base[i:i + a.batch]]
-            run_conversations(sampler, runs, sampling, seed=a.seed + i, reuse_cache=True)
-            out += records(runs, temp)
-            log.info("T=%g: %d/%d conversations, %d replies", temp, min(i + a.batch, len(base)), len(base), len(out))
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(a.out, "w", encoding="utf-8") as f:
-        for rec in out:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    print(f"wrote {len(out)} replies to {a.out}")
+                                    meta=dict(r.meta)) for r in todo[i:i + a.batch]]
+            run_conversations(sampler, runs, sampling, seed=a.seed + base.index(todo[i]), reuse_cache=True)
+            recs = records(runs, temp)
+            with open(out, "a", encoding="utf-8") as f:  # one batch at a time: nothing lost when killed
+                f.writelines(json.dumps(rec, ensure_ascii=False) + "\n" for rec in recs)
+            n += len(recs)
+            log.info("T=%g: %d/%d conversations left to run done, %d replies written", temp,
+                     min(i + a.batch, len(todo)), len(todo), n)
+    print(f"{out}: {n} new replies")
     return 0
 
 
