@@ -160,7 +160,7 @@ class Judge:
         """``(label, extracted answer or None)`` per reply; the rule-based judge extracts nothing
         (the verifier does); an LLM judge is asked once per domain present (once in math)."""
         if self.backend is None:
-            return [(classify_rule_based(t, d), None) for t, d in zip(texts, domains)]
+            return [(classify_rule_based(t, d, question=q), None) for t, q, d in zip(texts, questions, domains)]
         out: list[tuple[str, str | None]] = [("", None)] * len(texts)
         for dom in dict.fromkeys(domains):
             idx = [i for i, d in enumerate(domains) if d == dom]

@@ -19,6 +19,7 @@ from jaxrl_mt.rewards.judge_eval import (
     evaluate_labelled,
     format_table,
     load_labelled,
+    load_labelled_records,
     macro_f1,
     main,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "is_answer_attempt",
     "judge_llm",
     "load_labelled",
+    "load_labelled_records",
     "macro_f1",
     "parse_judge_answer",
     "parse_judge_reply",

@@ -27,8 +27,9 @@ class TypeScores:
     predicted: int  # predictions of this type
 
 
-def load_labelled(path: str) -> list[tuple[str, str]]:
-    """Reads a labelled JSONL file of ``{"text": ..., "label": ...}`` lines.
+def load_labelled_records(path: str, split: str | None = None) -> list[dict]:
+    """Reads a labelled JSONL file: objects with ``text`` and ``label`` (and optionally
+    ``question``, ``split`` and provenance fields), keeping those of ``split`` when given.
 
     Raises:
       ValueError: naming file, line and field for a malformed line or an unknown label.
@@ -48,11 +49,15 @@ def load_labelled(path: str) -> list[tuple[str, str]]:
                 if not isinstance(record.get(field), str):
                     raise ValueError(f"{path}:{lineno}: field {field!r} missing or not a string")
             if record["label"] not in RESPONSE_TYPES:
-                raise ValueError(
-                    f"{path}:{lineno}: field 'label' has unknown type {record['label']!r}"
-                )
-            items.append((record["text"], record["label"]))
+                raise ValueError(f"{path}:{lineno}: field 'label' has unknown type {record['label']!r}")
+            if split is None or record.get("split") == split:
+                items.append(dict(record))
     return items
+
+
+def load_labelled(path: str) -> list[tuple[str, str]]:
+    """``(text, label)`` pairs of a labelled JSONL file (see :func:`load_labelled_records`)."""
+    return [(r["text"], r["label"]) for r in load_labelled_records(path)]
 
 
 def evaluate_labelled(gold: Sequence[str], predicted: Sequence[str]) -> list[TypeScores]:
@@ -102,20 +107,32 @@ def macro_f1(scores: Sequence[TypeScores]) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eval", required=True, metavar="FILE", help="labelled JSONL file")
+    parser.add_argument("--split", default=None, help="only records of this split (tune | heldout)")
     parser.add_argument("--domain", default="math", help="task domain for the rules")
+    parser.add_argument("--judge", default="rule", help="rule, or an LLM judge: local | local:MODEL | http:URL#MODEL")
     parser.add_argument("--errors", action="store_true", help="also print misclassified items")
     args = parser.parse_args(argv)
-    items = load_labelled(args.eval)
-    gold = [label for _, label in items]
-    predicted = [classify_rule_based(text, args.domain) for text, _ in items]
+    items = load_labelled_records(args.eval, args.split)
+    gold = [r["label"] for r in items]
+    rules = [classify_rule_based(r["text"], args.domain, question=r.get("question")) for r in items]
+    predicted = rules
+    if args.judge != "rule":
+        from jaxrl_mt.backends import make_backend
+        from jaxrl_mt.rewards.judge_llm import classify_llm
+
+        stats: dict[str, int] = {}
+        predicted = classify_llm(make_backend(args.judge), [r["text"] for r in items],
+                                 [r.get("question") or "(not shown)" for r in items], domain=args.domain, stats=stats)
+        agree = sum(a == b for a, b in zip(predicted, rules)) / len(items)
+        print(f"LLM judge {args.judge}: agreement with the rule-based judge {agree:.3f}; verdicts {stats}")
     scores = evaluate_labelled(gold, predicted)
     print(format_table(scores))
     print(f"macro-F1 {macro_f1(scores):.3f}, accuracy "
           f"{sum(g == p for g, p in zip(gold, predicted)) / len(gold):.3f} on {len(gold)} items")
     if args.errors:
-        for (text, g), p in zip(items, predicted):
-            if g != p:
-                print(f"[{g} -> {p}] {text!r}")
+        for r, p in zip(items, predicted):
+            if r["label"] != p:
+                print(f"[{r['label']} -> {p}] {r['text']!r}")
     return 0
 
 

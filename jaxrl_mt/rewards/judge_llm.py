@@ -159,7 +159,8 @@ def judge_llm(backend, texts: Sequence[str], questions: Sequence[str] | None = N
             if label is None:
                 counts["fallback"] += 1
                 log.warning("judge reply %r names no category; using the rule-based verdict", reply)
-                out[i] = LLMVerdict(classify_rule_based(texts[i], domain), None, "fallback")
+                out[i] = LLMVerdict(classify_rule_based(texts[i], domain, question=questions[i] if questions else None),
+                                    None, "fallback")
             else:
                 counts["llm"] += 1
                 answer = parse_judge_answer(reply) if label == "answer_attempt" else None

@@ -91,9 +91,12 @@ _REFUSAL_RE = re.compile(
     r"would\s+rather\s+not|must\s+decline|decline)\b"
     r"|\bI\s+(?:don't|do\s+not)\s+think\s+(?:I|it|this)\s+(?:can|is\s+possible)\b"
     r"|\bcan(?:\s*not|'t|\u2019t)\s+be\s+(?:solved|answered|determined|calculated|computed)\b"
-    r"|\bno\s+(?:answer|solution)\s+can\b|\b(?:not|n't)\s+(?:enough|sufficient)\s+information\b"
+    r"|\bno\s+(?:(?:single|definite|unique|clear)\s+)?(?:answer|solution)\s+(?:can|is\s+possible|exists)\b"
+    r"|\b(?:not|n't)\s+(?:enough|sufficient)\s+information\b"
     r"|\bimpossible\s+to\s+(?:solve|answer|determine|calculate|compute|say|tell)\b"
-    r"|\bas\s+an\s+ai\b|\bunable\s+to\s+(?:help|assist|answer|solve|provide)\b",
+    r"|\bas\s+an?\s+(?:ai|chatbot|language\s+model|(?:ai\s+)?assistant)\b"
+    r"|\b(?:don't|do\s+not)\s+have\s+the\s+(?:capability|ability|means)\b"
+    r"|\bunable\s+to\s+(?:help|assist|answer|solve|provide)\b",
     re.IGNORECASE,
 )
 _CONCLUSION_START_RE = re.compile(
@@ -201,37 +204,108 @@ def _n_asks(asks: _Asks) -> int:
     return asks.n_questions if asks.n_questions else asks.n_requests
 
 
-def _concludes_with_number(sentences: list[str], text: str) -> bool:
-    """Whether the reply ends on a stated numeric result."""
-    if not sentences:
-        return False
-    last = sentences[-1]
-    numbers = find_numbers(last)
-    if not numbers:
-        return False
-    if len(_WORD_RE.findall(text)) <= _SHORT_ANSWER_WORDS:
-        return True
-    if _RESULT_RE.search(last):
-        return True
-    if _CONCLUSION_START_RE.match(last) and not _PLANNING_RE.search(last):
-        return True
-    computed = set()
-    for m in _RESULT_RE.finditer(text):
-        computed.update(find_numbers(m.group(1)))
-    if computed.intersection(numbers):
-        return True
-    # Reasoning over numbers that ends on a number not seen before: a stated result.
-    earlier = [find_numbers(s) for s in sentences[:-1]]
-    seen = {v for values in earlier for v in values}
-    return (
-        any(earlier)
-        and bool(set(numbers) - seen)
-        and not _PLANNING_RE.search(last)
-        and not _is_question(last)
-    )
+_STATE_RE = re.compile(  # a quantity's value stated as a state: "has 12", "is 12", "12 left"
+    r"\b(?:has|have|had|holds?|held|contains?|is|are|was|were|costs?|owns?|makes?|left|remain(?:s|ing)?|"
+    r"now|total|altogether|in\s+all|at\s+the\s+end|end(?:s|ed)?\s+(?:up\s+)?with|there\s+(?:are|is|were|was))\b",
+    re.IGNORECASE,
+)
+_START_RE = re.compile(  # the starting amount, a given, not the asked (final) quantity
+    r"\bstart(?:s|ed)?\s+(?:off\s+)?with\b|\binitially\b|\bat\s+first\b|\bto\s+begin\s+with\b",
+    re.IGNORECASE,
+)
+_PLAN_RE = re.compile(  # announces work still to do: "we need to", "to find out", "let's"
+    r"\bneeds?\s+to\b|\blet's\b|\blet\s+us\b|\bto\s+(?:find|solve|calculate|determine|figure|work)\b"
+    r"|\bwe\s+(?:will|would|can|must|should|have\s+to)\b|\bI\s+(?:will|would|need)\b|\bfirst,?\s+we\b"
+    r"|\bwants?\s+to\b|\blet\s+\w\s+be\b|\bwill\s+(?:determine|depend|decide|affect)\b|\bdepends?\s+on\b",
+    re.IGNORECASE,
+)
+_GIVEN_RE = re.compile(  # restates what the problem gives: "we know that", "is given as", "so far"
+    r"\bgiven\b|\bwe\s+know\b|\bso\s+far\b|\bthe\s+(?:question|problem)\b|\btells?\s+us\b",
+    re.IGNORECASE,
+)
+_VARIABLE_RE = re.compile(r"\d[a-z]\b")  # "3x": an expression in a variable, not a value
+_REOPEN_RE = re.compile(  # a sentence that starts more work on the question: "To find out how many ..."
+    r"^\W*(?:(?:now|next|then|so),?\s+)?(?:to\s+(?:find|calculate|determine|figure|solve|get)|let's|let\s+us"
+    r"|we\s+(?:need|have|will|can|must|should))\b"
+    r"|\bis\s+(?:the\s+)?(?:sum|difference|product|quotient)\s+of\b",  # defines the computation still to do
+    re.IGNORECASE,
+)
+_KEY_VALUE_RE = re.compile(r"^[^:\d]{1,40}:\s*\$?\d[\d,.]*(?:\s+[A-Za-z]+)?\W*$")  # "Total: 20 books"
+_UNFINISHED_RE = re.compile(r"[-+*/=\u00d7\u00f7(]\s*$|\b(?:x|times|plus|minus|by)\s*$")  # cut off mid-expression
+_ADDRESS_RE = re.compile(r"\byou\b|\byour\b", re.IGNORECASE)  # "you said 12": the user's fact, not a claim
 
 
-def classify_rule_based(text: str, domain: str = "math") -> str:
+_STOPWORDS = frozenset(
+    "a an the of in on at to for from by with and or but is are was were be been do does did has have had "
+    "how many much what which who whom whose when where why will would can could should shall may might "
+    "it its he she they them their his her him i you we our your this that these those there then than "
+    "now left after before each every all total number amount more less".split())
+
+
+def _terms(text: str) -> set[str]:
+    """Content words of ``text``, lower-cased, a plural ``s`` dropped."""
+    words = (w.lower().rstrip("'s") for w in _WORD_RE.findall(text) if not w[0].isdigit())
+    return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words if w and w not in _STOPWORDS}
+
+
+def _asked_terms(question: str | None) -> set[str] | None:
+    """Content words of the question's asking sentence (the last one ending in "?"), or None."""
+    if not question:
+        return None
+    asks = [x for x in _SENTENCE_SPLIT_RE.split(question) if x.strip().endswith("?")]
+    return _terms(asks[-1]) if asks else None
+
+
+def _computed(text: str) -> set[float]:
+    """Values the reply computed ("= 31", "gives 9", "which is 12")."""
+    return {v for m in _RESULT_RE.finditer(text) for v in find_numbers(m.group(1))}
+
+
+def _commits(sentence: str, n_words: int, computed: set[float], asked: set[str] | None) -> bool:
+    """Whether a sentence commits to a value: a number stated as a result, a conclusion or a state.
+
+    An event ("Ava gives away 14 marbles"), the starting amount ("Ava starts with 12"), a plan
+    ("we need to add 5"), a restated given ("we know that ..."), an expression in a variable
+    ("3x") or a question does not; a computed result ("= 17"), or a value the reply computed
+    before, does. With the question known (``asked``: its content words), a state commits only
+    when it talks about what was asked ("The fee is $5." does not answer "What is the total cost?").
+    """
+    numbers = find_numbers(sentence)
+    if not numbers or _is_question(sentence) or _VARIABLE_RE.search(sentence) or _UNFINISHED_RE.search(sentence):
+        return False
+    if _RESULT_RE.search(sentence) or computed.intersection(numbers):
+        return True
+    if n_words <= _SHORT_ANSWER_WORDS or _KEY_VALUE_RE.match(sentence):
+        return True
+    if _PLAN_RE.search(sentence) or _ADDRESS_RE.search(sentence) or _START_RE.search(sentence) \
+            or _GIVEN_RE.search(sentence):
+        return False
+    if _CONCLUSION_START_RE.match(sentence):
+        return True
+    return bool(_STATE_RE.search(sentence)) and (asked is None or bool(asked & _terms(sentence)))
+
+
+def _commitment(sentences: list[str], text: str, asked: set[str] | None) -> bool:
+    """Whether the reply's conclusion commits to a value.
+
+    The conclusion is the last sentence that holds a number and, when the question is known,
+    talks about what was asked (a closing remark such as "This is a classic example ... ratio 3"
+    is skipped). Number-free sentences after it do not undo it, unless one starts more work on
+    the question ("To find out how many ..., we need to ..."): the reply then has not concluded.
+    """
+    n_words = len(_WORD_RE.findall(text))
+    idx = [i for i, s in enumerate(sentences) if find_numbers(s)]
+    if asked is not None:
+        idx = [i for i in idx if asked & _terms(sentences[i])] or idx[-1:]
+    if not idx:
+        return False
+    last = idx[-1]
+    if any(_REOPEN_RE.search(s) for s in sentences[last + 1:]):
+        return False
+    return _commits(sentences[last], n_words, _computed(text), asked)
+
+
+def classify_rule_based(text: str, domain: str = "math", *, question: str | None = None) -> str:
     """Classifies a reply into one of ``RESPONSE_TYPES`` with regular-expression rules.
 
     Args:
@@ -239,6 +313,8 @@ def classify_rule_based(text: str, domain: str = "math") -> str:
       domain: ``"math"`` (an answer commits to a number) or any other LiC domain (``"code"``,
         ``"database"``, ...), where any reply that is not missing, hedging, asking or refusing
         counts as an answer attempt unless it only plans ("we need to ...") without code.
+      question: the task as the user stated it (optional; math): a reply that only states some
+        other quantity than the one asked is then not an answer attempt.
 
     Returns:
       One of ``RESPONSE_TYPES``.
@@ -263,12 +339,11 @@ def classify_rule_based(text: str, domain: str = "math") -> str:
         if _CODE_RE.search(text) or not _DISCUSSION_RE.search(text):
             return "answer_attempt"
         return "discussion"
-    sentences = _substantive(_sentences(text))
-    if _concludes_with_number(sentences, text):
+    if _commitment(_substantive(_sentences(text)), text, _asked_terms(question)):
         return "answer_attempt"
     return "discussion"
 
 
-def is_answer_attempt(text: str, domain: str = "math") -> bool:
+def is_answer_attempt(text: str, domain: str = "math", *, question: str | None = None) -> bool:
     """Whether the rule-based judge calls ``text`` an answer attempt."""
-    return classify_rule_based(text, domain) == "answer_attempt"
+    return classify_rule_based(text, domain, question=question) == "answer_attempt"

@@ -187,14 +187,49 @@ def test_conclusion_rule(text):
     [
         "We need to divide the distance by the speed.",
         "The trip is 240 miles, and the speed will determine the time.",  # planning word
-        # Only one sentence holds a number: no reasoning over numbers to conclude from.
-        "To find the cost we multiply tickets by price. The fee is a fixed $5.",
         "First we add 3 and 4. Then we will need to multiply by 2.",  # new number, but planning
         "So we need to multiply 12 by 4 first.",
     ],
 )
 def test_discussion_is_the_default(text):
     assert classify_rule_based(text) == "discussion"
+
+
+# Replies of the embedded model (tune split of tests/rewards/judge_real), one per rule.
+@pytest.mark.parametrize(
+    "text, question, label",
+    [
+        # A plain statement of the asked quantity commits, even to a number the user just gave.
+        ("Jonas has 23 coins.", "How many coins does Jonas have at the end of the first day?", "answer_attempt"),
+        ("The number of apples Liam has at the end of the first day is 1.",
+         "How many apples does Liam have at the end of the first day?", "answer_attempt"),
+        # Repeating the user's event, or the starting amount, does not.
+        ("Ava loses 11 books on the first day.", "How many books does Ava have at the end of the first day?",
+         "discussion"),
+        ("Ava starts with 12 books.", "How many books does Ava have at the end of the first day?", "discussion"),
+        # A value, then more work on the question: not concluded.
+        ("Emma buys 25 more cards on the first day, which means she has 25 cards in total. On the second day, "
+         "she receives 12 cards from a friend, so she has 2 * 12 = 24 cards left.\n\nTo find out how many cards "
+         "Emma has at the end of the second day, we need to calculate the number of cards Emma has at the end of the",
+         "How many cards does Emma have at the end of the second day?", "discussion"),
+        # A closing remark about something else does not undo the stated value.
+        ("If Chloe starts with 39 marbles, she has 3 * 39 = 108 marbles left over after the initial 39 marbles.\n\n"
+         "This is a classic example of a geometric progression, where the ratio of the initial number to the final "
+         "number is 3.", "How many marbles does Chloe have at the end of the first day?", "answer_attempt"),
+        # A "label: value" line.
+        ("D\u00eda de la Maderia: 20 books\n\nThis is a classic example of a mathematical concept.",
+         "How many books does Diego have at the end of the second day?", "answer_attempt"),
+        # Cut off in the middle of an expression.
+        ("So, Ava has 12 - 11 = 1 book left.\n\nTo find out how many books Ava has at the end of the first day, we "
+         "need to calculate the number of days she has left.\n\nThe number of days Ava has left is 12 -",
+         "How many books does Ava have at the end of the first day?", "discussion"),
+        # With the question known, a state of another quantity is not an answer.
+        ("To find the cost we multiply tickets by price. The fee is a fixed $5.",
+         "What is the total cost of the tickets?", "discussion"),
+    ],
+)
+def test_statements_of_the_asked_quantity(text, question, label):
+    assert classify_rule_based(text, question=question) == label
 
 
 def test_other_domains():
