@@ -230,6 +230,8 @@ _REOPEN_RE = re.compile(  # a sentence that starts more work on the question: "T
     r"|\bis\s+(?:the\s+)?(?:sum|difference|product|quotient)\s+of\b",  # defines the computation still to do
     re.IGNORECASE,
 )
+_STEP_RE = re.compile(  # opens another step of the work
+    r"^\W*(?:on|in|during|after|then|next|now|first|second|third|finally|when|if|since)\b", re.IGNORECASE)
 _KEY_VALUE_RE = re.compile(r"^[^:\d]{1,40}:\s*\$?\d[\d,.]*(?:\s+[A-Za-z]+)?\W*$")  # "Total: 20 books"
 _UNFINISHED_RE = re.compile(r"[-+*/=\u00d7\u00f7(]\s*$|\b(?:x|times|plus|minus|by)\s*$")  # cut off mid-expression
 _ADDRESS_RE = re.compile(r"\byou\b|\byour\b", re.IGNORECASE)  # "you said 12": the user's fact, not a claim
@@ -256,6 +258,11 @@ def _asked_terms(question: str | None) -> set[str] | None:
     return _terms(asks[-1]) if asks else None
 
 
+def _cut_off(text: str) -> bool:
+    """Whether the reply stops mid-sentence (no closing punctuation: the token budget ran out)."""
+    return not re.search(r"[.!?)\]}*\"'`:]\s*$", text)
+
+
 def _computed(text: str) -> set[float]:
     """Values the reply computed ("= 31", "gives 9", "which is 12")."""
     return {v for m in _RESULT_RE.finditer(text) for v in find_numbers(m.group(1))}
@@ -273,13 +280,15 @@ def _commits(sentence: str, n_words: int, computed: set[float], asked: set[str] 
     numbers = find_numbers(sentence)
     if not numbers or _is_question(sentence) or _VARIABLE_RE.search(sentence) or _UNFINISHED_RE.search(sentence):
         return False
-    if _RESULT_RE.search(sentence) or computed.intersection(numbers):
+    if _RESULT_RE.search(sentence):
         return True
     if n_words <= _SHORT_ANSWER_WORDS or _KEY_VALUE_RE.match(sentence):
         return True
     if _PLAN_RE.search(sentence) or _ADDRESS_RE.search(sentence) or _START_RE.search(sentence) \
             or _GIVEN_RE.search(sentence):
         return False
+    if computed.intersection(numbers):
+        return True
     if _CONCLUSION_START_RE.match(sentence):
         return True
     return bool(_STATE_RE.search(sentence)) and (asked is None or bool(asked & _terms(sentence)))
@@ -300,8 +309,11 @@ def _commitment(sentences: list[str], text: str, asked: set[str] | None) -> bool
     if not idx:
         return False
     last = idx[-1]
-    if any(_REOPEN_RE.search(s) for s in sentences[last + 1:]):
+    after = sentences[last + 1:]
+    if any(_REOPEN_RE.search(s) for s in after):
         return False
+    if after and _cut_off(text) and _STEP_RE.match(after[-1]):
+        return False  # cut off while starting another step ("On the second day, Ben receiv")
     return _commits(sentences[last], n_words, _computed(text), asked)
 
 
