@@ -250,12 +250,58 @@ def _terms(text: str) -> set[str]:
     return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words if w and w not in _STOPWORDS}
 
 
-def _asked_terms(question: str | None) -> set[str] | None:
-    """Content words of the question's asking sentence (the last one ending in "?"), or None."""
-    if not question:
-        return None
-    asks = [x for x in _SENTENCE_SPLIT_RE.split(question) if x.strip().endswith("?")]
-    return _terms(asks[-1]) if asks else None
+@dataclass(frozen=True)
+class _Context:
+    """What the judge knows of the conversation besides the reply (all optional)."""
+
+    asked: frozenset[str] | None = None  # content words of the question's asking sentence
+    unit: str | None = None  # the counted noun of a "How many X ..." question
+    user: frozenset[str] | None = None  # words of the user message this reply answers
+    given: frozenset[float] | None = None  # numbers of the question and the user message
+
+
+_HOW_MANY_RE = re.compile(r"\bhow\s+many\s+(?:(?:more|fewer|less|total|extra|additional|different)\s+)?([a-z]+)",
+                          re.IGNORECASE)
+_AUX = frozenset("do does did is are was were will would can could has have had should".split())
+
+
+def _stem(word: str) -> str:
+    w = word.lower().rstrip("'s") if word.endswith("'s") else word.lower()
+    return w[:-1] if len(w) > 3 and w.endswith("s") else w
+
+
+def _context(question: str | None, user: str | None) -> _Context:
+    asked = unit = None
+    if question:
+        asks = [x for x in _SENTENCE_SPLIT_RE.split(question) if x.strip().endswith("?")]
+        if asks:
+            asked = frozenset(_terms(asks[-1]))
+            m = _HOW_MANY_RE.search(asks[-1])
+            unit = _stem(m.group(1)) if m and m.group(1).lower() not in _AUX else None
+    statements = " ".join(x for x in _SENTENCE_SPLIT_RE.split(user or "") if not x.strip().endswith("?"))
+    words = frozenset(_stem(w) for w in _WORD_RE.findall(statements)) if statements.strip() else None
+    given = frozenset(find_numbers(f"{question or ''} {user or ''}")) if (question or user) else None
+    return _Context(asked, unit, words, given)
+
+
+def _is_echo(sentence: str, ctx: _Context) -> bool:
+    """Whether a sentence only repeats the user's statements (its words are the user's; a question
+    the user asked does not count: answering it in its own words is an answer)."""
+    if ctx.user is None:
+        return False
+    words = [_stem(w) for w in _WORD_RE.findall(sentence)]
+    return bool(words) and sum(w in ctx.user for w in words) >= 0.85 * len(words)
+
+
+def _counts_asked_unit(sentence: str, unit: str | None) -> bool:
+    """With a "How many X" question: some number of the sentence counts X (or stands alone)."""
+    if unit is None:
+        return True
+    for m in re.finditer(r"\d[\d,.]*\s*(%?)\s*((?:[A-Za-z-]+\s*){0,2})", sentence):
+        following = ["%"] if m.group(1) else [_stem(w) for w in m.group(2).split()]
+        if not following or unit in following:
+            return True
+    return False
 
 
 def _cut_off(text: str) -> bool:
@@ -268,33 +314,43 @@ def _computed(text: str) -> set[float]:
     return {v for m in _RESULT_RE.finditer(text) for v in find_numbers(m.group(1))}
 
 
-def _commits(sentence: str, n_words: int, computed: set[float], asked: set[str] | None) -> bool:
+def _commits(sentence: str, n_words: int, computed: set[float], ctx: _Context, cut_off: bool) -> bool:
     """Whether a sentence commits to a value: a number stated as a result, a conclusion or a state.
 
-    An event ("Ava gives away 14 marbles"), the starting amount ("Ava starts with 12"), a plan
-    ("we need to add 5"), a restated given ("we know that ..."), an expression in a variable
-    ("3x") or a question does not; a computed result ("= 17"), or a value the reply computed
-    before, does. With the question known (``asked``: its content words), a state commits only
-    when it talks about what was asked ("The fee is $5." does not answer "What is the total cost?").
+    An event ("Ava gives away 14 marbles"), the starting amount ("Ava starts with 12", unless the
+    question asks for it), a plan ("we need to add 5"), a restated given ("we know that ..."), a
+    repetition of the user's message, an expression in a variable ("3x") or a question does
+    not; a computed result ("= 17"), or a value the reply computed before, does. With the
+    question known, a state commits only when it talks about what was asked, and counts the
+    asked thing ("The program had 3 months of downloads." does not answer "How many downloads
+    ...?"). A reply cut off by the token budget commits only through a conclusion ("So ...") or
+    a statement of the asked count: a result in the middle of unfinished work is intermediate.
     """
     numbers = find_numbers(sentence)
     if not numbers or _is_question(sentence) or _VARIABLE_RE.search(sentence) or _UNFINISHED_RE.search(sentence):
         return False
+    concludes = bool(_CONCLUSION_START_RE.match(sentence))
     if _RESULT_RE.search(sentence):
-        return True
+        return concludes or not cut_off
     if n_words <= _SHORT_ANSWER_WORDS or _KEY_VALUE_RE.match(sentence):
         return True
-    if _PLAN_RE.search(sentence) or _ADDRESS_RE.search(sentence) or _START_RE.search(sentence) \
-            or _GIVEN_RE.search(sentence):
+    start_asked = ctx.asked is not None and "start" in ctx.asked
+    if _PLAN_RE.search(sentence) or _ADDRESS_RE.search(sentence) or _GIVEN_RE.search(sentence) \
+            or (_START_RE.search(sentence) and not start_asked) or _is_echo(sentence, ctx):
         return False
-    if computed.intersection(numbers):
+    if concludes or (computed.intersection(numbers) and not cut_off):
         return True
-    if _CONCLUSION_START_RE.match(sentence):
-        return True
-    return bool(_STATE_RE.search(sentence)) and (asked is None or bool(asked & _terms(sentence)))
+    states = _STATE_RE.search(sentence) or (start_asked and _START_RE.search(sentence))
+    if not states or not _counts_asked_unit(sentence, ctx.unit):
+        return False
+    if len(set(numbers)) > 1 and ctx.given is not None and set(numbers) <= ctx.given:
+        return False  # several given numbers and no computation: a restatement of the facts
+    if cut_off and ctx.unit is None:
+        return False
+    return ctx.asked is None or bool(ctx.asked & _terms(sentence))
 
 
-def _commitment(sentences: list[str], text: str, asked: set[str] | None) -> bool:
+def _commitment(sentences: list[str], text: str, ctx: _Context) -> bool:
     """Whether the reply's conclusion commits to a value.
 
     The conclusion is the last sentence that holds a number and, when the question is known,
@@ -304,20 +360,30 @@ def _commitment(sentences: list[str], text: str, asked: set[str] | None) -> bool
     """
     n_words = len(_WORD_RE.findall(text))
     idx = [i for i, s in enumerate(sentences) if find_numbers(s)]
-    if asked is not None:
-        idx = [i for i in idx if asked & _terms(sentences[i])] or idx[-1:]
+    if ctx.asked is not None:
+        idx = [i for i in idx if ctx.asked & _terms(sentences[i])] or idx[-1:]
     if not idx:
         return False
     last = idx[-1]
     after = sentences[last + 1:]
+    cut_off = _cut_off(text)
     if any(_REOPEN_RE.search(s) for s in after):
         return False
-    if after and _cut_off(text) and _STEP_RE.match(after[-1]):
+    if after and cut_off and _STEP_RE.match(after[-1]):
         return False  # cut off while starting another step ("On the second day, Ben receiv")
-    return _commits(sentences[last], n_words, _computed(text), asked)
+    computed = _computed(text)
+    if _commits(sentences[last], n_words, computed, ctx, cut_off):
+        return True
+    # Cut off inside the concluding sentence ("The profit is 150%"): the sentence before decides.
+    if not (cut_off and not after and len(idx) > 1):
+        return False
+    prev = idx[-2]
+    return not any(_REOPEN_RE.search(s) for s in sentences[prev + 1:]) \
+        and _commits(sentences[prev], n_words, computed, ctx, cut_off)
 
 
-def classify_rule_based(text: str, domain: str = "math", *, question: str | None = None) -> str:
+def classify_rule_based(text: str, domain: str = "math", *, question: str | None = None,
+                        user: str | None = None) -> str:
     """Classifies a reply into one of ``RESPONSE_TYPES`` with regular-expression rules.
 
     Args:
@@ -327,6 +393,8 @@ def classify_rule_based(text: str, domain: str = "math", *, question: str | None
         counts as an answer attempt unless it only plans ("we need to ...") without code.
       question: the task as the user stated it (optional; math): a reply that only states some
         other quantity than the one asked is then not an answer attempt.
+      user: the user message the reply answers (optional; math): a reply that only repeats it
+        is then not an answer attempt.
 
     Returns:
       One of ``RESPONSE_TYPES``.
@@ -351,11 +419,12 @@ def classify_rule_based(text: str, domain: str = "math", *, question: str | None
         if _CODE_RE.search(text) or not _DISCUSSION_RE.search(text):
             return "answer_attempt"
         return "discussion"
-    if _commitment(_substantive(_sentences(text)), text, _asked_terms(question)):
+    if _commitment(_substantive(_sentences(text)), text, _context(question, user)):
         return "answer_attempt"
     return "discussion"
 
 
-def is_answer_attempt(text: str, domain: str = "math", *, question: str | None = None) -> bool:
+def is_answer_attempt(text: str, domain: str = "math", *, question: str | None = None,
+                      user: str | None = None) -> bool:
     """Whether the rule-based judge calls ``text`` an answer attempt."""
-    return classify_rule_based(text, domain, question=question) == "answer_attempt"
+    return classify_rule_based(text, domain, question=question, user=user) == "answer_attempt"
