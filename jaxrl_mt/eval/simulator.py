@@ -155,12 +155,15 @@ class Judge:
         self.name = name
         self.stats: dict[str, int] = {}
 
-    def judge(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str]
-              ) -> list[tuple[str, str | None]]:
+    def judge(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str],
+              users: Sequence[str] | None = None) -> list[tuple[str, str | None]]:
         """``(label, extracted answer or None)`` per reply; the rule-based judge extracts nothing
-        (the verifier does); an LLM judge is asked once per domain present (once in math)."""
+        (the verifier does) and reads the question and the user message the reply answers as
+        context; an LLM judge is asked once per domain present (once in math)."""
         if self.backend is None:
-            return [(classify_rule_based(t, d, question=q), None) for t, q, d in zip(texts, questions, domains)]
+            users = users if users is not None else [None] * len(texts)
+            return [(classify_rule_based(t, d, question=q, user=u), None)
+                    for t, q, d, u in zip(texts, questions, domains, users)]
         out: list[tuple[str, str | None]] = [("", None)] * len(texts)
         for dom in dict.fromkeys(domains):
             idx = [i for i, d in enumerate(domains) if d == dom]
@@ -273,7 +276,8 @@ class TurnScorer:
 
     def __call__(self, live: Sequence[ConversationRun]) -> None:
         texts = [r.turns[-1].assistant for r in live]
-        verdicts = self.judge.judge(texts, [r.meta["question"] for r in live], [r.meta["domain"] for r in live])
+        verdicts = self.judge.judge(texts, [r.meta["question"] for r in live], [r.meta["domain"] for r in live],
+                                    [r.turns[-1].user for r in live])
         for r, text, (label, answer) in zip(live, texts, verdicts):
             turn = r.turns[-1]
             turn.info.update(judge_turn(text, r.meta["answer"], label, self.mode, answer))

@@ -51,6 +51,11 @@ _ALTERNATIVE_RE = re.compile(  # "either 4 or 6", "could be 15 or 20"
     + r"(?:\s+[\w-]+){0,3}\s+or\s+" + _NUM,
     re.IGNORECASE,
 )
+_RANGE_RE = re.compile(  # "approximately 85-90", "between 10 and 20": a range of candidate answers
+    r"\b(?:approximately|about|around|roughly|somewhere|between)\s+(?:between\s+)?" + _NUM
+    + r"\s*(?:-|\u2013|to|and)\s*" + _NUM,
+    re.IGNORECASE,
+)
 _FRAMING_RE = re.compile(  # alone, these announce alternatives; numbers must follow
     r"\bdepend(?:s|ing)?\s+on\b|\bpossibilit(?:y|ies)\b|\bpossible\s+answers?\b"
     r"|\b(?:two|three|several|multiple|different)\s+(?:ways|interpretations|readings|cases|"
@@ -145,7 +150,7 @@ def _is_missing(text: str) -> bool:
 
 
 def _is_hedging(text: str) -> bool:
-    if _ALTERNATIVE_RE.search(text):
+    if _ALTERNATIVE_RE.search(text) or _RANGE_RE.search(text):
         return True
     framing = _FRAMING_RE.search(text)
     conditions = list(_CONDITION_RE.finditer(text))
@@ -223,7 +228,7 @@ _GIVEN_RE = re.compile(  # restates what the problem gives: "we know that", "is 
     r"\bgiven\b|\bwe\s+know\b|\bso\s+far\b|\bthe\s+(?:question|problem)\b|\btells?\s+us\b",
     re.IGNORECASE,
 )
-_VARIABLE_RE = re.compile(r"\d[a-z]\b")  # "3x": an expression in a variable, not a value
+_VARIABLE_RE = re.compile(r"\d(?!s\b)[a-z]\b")  # "3x": an expression in a variable, not a value ("2s" is a plural)
 _REOPEN_RE = re.compile(  # a sentence that starts more work on the question: "To find out how many ..."
     r"^\W*(?:(?:now|next|then|so),?\s+)?(?:to\s+(?:find|calculate|determine|figure|solve|get)|let's|let\s+us"
     r"|we\s+(?:need|have|will|can|must|should))\b"

@@ -106,7 +106,7 @@ class ICPOTrainer(Trainer):
 
     def judge(self, texts: Sequence[str], questions: Sequence[str]) -> list[str]:
         if self.judge_backend is None:
-            return [classify_rule_based(t, question=q) for t, q in zip(texts, questions)]
+            return [classify_rule_based(t, question=q, user=q) for t, q in zip(texts, questions)]
         return classify_llm(self.judge_backend, list(texts), list(questions))
 
     def rewards(self, items: Sequence[TrainItem], res: Any) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list]]:

@@ -39,7 +39,7 @@ def _norm(text: str) -> str:
 
 
 def _predict(recs: list[dict]) -> list[str]:
-    return [classify_rule_based(r["text"], "math", question=r["question"]) for r in recs]
+    return [classify_rule_based(r["text"], "math", question=r["question"], user=r["user"]) for r in recs]
 
 
 TUNE, HELDOUT = _load(REAL / "tune.jsonl"), _load(REAL / "heldout.jsonl")
