@@ -46,8 +46,9 @@ def flag_error_message(e: BaseException, argv: Sequence[str]) -> str:
     """One line describing why parsing the command line failed."""
     text = _unrepr(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
     unknown = re.match(r"'(\w+)'\s+Did you mean \"(\w+)\"", " ".join(text.split()))
-    if unknown or (isinstance(e, (KeyError, AttributeError)) and re.fullmatch(r"'\w+'", text.strip())):
-        key = unknown.group(1) if unknown else text.strip().strip("'")
+    bare = re.fullmatch(r"'?(\w+)'?", text.strip()) if isinstance(e, (KeyError, AttributeError)) else None
+    if unknown or bare:
+        key = (unknown or bare).group(1)
         where = next((a for a in argv if a.startswith("--config.")
                       and key in a[len("--config."):].split("=")[0].split(".")), "--config")
         hint = f" (did you mean '{unknown.group(2)}'?)" if unknown else ""
@@ -75,7 +76,10 @@ def parse_flags(argv: list[str]) -> list[str]:
 def config_value(holder: object) -> object:
     """``holder.value`` of a config flag; a config file that failed to load is one line, exit 2."""
     try:
-        return holder.value  # type: ignore[attr-defined]
+        value = holder.value  # type: ignore[attr-defined]
+        if value is not None:
+            getattr(value, "keys")  # a config that failed to load raises on first use
+        return value
     except Exception as e:  # a missing or failing config file (ml_collections defers the error to here)
         if os.environ.get("JAXRL_MT_TRACEBACK"):
             raise

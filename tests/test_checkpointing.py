@@ -301,21 +301,6 @@ def test_every_step_damaged_is_one_line_and_readers_move_nothing(tmp_path):
     assert sorted(os.listdir(d)) == ["1", "2", "3"]  # nothing moved when nothing restores
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 1 MiB tmpfs (root only; skipped where mounting is not allowed)."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
 def _big(value: float):
     """600 KiB of incompressible floats (w[0] = value): one fits in 1 MiB, two do not."""
     w = np.random.default_rng(int(value)).normal(size=600 * 1024 // 4).astype(np.float32)
