@@ -176,7 +176,11 @@ def export_hf_folder(cfg: ModelConfig, params: Params, out_dir: str | os.PathLik
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         why = getattr(e, "strerror", None) or " ".join(str(e).split())
-        if getattr(e, "filename", None) and str(e.filename) != str(out):
+        if "No space left on device" in why:  # also safetensors' "Error while serializing: I/O error: ..."
+            why = "No space left on device"
+        elif isinstance(e, FileExistsError) and e.filename and not os.path.isdir(e.filename):
+            why = f"{e.filename} is a file, not a folder"  # mkdir's "File exists" for a file in the path
+        elif getattr(e, "filename", None) and str(e.filename) != str(out):
             why += f": {e.filename}"
         kept = "; the previous folder is kept" if out.is_dir() else ""
         raise ExportError(f"cannot write the export folder {out} ({why}){kept}") from None
