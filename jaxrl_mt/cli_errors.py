@@ -78,7 +78,7 @@ def config_value(holder: object) -> object:
     try:
         value = holder.value  # type: ignore[attr-defined]
         if value is not None:
-            getattr(value, "keys")  # a config that failed to load raises on first use
+            _ = value.keys  # a config that failed to load raises on first use
         return value
     except Exception as e:  # a missing or failing config file (ml_collections defers the error to here)
         if os.environ.get("JAXRL_MT_TRACEBACK"):

@@ -75,7 +75,7 @@ def test_resume_over_damaged_checkpoint_and_cut_log_then_failed_export(tiny_chat
     logs: list[str] = []
     with pytest.raises(ExportError) as info:
         Trainer(c, log=logs.append).run()
-    assert str(info.value) == f"cannot write the export folder {blocker / 'export'} (Not a directory)"
+    assert str(info.value) == f"cannot write the export folder {blocker / 'export'} ({blocker} is a file, not a folder)"
     skipped = [ln for ln in logs if "does not restore" in ln]
     assert len(skipped) == 1 and "\n" not in skipped[0], logs
     assert skipped[0].startswith(f"checkpoint step 2 in {wd / 'checkpoints'} does not restore (KeyError: ")
