@@ -311,8 +311,8 @@ class Checkpointer:
           on_skip: receives the line of each skipped step (default: a logging warning).
 
         Returns:
-          ``(state, extra)``: ``state`` has ``target``'s structure, dtypes and shardings;
-          ``extra["step"]``-style bookkeeping is the caller's.
+          ``(state, extra)`` of the restored step (with a fallback: an older one than the latest);
+          ``state`` has ``target``'s structure, dtypes and shardings.
 
         Raises:
           FileNotFoundError: if there is no such (finalised) step.
