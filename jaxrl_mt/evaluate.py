@@ -13,8 +13,8 @@ whole batch), and writes into the workdir:
   config fields are kept in ``eval_config.json`` and a rerun with different ones is refused.
 - ``report.json``, ``report.md`` and PNG plots, built from the transcripts.
 
-Bad input (an unknown scenario, task or source, a record without an answer, a failing backend)
-ends the command with one line on stderr and exit status 2.
+Bad input (a misspelt config key, an unknown scenario, task or source, a record without an answer,
+a failing backend, an unwritable workdir) ends the command with one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_mt.backends import BackendError
+from jaxrl_mt.cli_errors import check_writable_dir, config_value, one_line, parse_flags
 from jaxrl_mt.data.loaders import LIC_TASKS, load_source
 from jaxrl_mt.data.records import DataError, ShardedTask
 from jaxrl_mt.eval.report import build_report, write_report
@@ -165,7 +166,7 @@ def _check_workdir(workdir: Path, c: Mapping[str, Any]) -> None:
             if have.get(k) != want[k]:
                 raise EvalError(f"{path}: field '{k}': the transcripts there were made with {have.get(k)!r}, "
                                 f"this run has {want[k]!r}; use another workdir")
-    workdir.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(workdir, "config field 'workdir':")  # OSError: one line, exit 2
     path.write_text(json.dumps(want, indent=2) + "\n", encoding="utf-8")
 
 
@@ -252,13 +253,13 @@ def main(argv: Sequence[str]) -> None:
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    cfg = _CONFIG.value
+    cfg = config_value(_CONFIG)
     if cfg is None:
         raise app.UsageError("--config is required, e.g. --config configs/eval_lic.py:cpu")
     try:
         result = evaluate(cfg)
-    except (EvalError, DataError, ModelError, BackendError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (EvalError, DataError, ModelError, BackendError, OSError) as e:  # OSError: an unwritable workdir
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     print((Path(result["files"]["report.md"])).read_text(encoding="utf-8"))
 
@@ -268,4 +269,4 @@ if __name__ == "__main__":
     from ml_collections import config_flags
 
     _CONFIG = config_flags.DEFINE_config_file("config", None, "evaluation config file[:preset]", lock_config=True)
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

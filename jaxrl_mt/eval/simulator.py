@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_mt.conversations import ConversationRun, UserPolicy, accepts_reuse_cache, run_conversations
+from jaxrl_mt.data.jsonl_log import read_jsonl_log
 from jaxrl_mt.data.records import DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.judge import classify_rule_based, judge_llm
@@ -510,31 +511,18 @@ class TranscriptStore:
     def load(self) -> dict[str, dict[str, Any]]:
         """The records already written, by conv_id (a later duplicate replaces an earlier one).
 
-        A last line cut short by an interruption is dropped (and removed from the file); any
-        other unreadable line is an error.
+        A last line cut short by an interruption (even one ending in ``}``) is dropped with one
+        warning and removed from the file (its conversation is run again); any other unreadable
+        line is an error (see ``data.jsonl_log``).
 
         Raises:
           EvalError: ``path:line: ...`` for a malformed line or a record missing a field.
         """
-        if not self.path.exists():
-            return {}
-        lines = self.path.read_text(encoding="utf-8").split("\n")
         out: dict[str, dict[str, Any]] = {}
-        last = max((i for i, s in enumerate(lines) if s.strip()), default=-1)
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                if i == last and not line.endswith("}"):
-                    log.warning("%s:%d: dropping a truncated last line", self.path, i + 1)
-                    self.path.write_text("".join(s + "\n" for s in lines[:i] if s.strip()), encoding="utf-8")
-                    break
-                raise EvalError(f"{self.path}:{i + 1}: invalid JSON ({e.msg} at column {e.colno})") from None
+        for n, rec in read_jsonl_log(self.path, repair=True, error=EvalError, warn=log.warning):
             missing = [f for f in _REQUIRED if not isinstance(rec, dict) or f not in rec]
             if missing:
-                raise EvalError(f"{self.path}:{i + 1}: field '{missing[0]}': missing")
+                raise EvalError(f"{self.path}:{n}: field '{missing[0]}': missing")
             out[rec["conv_id"]] = rec
         return out
 

@@ -49,7 +49,7 @@ from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES, group_advantages
 from jaxrl_mt.rl.histories import (TrainItem, accuracy_single_and_multi, build_histories, filter_items,
                                    load_items, save_items)
-from jaxrl_mt.rl.metrics_log import MetricsLog, plot_curves, read_metrics
+from jaxrl_mt.rl.metrics_log import MetricsLog, held_out_before, plot_curves, read_metrics
 from jaxrl_mt.rl.optim import make_optimizer
 from jaxrl_mt.rl.step import LossConfig, assemble_rollouts, completion_logprobs, make_train_step
 from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
@@ -504,7 +504,8 @@ class Trainer:
         start = 0
         latest = ck.latest_step()
         if latest is not None:
-            state, extra = ck.restore(latest, target={"params": params, "opt_state": opt_state, "rng": rng})
+            state, extra = ck.restore(target={"params": params, "opt_state": opt_state, "rng": rng},
+                                      on_skip=self.log)  # the newest step that restores
             params, opt_state, rng = state["params"], state["opt_state"], state["rng"]
             it.set_state(extra["data_state"])
             start = int(extra["step"])
@@ -580,13 +581,16 @@ class Trainer:
             vals = [r[k] for r in train_rows if isinstance(r.get(k), (int, float))]
             if vals:
                 lines.append(f"{k:32s} first {vals[0]:.4g}  last {vals[-1]:.4g}  mean {np.mean(vals):.4g}")
+        if "before" not in evals and (before := held_out_before(rows)):
+            evals = {"before": before, **evals}  # a resumed run did not evaluate "before": it is in the log
         for when, ev in evals.items():
             lines.append(f"held-out {when}: " + _fmt(ev))
         export_dir = None
-        if self.c.export:
+        (self.wd / "summary.txt").write_text("\n".join(lines) + "\n")  # before the export, which may fail
+        if self.c.export:  # atomic; a failure is one ExportError line, the previous export is kept
             export_dir = export_hf_folder(self.model.cfg, params, self.wd / "export", tokenizer=self.tok)
             lines.append(f"exported policy: {export_dir}")
-        (self.wd / "summary.txt").write_text("\n".join(lines) + "\n")
+            (self.wd / "summary.txt").write_text("\n".join(lines) + "\n")
         self.log("\n".join(lines))
         return {"evals": evals, "export": str(export_dir) if export_dir else None, "metrics": train_rows}
 
