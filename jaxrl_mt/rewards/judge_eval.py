@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     items = load_labelled_records(args.eval, args.split)
     gold = [r["label"] for r in items]
-    rules = [classify_rule_based(r["text"], args.domain, question=r.get("question")) for r in items]
+    rules = [classify_rule_based(r["text"], args.domain, question=r.get("question"), user=r.get("user")) for r in items]
     predicted = rules
     if args.judge != "rule":
         from jaxrl_mt.backends import make_backend
