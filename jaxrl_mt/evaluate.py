@@ -257,7 +257,7 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
              "this_invocation": {"n_generated": len(todo), "seconds": seconds, **stats}}
     report = build_report(records, scenarios=c["scenarios"], protocol=c["protocol"], n_boot=c["bootstrap"],
                           seed=c["seed"], extra=extra)
-    files = write_report(report, workdir, plots=c["plots"])
+    files = write_report(report, workdir, plots=c["plots"], records=records)
     log(f"wrote {', '.join(str(p) for p in files.values())}")
     return {"report": report, "files": files, "n_planned": len(runs), "n_resumed": len(runs) - len(todo),
             "n_generated": len(todo), "seconds": seconds}
