@@ -144,9 +144,9 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         raise _bad("model", "a model name (string) is required")
     max_tokens = _integer(body, "max_completion_tokens", 1)
     max_tokens = _integer(body, "max_tokens", 1) if max_tokens is None else max_tokens
-    stream = body.get("stream", False)
+    stream = False if body.get("stream") is None else body["stream"]
     options = body.get("stream_options") or {}
-    if not isinstance(stream, bool) or stream is None:
+    if not isinstance(stream, bool):
         raise _bad("stream", "expected true or false")
     if not isinstance(options, Mapping):
         raise _bad("stream_options", "expected an object")
