@@ -82,7 +82,8 @@ def html_report(report: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
     body = [f"<h1>{html.escape(title)}</h1>", f"<div class=\"meta\">{' · '.join(meta)}</div>",
             "<h2>Metrics</h2>", _metrics_table(report)]
     if report.get("missing_scenarios"):
-        body.append(f"<p class=\"note\">No conversations for: {html.escape(', '.join(report['missing_scenarios']))}.</p>")
+        missing = html.escape(", ".join(report["missing_scenarios"]))
+        body.append(f"<p class=\"note\">No conversations for: {missing}.</p>")
     body.append(f"<p class=\"note\">{html.escape(str(report.get('metrics_note', '')))} Confidence intervals: "
                 f"percentile bootstrap over instructions, {report.get('n_bootstrap', '?')} replicates.</p>")
     figures = _plots(plots)

@@ -93,6 +93,7 @@ class Batcher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler")
         self.stats: Counter = Counter()  # batches, calls, rows, jobs, cancelled, failed
         self.max_rows_seen = 0
+        self.wait_s = 0.0  # summed time jobs spent queued before their sampler call started
 
     def start(self) -> None:
         """Starts the batching loop on the running event loop."""
@@ -154,6 +155,8 @@ class Batcher:
                 part = [j for j in part if not j.future.done()]  # clients that left meanwhile
                 if not part:
                     continue
+                start = time.perf_counter()
+                self.wait_s += sum(start - j.queued_at for j in part)
                 try:
                     results = await loop.run_in_executor(self._pool, self._generate, part)
                 except Exception as e:  # noqa: BLE001 (reported to the waiting clients as a 500)
@@ -195,7 +198,8 @@ class Batcher:
         return out
 
     def summary(self) -> dict[str, Any]:
-        """Counters, the largest batch and the mean rows per sampler call."""
-        calls = self.stats["calls"] or 1
+        """Counters, the largest batch, mean rows per sampler call and mean queue wait of a job."""
+        calls, jobs = self.stats["calls"] or 1, self.stats["jobs"] or 1
         return {**{k: int(v) for k, v in sorted(self.stats.items())}, "max_rows": self.max_rows_seen,
-                "mean_rows_per_call": self.stats["rows"] / calls, "window_ms": self.window_s * 1000}
+                "mean_rows_per_call": self.stats["rows"] / calls, "window_ms": self.window_s * 1000,
+                "mean_queue_wait_ms": 1000 * self.wait_s / jobs}

@@ -120,11 +120,7 @@ def test_page_in_headless_chromium_filters_and_screenshot(workdir, tmp_path):
     want = sorted(r["conv_id"] for r in records if r["kind"] == "sharded" and r["score"] == 1)
     dom = dump(page, "#scenario=sharded&score=1", tmp_path)
     assert 0 < len(want) < len(records) and sorted(shown(dom)) == want
-    assert '<option value="sharded" selected' in dom or f"showing {len(want)} of {len(want)} matching" in dom
-    task = records[0]["task_id"]
-    dom = dump(page, f"#task={task}&text=rest%20of%20the%20problem", tmp_path)
-    assert sorted(shown(dom)) == sorted(r["conv_id"] for r in records if r["task_id"] == task and any(
-        "rest of the problem" in t["assistant"] for t in r["turns"]))
+    assert f"showing {len(want)} of {len(want)} matching conversations ({len(records)} in all)" in dom
 
     shot = tmp_path / "report_html.png"
     chromium(f"--screenshot={shot}", "--window-size=1280,1900", page.as_uri() + "#scenario=sharded&open=first",

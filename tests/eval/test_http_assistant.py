@@ -10,13 +10,15 @@ duplicates a transcript line; the API key never reaches a file or the log.
 from __future__ import annotations
 
 import json
+import re
 
+import openai
 import pytest
 
 from jaxrl_mt.backends import BackendError
 from jaxrl_mt.evaluate import evaluate
 from tests.eval.test_evaluate_cli import read_transcripts, tiny_config
-from tests.eval.test_simulator import counting_sampler, tiny_model  # noqa: F401  (fixture)
+from tests.eval.test_simulator import SYSTEM, counting_sampler, tiny_model  # noqa: F401  (fixture)
 from tests.serving.fixtures import TINY_NAME, tiny_server  # noqa: F401  (fixture)
 
 
@@ -42,6 +44,18 @@ def test_round_trip_through_our_server_equals_in_process(tmp_path, tiny_model, t
     assert stats["requests"] == sum(len(r["turns"]) for r in got.values()) and stats.get("retries", 0) == 0
     batching = tiny_server.service.batcher.summary()
     assert batching["max_rows"] > 1  # concurrent requests shared sampler calls
+    assert set(re.findall(r'"conv_id": "([^"]+)"', (tmp_path / "http" / "report.html").read_text())) == set(got)
+
+    # The official client asks our server the second turn of a few conversations: the transcripts' replies.
+    client = openai.OpenAI(base_url=tiny_server.url, api_key="unused", max_retries=0)
+    for rec in [r for r in want.values() if r["n_turns"] > 1][:3]:
+        messages = [{"role": "system", "content": SYSTEM}]
+        for t in rec["turns"][:2]:
+            messages.append({"role": "user", "content": t["user"]})
+            reply = client.chat.completions.create(model=TINY_NAME, messages=messages, temperature=0, max_tokens=4)
+            assert reply.choices[0].message.content == t["assistant"]
+            assert reply.usage.completion_tokens == t["new_tokens"] and reply.usage.prompt_tokens == t["prompt_tokens"]
+            messages.append({"role": "assistant", "content": t["assistant"]})
 
 
 # --------------------------------------------------------------------------- a faulty endpoint
