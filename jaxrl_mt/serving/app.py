@@ -45,6 +45,7 @@ from jaxrl_mt.serving.protocol import (
 __all__ = ["ChatService", "create_app"]
 
 log = logging.getLogger(__name__)
+MAX_CACHED_STOPS = 4096  # stop strings whose token lookup is remembered
 
 
 class ChatService:
@@ -69,11 +70,14 @@ class ChatService:
 
     def _single_token(self, stop: str) -> int | None:
         """The id of a stop string that is exactly one token (decoding stops there), else None."""
-        if stop not in self._stop_ids:
-            tok = self.sampler.tokenizer
-            ids = tok(stop, add_special_tokens=False)["input_ids"]
-            self._stop_ids[stop] = ids[0] if len(ids) == 1 and tok.decode(ids) == stop else None
-        return self._stop_ids[stop]
+        if stop in self._stop_ids:
+            return self._stop_ids[stop]
+        tok = self.sampler.tokenizer
+        ids = tok(stop, add_special_tokens=False)["input_ids"]
+        found = ids[0] if len(ids) == 1 and tok.decode(ids) == stop else None
+        if len(self._stop_ids) < MAX_CACHED_STOPS:
+            self._stop_ids[stop] = found
+        return found
 
     def job(self, req: ChatRequest) -> Job:
         """The batcher job of a request.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,8 @@ from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.serving.protocol import Choice
 
 __all__ = ["Batcher", "Job"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(eq=False)
@@ -140,8 +143,15 @@ class Batcher:
                     except asyncio.TimeoutError:
                         break
             jobs, self._pending = [j for j in self._pending if not j.future.done()], []
-            if jobs:
+            if not jobs:
+                continue
+            try:
                 await self._answer(jobs)
+            except Exception as e:  # noqa: BLE001 (never leave a client waiting on a dead loop)
+                log.exception("batch failed")
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(e)
 
     async def _answer(self, jobs: list[Job]) -> None:
         """Runs the sampler calls of one batch and resolves the jobs' futures."""
