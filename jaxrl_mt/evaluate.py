@@ -242,8 +242,8 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
                             reuse_cache=c["reuse_cache"])
         stats = {"new_tokens": int(sum(t["new_tokens"] for r in recs for t in r["turns"])),
                  "judge": dict(judge.stats)}
-        if hasattr(sampler, "summary"):
-            stats["assistant_http"] = sampler.summary()
+        if hasattr(sampler, "generate_messages"):
+            stats["assistant_http"] = sampler.summary()  # requests, retries, failures
         if hasattr(user, "summary"):
             stats["user_sim"] = user.summary()
     seconds = time.perf_counter() - t0

@@ -106,7 +106,7 @@ def test_transient_faults_are_retried_and_key_never_stored(tmp_path, fault_serve
         kind = kinds[len(seen) % len(kinds)]
         if kind == "timeout":
             import time
-            time.sleep(0.6)
+            time.sleep(1.5)  # past the client timeout, with room for a loaded host
             return 200, {}, fake_reply(body)
         if kind == "garbage":
             return 200, {}, b'{"choices": [{"message": nothing like JSON'
@@ -114,7 +114,7 @@ def test_transient_faults_are_retried_and_key_never_stored(tmp_path, fault_serve
 
     server = fault_server(faulty)
     logs: list[str] = []
-    out = evaluate(http_config(tmp_path / "faulty", server.url, http_timeout=0.3, api_key_env="EVAL_TEST_KEY"),
+    out = evaluate(http_config(tmp_path / "faulty", server.url, http_timeout=1.0, api_key_env="EVAL_TEST_KEY"),
                    log=logs.append)
     assert by_id(read_transcripts(tmp_path / "faulty" / "transcripts.jsonl")) == \
         by_id(read_transcripts(tmp_path / "clean" / "transcripts.jsonl"))
