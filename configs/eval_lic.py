@@ -19,7 +19,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     if preset not in ("cpu", "lic"):
         raise ValueError(f"configs/eval_lic.py: unknown preset {preset!r}; valid: cpu, lic")
     c = ml_collections.ConfigDict()
-    c.model = "builtin:smollm2-135m-instruct"  # builtin:NAME, HF folder, hub id, or workdir:PATH (training checkpoint)
+    c.model = "builtin:smollm2-135m-instruct"  # builtin:NAME, HF folder, hub id, workdir:PATH (checkpoint) or http:URL#MODEL
     c.dtype = "float32"  # parameter and compute dtype of the evaluated model (float32 | bfloat16)
     c.dataset = ("synthetic:2:0", "lic:@")  # task source specs (jaxrl_mt.data.load_source); '@' = shipped sample
     c.task = "math"  # LiC task selected from lic: sources without an explicit task (only math is scored)
@@ -42,6 +42,12 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.user_max_new_tokens = 128  # reply budget of an LLM user simulator
     c.user_temperature = 0.0  # sampling temperature of an LLM user simulator
     c.strategy = "plain"  # how the assistant answers: plain (another method, e.g. sedt, registers its own)
+    c.http_concurrency = 8  # concurrent requests to an http: model, judge or user simulator
+    c.http_timeout = 60.0  # seconds per HTTP request attempt
+    c.http_retries = 3  # retries of a request after a connection error, timeout, 429, 5xx or invalid reply
+    c.http_backoff = 0.5  # first retry delay in seconds, doubled each retry (a Retry-After header wins)
+    c.http_deadline = 1800.0  # seconds one batch of HTTP requests (a turn) may take; then it fails (0: no limit)
+    c.api_key_env = "OPENAI_API_KEY"  # environment variable holding the endpoint's API key (only its name is kept)
     c.workdir = "/tmp/jaxrl_mt_eval_cpu"  # transcripts.jsonl, report.json, report.md and plots go here
     c.seed = 0  # seed of the scenarios (shard order, corruption), the sampler and the bootstrap
     c.bootstrap = 1000  # bootstrap replicates of the confidence intervals

@@ -4,14 +4,15 @@
     python -m jaxrl_mt.evaluate --config configs/eval_lic.py:lic --config.model=workdir:/runs/rlsta
 
 Loads the model (a registry spec, or ``workdir:PATH`` for a training checkpoint through
-``jaxrl_mt.rl.loop.load_policy``) and the instructions (source specs), plans N runs per
+``jaxrl_mt.rl.loop.load_policy``; ``http:URL#MODEL`` evaluates a model behind an OpenAI-compatible
+endpoint instead, see ``jaxrl_mt.eval.http_assistant``) and the instructions (source specs), plans N runs per
 instruction and scenario, simulates all of them in lockstep (one sampler call per turn for the
 whole batch), and writes into the workdir:
 
 - ``transcripts.jsonl``: one line per finished conversation, appended as they finish. A rerun
   with the same workdir skips the conversations already there (resume); the results-defining
   config fields are kept in ``eval_config.json`` and a rerun with different ones is refused.
-- ``report.json``, ``report.md`` and PNG plots, built from the transcripts.
+- ``report.json``, ``report.md``, ``report.html`` and PNG plots, built from the transcripts.
 
 Bad input (a misspelt config key, an unknown scenario, task or source, a record without an answer,
 a failing backend, an unwritable workdir) ends the command with one line on stderr and exit status 2.
@@ -30,6 +31,7 @@ from jaxrl_mt.backends import BackendError
 from jaxrl_mt.cli_errors import check_writable_dir, config_value, one_line, parse_flags
 from jaxrl_mt.data.loaders import LIC_TASKS, load_source
 from jaxrl_mt.data.records import DataError, ShardedTask
+from jaxrl_mt.eval.http_assistant import check_http_config, http_backend_kw, is_http
 from jaxrl_mt.eval.report import build_report, write_report
 from jaxrl_mt.eval.simulator import (
     PROTOCOLS,
@@ -98,6 +100,7 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
             raise EvalError(f"config field '{name}': bad value {c[name]!r}")
     if not isinstance(c.setdefault("reuse_cache", True), bool):
         raise EvalError(f"config field 'reuse_cache': expected true or false, got {c['reuse_cache']!r}")
+    check_http_config(c)
     _backend_spec(c["judge"], "judge", "rule")
     _backend_spec(c["user_simulator"], "user_simulator", "fixed")
     get_strategy(c["strategy"])
@@ -205,11 +208,17 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
         from jaxrl_mt.sampling import Sampler, SamplingConfig
 
         if model is None and sampler is None:
-            model = load_eval_model(c["model"], dtype=c["dtype"])
+            if is_http(c["model"]):
+                from jaxrl_mt.eval.http_assistant import remote_sampler
+
+                sampler = remote_sampler(c)
+            else:
+                model = load_eval_model(c["model"], dtype=c["dtype"])
         sampler = sampler if sampler is not None else Sampler.from_model(model, max_batch=c["max_batch"])
-        judge = make_judge(c["judge"], model=model, max_new_tokens=c["judge_max_new_tokens"])
+        judge = make_judge(c["judge"], model=model, max_new_tokens=c["judge_max_new_tokens"],
+                           **http_backend_kw(c["judge"], c))
         user = make_user(c["user_simulator"], model=model, max_new_tokens=c["user_max_new_tokens"],
-                         temperature=c["user_temperature"])
+                         temperature=c["user_temperature"], **http_backend_kw(c["user_simulator"], c))
         sampling = SamplingConfig(max_new_tokens=c["max_new_tokens"], temperature=c["temperature"], top_p=c["top_p"])
         written = [0]
 
@@ -221,12 +230,21 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
             log(f"turn {k + 1}: {n} active conversations, {written[0]}/{len(todo)} finished, "
                 f"{time.perf_counter() - t0:.0f}s")
 
-        recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
-                        verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],
-                        sink=sink, progress=progress, max_chunk_cells=c["max_chunk_cells"],
-                        reuse_cache=c["reuse_cache"])
+        if hasattr(sampler, "generate_messages"):  # a model behind an endpoint
+            from jaxrl_mt.eval.http_assistant import simulate_remote
+
+            recs = simulate_remote(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
+                                   verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], sink=sink,
+                                   progress=progress)
+        else:
+            recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
+                            verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],
+                            sink=sink, progress=progress, max_chunk_cells=c["max_chunk_cells"],
+                            reuse_cache=c["reuse_cache"])
         stats = {"new_tokens": int(sum(t["new_tokens"] for r in recs for t in r["turns"])),
                  "judge": dict(judge.stats)}
+        if hasattr(sampler, "generate_messages"):
+            stats["assistant_http"] = sampler.summary()  # requests, retries, failures
         if hasattr(user, "summary"):
             stats["user_sim"] = user.summary()
     seconds = time.perf_counter() - t0
@@ -240,7 +258,7 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
              "this_invocation": {"n_generated": len(todo), "seconds": seconds, **stats}}
     report = build_report(records, scenarios=c["scenarios"], protocol=c["protocol"], n_boot=c["bootstrap"],
                           seed=c["seed"], extra=extra)
-    files = write_report(report, workdir, plots=c["plots"])
+    files = write_report(report, workdir, plots=c["plots"], records=records)
     for w in report["warnings"]:
         log(f"WARNING: {w}")
     log(f"wrote {', '.join(str(p) for p in files.values())}")

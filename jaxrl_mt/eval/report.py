@@ -1,5 +1,7 @@
 """The LiC report: metrics per scenario from transcript records, report.json, report.md, PNG plots.
 
+``report.html`` (``jaxrl_mt.eval.html_report``) adds a conversation browser.
+
 Everything here is a function of the transcript records (``simulator.transcript_record``), so a
 report can be rebuilt from ``transcripts.jsonl`` alone. Per scenario:
 
@@ -232,8 +234,15 @@ def _plots(report: Mapping[str, Any], out_dir: Path) -> list[Path]:
     return paths
 
 
-def write_report(report: Mapping[str, Any], out_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
-    """Writes ``report.json``, ``report.md`` and (optionally) the PNG plots into ``out_dir``.
+def write_report(report: Mapping[str, Any], out_dir: str | Path, *, plots: bool = True,
+                 records: Sequence[Mapping[str, Any]] = ()) -> dict[str, Path]:
+    """Writes ``report.json``, ``report.md``, (optionally) the PNG plots and ``report.html`` into ``out_dir``.
+
+    Args:
+      report: ``build_report``'s report.
+      out_dir: the folder.
+      plots: write the PNG plots (they are inlined in report.html too).
+      records: the transcript records, for report.html's conversation browser.
 
     Returns:
       Name -> path of every file written.
@@ -246,4 +255,7 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path, *, plots: bool 
     if plots:
         for p in _plots(report, out):
             files[p.name] = p
+    from jaxrl_mt.eval.html_report import write_html_report
+
+    files["report.html"] = write_html_report(report, records, out, [p for p in files.values() if p.suffix == ".png"])
     return files

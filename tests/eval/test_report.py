@@ -71,7 +71,7 @@ def test_write_report_files(tmp_path):
                        extra={"model": "tiny"})
     files = write_report(rep, tmp_path)
     assert sorted(files) == ["aptitude_unreliability.png", "first_answer_turn.png", "p_by_scenario.png",
-                             "report.json", "report.md"]
+                             "report.html", "report.json", "report.md"]
     assert json.loads((tmp_path / "report.json").read_text()) == rep
     for name in ("aptitude_unreliability.png", "first_answer_turn.png", "p_by_scenario.png"):
         data = (tmp_path / name).read_bytes()
@@ -81,7 +81,7 @@ def test_write_report_files(tmp_path):
     assert "| full | 2 | 8 | 50.0 |" in md and "| 85.0 | 70.0 | 1.00 |" in md
     assert "| sharded | 2 | 8 | 12.5 |" in md and "| 35.0 | 35.0 | 0.25 | 2.80 | 0.38 |" in md
     assert PERCENTILE_NOTE in md and "Model: `tiny`" in md
-    assert write_report(rep, tmp_path / "np", plots=False).keys() == {"report.json", "report.md"}
+    assert write_report(rep, tmp_path / "np", plots=False).keys() == {"report.json", "report.md", "report.html"}
 
 
 def _with_last(rec_: dict, strict: float, lenient: float | None = None) -> dict:
