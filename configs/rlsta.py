@@ -67,6 +67,10 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.eval = ConfigDict()
     c.eval.max_new_tokens = 512  # greedy budget of the held-out evaluation
     c.eval.every = 0  # evaluate every N steps (0 = only before and after training)
+    c.eval.probe_source = ""  # held-out probe: source spec of problems no training item comes from ("" = off)
+    c.eval.probe_limit = 0  # probe: the first N problems of probe_source (0 = all)
+    c.eval.probe_kinds = "sharded,mt_refine"  # probe: scenario kinds answered greedily as real conversations
+    c.eval.probe_every = 0  # probe every N steps (0 = only before and after training)
 
     c.log = ConfigDict()
     c.log.every = 1  # metrics every N steps
