@@ -4,7 +4,7 @@
         --heldout docs/results/heldout.jsonl --out docs/results/rlsta_cpu.md
 
 ``--models``: comma-separated; ``base`` is ``--base`` (default the embedded model), a training
-run folder (with ``config.json``) is its latest checkpoint (``workdir:PATH``), anything else a
+run folder (with ``config.json`` and ``checkpoints/``) is its latest checkpoint (``workdir:PATH``), anything else a
 model spec. Each model is evaluated with the same seeds through ``jaxrl_mt.evaluate``:
 
 1. greedy (T = 0), FULL + MT-Add + MT-Refine, one run per problem, ``final_turn`` protocol: the
@@ -40,7 +40,7 @@ def resolve_models(names: str, base: str) -> list[dict[str, Any]]:
     for item in [x.strip() for x in names.split(",") if x.strip()]:
         if item == "base":
             out.append({"name": "base", "spec": base, "run_dir": None})
-        elif (Path(item) / "config.json").is_file():
+        elif (Path(item) / "config.json").is_file() and (Path(item) / "checkpoints").is_dir():
             out.append({"name": Path(item).name, "spec": f"workdir:{item}", "run_dir": item})
         else:
             out.append({"name": item.replace("/", "_").replace(":", "_"), "spec": item, "run_dir": None})

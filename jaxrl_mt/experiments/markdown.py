@@ -117,11 +117,11 @@ def _runs(report: dict[str, Any]) -> list[str]:
             pts = cur.get(k)
             return f"{pts[0][1]:.3f} -> {pts[-1][1]:.3f}" if pts else "-"
 
-        wall = info.get("wall_s")
+        wall, rss = info.get("wall_s"), info.get("peak_rss_gb")
+        wall_s = "-" if wall is None else f"{wall / 60:.1f}"
+        rss_s = "-" if rss is None else f"{rss:.2f}"
         out.append(f"| {n} | {c.get('method')} | {c.get('alpha')} | {c.get('steps')} | {c.get('batch_size')} x "
-                   f"{c.get('group_size')} | {c.get('lr')} | {c.get('temperature')} | {kept} | "
-                   f"{'-' if wall is None else f'{wall / 60:.1f}'} | "
-                   f"{'-' if info.get('peak_rss_gb') is None else f'{info['peak_rss_gb']:.2f}'} | "
+                   f"{c.get('group_size')} | {c.get('lr')} | {c.get('temperature')} | {kept} | {wall_s} | {rss_s} | "
                    f"{info.get('load_avg_mean', '-')} | {fl('reward/total')} | {fl('probe/multi_turn_strict')} |")
     reasons = [(n, r["filter"]) for n, r in runs.items() if r.get("filter", {}).get("kept") is not None]
     if reasons:

@@ -128,6 +128,7 @@ def write(report: dict[str, Any], out_dir: str | Path, md_path: str | Path) -> l
 
     out = Path(out_dir)
     paths = [write_json(out / "report.json", report)]
+    report = json.loads(paths[0].read_text())  # the figures and markdown show exactly what the JSON holds
     paths += make_plots(report, out)
     md = Path(md_path)
     md.write_text(render(report, out, md.parent), encoding="utf-8")
