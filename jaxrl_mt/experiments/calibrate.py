@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = eval_config(model=a.model, dataset=tuple(families.values()), limit=0, scenarios=a.scenarios,
                               runs=1, temperature=temp, max_new_tokens=a.max_new_tokens, protocol="final_turn",
                               system_prompt=a.system, max_batch=a.max_batch, workdir=str(out / f"T{temp:g}"),
-                              plots=False, bootstrap=200)
+                              plots=False, bootstrap=200, reuse_cache=False)  # caches of all rows: GBs
             evaluate(cfg, model=model)
     summary = summarize(out, families, temps)
     summary["settings"] = {"model": a.model, "max_new_tokens": a.max_new_tokens, "system": a.system}

@@ -82,7 +82,8 @@ def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: arg
             continue  # finished and compressed by an earlier invocation
         model = model or load_eval_model(m["spec"])
         cfg = eval_config(model=m["spec"], limit=0, max_new_tokens=a.max_new_tokens, system_prompt=a.system,
-                          max_batch=a.max_batch, workdir=str(wd), plots=False, seed=a.seed, bootstrap=200, **kw)
+                          max_batch=a.max_batch, workdir=str(wd), plots=False, seed=a.seed, bootstrap=200,
+                          reuse_cache=False, **kw)  # reuse would keep every conversation's KV cache (GBs)
         evaluate(cfg, model=model)
         if a.gzip:
             compress_transcripts(wd)

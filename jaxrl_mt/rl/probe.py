@@ -68,7 +68,7 @@ class HeldoutProbe:
         sampler.params = params
         runs = [ConversationRun(conv_id=f"{tid}|{kind}", system=self.system, user_turns=list(turns))
                 for tid, kind, turns, _ in self.plan]
-        run_conversations(sampler, runs, self.sampling, seed=self.seed, reuse_cache=True)
+        run_conversations(sampler, runs, self.sampling, seed=self.seed)  # no kept caches: bounded memory
         out: dict[str, float] = {}
         for mode in ("strict", "lenient"):
             scores: dict[str, list[float]] = {}

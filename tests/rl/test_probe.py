@@ -35,3 +35,22 @@ def test_make_probe_from_config() -> None:
     c.eval.probe_every = 3
     p = make_probe(c, None)
     assert p is not None and len(p.plan) == 4 and p.every == 3  # 2 problems x (sharded, mt_refine)
+
+
+def test_trainer_logs_the_filter_breakdown(tiny_chat_model_dir, tmp_path) -> None:
+    """The real filtering stage on a random-weight model: it solves nothing, so every history is
+    dropped as never solved, the breakdown says so, and the run stops with a clear error."""
+    from jaxrl_mt.rl.loop import ConfigError, Trainer
+
+    c = get_config("experiment")
+    c.model, c.workdir = str(tiny_chat_model_dir), str(tmp_path / "run")
+    c.data.add_source = c.data.refine_source = "family:train:3:1"
+    c.history.max_new_tokens = c.rl.max_new_tokens = 4
+    c.filter.k = 2
+    c.eval.probe_source = ""
+    lines: list[str] = []
+    with pytest.raises(ConfigError, match="kept no history"):
+        Trainer(c, log=lines.append).prepare()
+    got = [x for x in lines if x.startswith("filtering breakdown:")]
+    assert got == ["filtering breakdown: kept=0, dropped_never_solved=6, dropped_always_solved=0, dropped_equal=0, "
+                   "dropped_multi_better=0, dropped_over_cap=0"]
