@@ -17,6 +17,8 @@ Source specs (:func:`load_source`):
 ``synthetic:N[:steps]``     N synthetic arithmetic problems
 ``humaneval:FILE[:N]``      HumanEval jsonl(.gz), all problems or the first N, domain ``code``
                             (``humaneval:@`` = the 164 shipped ones); see ``jaxrl_mt.data.humaneval``
+``family:SET:N[:steps[:seed]]``  N templated add/subtract problems of template set SET
+                            (``train`` | ``heldout``, see :mod:`jaxrl_mt.data.families`)
 ``hf:ID[:config[:split]]``  a GSM8K-shaped Hugging Face dataset (needs the hub or its cache)
 ``tfds:NAME[:split]``       a GSM8K-shaped tensorflow-datasets dataset (needs the package)
 ``tasks:FILE``              tasks saved with :func:`save_tasks_jsonl`
@@ -468,7 +470,7 @@ def load_scenarios_jsonl(path) -> list[Scenario]:
 
 # --------------------------------------------------------------------------- source specs
 
-SOURCE_KINDS = ("gsm8k", "rlsta_add", "rlsta_refine", "lic", "synthetic", "hf", "tfds", "tasks", "humaneval")
+SOURCE_KINDS = ("gsm8k", "rlsta_add", "rlsta_refine", "lic", "synthetic", "hf", "tfds", "tasks", "humaneval", "family")
 
 
 def _resolve(kind: str, file: str) -> str:
@@ -525,6 +527,8 @@ def load_source(spec: str, *, segmenter=None) -> list[ShardedTask]:
         except ValueError:
             raise DataError(f"source {spec!r}: expected synthetic:N[:steps] with integers") from None
         return synthetic_tasks(n, steps=steps)
+    if kind == "family":
+        return _family_source(spec, rest)
     if kind == "hf":
         parts = rest.split(":")
         dataset_id = parts[0]
@@ -535,6 +539,24 @@ def load_source(spec: str, *, segmenter=None) -> list[ShardedTask]:
         parts = rest.split(":")
         return load_gsm8k_tfds(parts[0], parts[1] if len(parts) > 1 else "train", segmenter=segmenter)
     raise DataError(f"unhandled source {kind!r}")  # pragma: no cover
+
+
+def _family_source(spec: str, rest: str) -> list[ShardedTask]:
+    """``family:SET:N[:steps[:seed]]`` (see :func:`jaxrl_mt.data.families.family_tasks`)."""
+    from jaxrl_mt.data.families import family_tasks
+
+    parts = rest.split(":")
+    try:
+        if not 2 <= len(parts) <= 4:
+            raise ValueError
+        nums = [int(x) for x in parts[1:]]
+    except ValueError:
+        raise DataError(f"source {spec!r}: expected family:SET:N[:steps[:seed]] with integers") from None
+    n, steps, seed = (nums + [1, 0])[:3] if len(nums) == 1 else (nums + [0])[:3]
+    try:
+        return family_tasks(parts[0], n, steps=steps, seed=seed)
+    except DataError as e:
+        raise DataError(f"source {spec!r}: {e}") from None
 
 
 def iter_sources(specs: Sequence[str]) -> Iterator[ShardedTask]:

@@ -45,12 +45,14 @@ from jaxrl_mt.parallel import (agree_max, agree_max_many, allgather_json, broadc
                                gather_to_host, put_replicated, put_rows, rows_multiple, shard_params, shard_train_state,
                                shard_train_step, spans_processes)
 from jaxrl_mt.rewards.anchor import anchor_contexts, anchor_reward, zero_anchor_for_wrong
+from jaxrl_mt.rewards.answer_stats import answer_stats
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES, group_advantages
 from jaxrl_mt.rl.histories import (TrainItem, accuracy_single_and_multi, build_histories, filter_items,
                                    load_items, save_items)
 from jaxrl_mt.rl.metrics_log import MetricsLog, held_out_before, plot_curves, read_metrics
 from jaxrl_mt.rl.optim import make_optimizer
+from jaxrl_mt.rl.probe import filter_breakdown, make_probe
 from jaxrl_mt.rl.step import LossConfig, assemble_rollouts, completion_logprobs, make_train_step
 from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
 from jaxrl_mt.scoring import Scorer
@@ -227,6 +229,12 @@ class Trainer:
         self._steps: dict[int, Any] = {}
         self._local_sampler: Sampler | None = None  # multi-process data preparation (see _prep_sampler)
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
+        try:  # the fixed held-out probe (eval.probe_source; None when unset)
+            self.probe = make_probe(c, self.system)
+        except (DataError, OSError) as e:
+            raise ConfigError(f"eval.probe_source: {e}") from None
+        if self.probe is not None and self.multi:
+            raise ConfigError("eval.probe_source is not supported in a multi-process run")
 
     # ------------------------------------------------------------------ stages
 
@@ -319,6 +327,10 @@ class Trainer:
                 both = np.asarray(self._per_process(acc, hist), np.float64).reshape(-1, 2)  # [n, 2]
                 st, mt = both[:, 0], both[:, 1]
                 items, stats = filter_items(hist, st, mt, cap=c.filter.cap_per_problem, seed=c.seed)
+                kept_ids = {it.item_id for it in items}
+                stats.update(filter_breakdown([h.kind for h in hist], st, mt, [h.item_id in kept_ids for h in hist]))
+                self.log("filtering breakdown: " + ", ".join(f"{k}={v}" for k, v in stats.items()
+                                                            if k.startswith(("kept", "dropped"))))
                 self.log(f"filtering: kept {stats['n_kept']}/{stats['n_items']} histories "
                          f"(single-turn acc {stats['st_acc_mean']:.3f}, multi-turn acc {stats['mt_acc_mean']:.3f})")
                 if not items:
@@ -393,6 +405,7 @@ class Trainer:
         lens = res.lengths.astype(np.float64)
         m = {"reward/total": float(reward.mean()), "reward/group_std": float(reward.reshape(-1, G).std(1).mean())}
         m.update({f"reward/{k}": float(np.mean(v)) for k, v in comps.items()})
+        m.update(answer_stats(res.texts, [it.answer for it in items for _ in range(G)]))
         m.update({
             "completion/mean_length": float(lens.mean()), "completion/max_length": float(lens.max()),
             "completion/clipped_frac": float(np.mean([f == "length" for f in res.finish_reasons])),
@@ -518,6 +531,8 @@ class Trainer:
             evals["before"] = self.evaluate(params, held)
             self.metrics.scalars(0, evals["before"])
             self.log("eval before: " + _fmt(evals["before"]))
+        if start == 0 and self.probe is not None:
+            self.metrics.scalars(0, self.probe(self.sampler, params))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         last_saved = start
         try:
@@ -538,6 +553,8 @@ class Trainer:
                     self.metrics.samples(done, samples[: c.log.n_samples])
                 if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and held:
                     self.metrics.scalars(done, self.evaluate(params, held))
+                if self.probe is not None and self.probe.due(done, c.rl.steps):
+                    self.metrics.scalars(done, self.probe(self.sampler, params))
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(R=f"{m['reward/total']:.3f}", s=f"{m['perf/step_s']:.1f}")
                 if done % c.checkpoint.every == 0 or done == c.rl.steps or self._stop_signal is not None:
