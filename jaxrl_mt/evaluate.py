@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_mt.backends import BackendError
-from jaxrl_mt.data.loaders import LIC_TASKS, load_source
+from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError, ShardedTask
 from jaxrl_mt.eval.report import build_report, write_report
 from jaxrl_mt.eval.simulator import (
@@ -40,6 +40,8 @@ from jaxrl_mt.eval.simulator import (
     plan_runs,
     simulate,
 )
+from jaxrl_mt.eval.task_config import check_record, judged_plugins, parse_tasks, resolve_sources, with_task
+from jaxrl_mt.eval.task_scoring import conversation_system
 from jaxrl_mt.models.config import ModelError
 from jaxrl_mt.rewards.verifier import MODES, verify
 
@@ -77,13 +79,11 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
       EvalError: ``config field 'name': ...`` for the first bad value.
     """
     c = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-    c["dataset"] = _tuple(c["dataset"], "dataset")
     c["scenarios"] = canonical_scenarios(_tuple(c["scenarios"], "scenarios"))
-    if c["task"] not in LIC_TASKS:
-        raise EvalError(f"config field 'task': unknown task {c['task']!r}; valid: {', '.join(LIC_TASKS)}")
-    if c["task"] != "math":
-        raise EvalError(f"config field 'task': task {c['task']!r} cannot be scored here (numeric verifier); "
-                        "supported: math")
+    c["tasks"] = parse_tasks(c["task"], str(c["judge"]))
+    c["sources"] = resolve_sources(c["tasks"], c.get("dataset"), c.get("datasets"))
+    c["task"] = ",".join(c["tasks"])
+    c["dataset"] = tuple(s for specs in c["sources"].values() for s in specs)  # as loaded (eval_config.json)
     if c["protocol"] not in PROTOCOLS:
         raise EvalError(f"config field 'protocol': unknown {c['protocol']!r}; valid: {', '.join(PROTOCOLS)}")
     if c["verifier_mode"] not in MODES:
@@ -105,40 +105,41 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
     return c
 
 
-def _with_task(spec: str, task: str) -> str:
-    """``lic:FILE`` -> ``lic:FILE:task`` (an explicit ``lic:FILE:TASK`` is kept)."""
-    if spec.startswith("lic:") and spec.rpartition(":")[2] not in LIC_TASKS:
-        return f"{spec}:{task}"
-    return spec
+def load_tasks(sources: Sequence[str], *, task: str = "math", limit: int = 0,
+               seen: dict[str, str] | None = None) -> list[ShardedTask]:
+    """The instructions of every source (all of task ``task``), each checked for what its verifier needs.
 
-
-def load_tasks(sources: Sequence[str], *, task: str = "math", limit: int = 0) -> list[ShardedTask]:
-    """The instructions of every source, each checked for a scorable answer.
+    Args:
+      sources: source specs (a ``lic:FILE`` without task loads ``task``).
+      task: the LiC task the sources hold.
+      limit: at most this many instructions per source (0: all).
+      seen: task id -> source of instructions loaded before (duplicates across calls are refused).
 
     Raises:
-      EvalError: a duplicate task id, a non-math task, or an answer without a number (naming
-        the source and task id); DataError from the loaders names file, line and field.
+      EvalError: a duplicate task id, another task's instruction, a math answer without a number,
+        a code task without tests (naming the source and task id); DataError from the loaders
+        names file, line and field.
     """
     out: list[ShardedTask] = []
-    seen: dict[str, str] = {}
+    seen = {} if seen is None else seen
     for spec in sources:
-        tasks = load_source(_with_task(spec, task))
+        tasks = load_source(with_task(spec, task))
         for t in tasks[: limit or None]:
             if t.task_id in seen:
                 raise EvalError(f"source {spec!r}: duplicate task id {t.task_id!r} (also in {seen[t.task_id]!r})")
             if "|" in t.task_id:
                 raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'task_id' must not contain '|'")
-            if t.domain != "math":
-                raise EvalError(f"source {spec!r}: task {t.task_id!r} is a {t.domain!r} task; only math is scored")
-            try:
-                verify("", t.answer)
-            except ValueError:
-                raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'answer': {t.answer!r} holds no "
-                                "number") from None
+            check_record(t, task, spec)
+            if task == "math":
+                try:
+                    verify("", t.answer)
+                except ValueError:
+                    raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'answer': {t.answer!r} holds no "
+                                    "number") from None
             seen[t.task_id] = spec
             out.append(t)
     if not out:
-        raise EvalError(f"config field 'dataset': no instructions in {list(sources)}")
+        raise EvalError(f"config field 'dataset': no {task} instructions in {list(sources)}")
     return out
 
 
@@ -184,8 +185,14 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     """
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     c = normalize_config(cfg)
-    tasks = load_tasks(c["dataset"], task=c["task"], limit=c["limit"])
-    system = c["system_prompt"] or None
+    seen: dict[str, str] = {}
+    tasks = [t for name, specs in c["sources"].items()
+             for t in load_tasks(specs, task=name, limit=c["limit"], seen=seen)]
+    plugins = judged_plugins(c["tasks"], max_new_tokens=c["judge_max_new_tokens"])  # backend set below
+
+    def system(t: ShardedTask) -> str | None:
+        return conversation_system(t, c["system_prompt"] or None, plugins)
+
     runs, skipped = plan_runs(tasks, c["scenarios"], c["runs"], seed=c["seed"], system=system,
                               shuffle=c["shuffle_shards"])
     for s in skipped:
@@ -207,6 +214,8 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
             model = load_eval_model(c["model"], dtype=c["dtype"])
         sampler = sampler if sampler is not None else Sampler.from_model(model, max_batch=c["max_batch"])
         judge = make_judge(c["judge"], model=model, max_new_tokens=c["judge_max_new_tokens"])
+        for plug in plugins.values():
+            plug.backend = judge.backend
         user = make_user(c["user_simulator"], model=model, max_new_tokens=c["user_max_new_tokens"],
                          temperature=c["user_temperature"])
         sampling = SamplingConfig(max_new_tokens=c["max_new_tokens"], temperature=c["temperature"], top_p=c["top_p"])
@@ -223,9 +232,10 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
         recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
                         verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],
                         sink=sink, progress=progress, max_chunk_cells=c["max_chunk_cells"],
-                        reuse_cache=c["reuse_cache"])
+                        reuse_cache=c["reuse_cache"], tasks=plugins or None)
         stats = {"new_tokens": int(sum(t["new_tokens"] for r in recs for t in r["turns"])),
-                 "judge": dict(judge.stats)}
+                 "judge": dict(judge.stats), **({"graded": {k: dict(p.stats) for k, p in plugins.items()}}
+                                                if plugins else {})}
         if hasattr(user, "summary"):
             stats["user_sim"] = user.summary()
     seconds = time.perf_counter() - t0
