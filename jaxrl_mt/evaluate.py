@@ -40,7 +40,13 @@ from jaxrl_mt.eval.simulator import (
     plan_runs,
     simulate,
 )
-from jaxrl_mt.eval.task_config import check_record, judged_plugins, parse_tasks, resolve_sources, with_task
+from jaxrl_mt.eval.task_config import (
+    check_record,
+    judged_plugins,
+    parse_tasks,
+    resolve_sources,
+    with_task,
+)
 from jaxrl_mt.eval.task_scoring import conversation_system
 from jaxrl_mt.models.config import ModelError
 from jaxrl_mt.rewards.verifier import MODES, verify

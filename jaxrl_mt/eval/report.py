@@ -41,7 +41,12 @@ from jaxrl_mt.eval.metrics import (
     instruction_metrics,
     lic_ratio,
 )
-from jaxrl_mt.eval.task_report import markdown_task_section, plot_tasks, shows_task_table, task_table
+from jaxrl_mt.eval.task_report import (
+    markdown_task_section,
+    plot_tasks,
+    shows_task_table,
+    task_table,
+)
 from jaxrl_mt.rewards.judge import RESPONSE_TYPES
 
 __all__ = ["PERCENTILE_NOTE", "build_report", "markdown_report", "scenario_report", "write_report"]

@@ -128,9 +128,9 @@ def markdown_task_section(report: Mapping[str, Any]) -> list[str]:
             lines.append(f"| {task} | {kind} | {s['n_instructions']} | {s['n_runs']} | {_fmt(s['P'])} | "
                          f"{_fmt(s['A90'])} | {_fmt(s['U90_10'])} | {_fmt(s['ratio_to_full'], 2)} | "
                          f"{_fmt(s['last_reply_accuracy'])} | {verdicts} |")
-    lines += ["", "Per task, P is averaged over that task's instructions (each over its N runs), 0-100. "
-              "Scores: math, the numeric verifier; code, the HumanEval / LiveCodeBench tests in the sandbox; "
-              "database, test-suite execution accuracy in SQLite; actions, BFCL's AST check."]
+    lines += ["", ("Per task, P is averaged over that task's instructions (each over its N runs), 0-100. "
+                   "Scores: math, the numeric verifier; code, the HumanEval / LiveCodeBench tests in the sandbox; "
+                   "database, test-suite execution accuracy in SQLite; actions, BFCL's AST check.")]
     return lines
 
 

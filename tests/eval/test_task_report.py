@@ -7,7 +7,12 @@ import json
 import pytest
 
 from jaxrl_mt.eval.report import build_report, markdown_report, write_report
-from jaxrl_mt.eval.task_report import main, markdown_task_table, shows_task_table, task_table
+from jaxrl_mt.eval.task_report import (
+    main,
+    markdown_task_table,
+    shows_task_table,
+    task_table,
+)
 
 
 def rec(domain: str, task_id: str, kind: str, run: int, score: float, *, last: float | None = None,
