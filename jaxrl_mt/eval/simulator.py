@@ -284,7 +284,7 @@ class TurnScorer:
         texts = [r.turns[-1].assistant for r in live]
         verdicts = self.judge.judge(texts, [r.meta["question"] for r in live], [r.meta["domain"] for r in live])
         other = [i for i, r in enumerate(live) if r.meta["domain"] != MATH]
-        infos = dict(zip(other, score_task_turns([texts[i] for i in other], [live[i].meta["task"] for i in other],
+        infos = dict(zip(other, score_task_turns([texts[i] for i in other], [live[i].meta.get("task") for i in other],
                                                  [verdicts[i][0] for i in other], plugins=self.tasks,
                                                  llm_label=self.judge.backend is not None)))
         for i, (r, text, (label, answer)) in enumerate(zip(live, texts, verdicts)):

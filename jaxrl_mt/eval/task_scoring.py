@@ -110,12 +110,15 @@ def score_task_turns(texts: Sequence[str], tasks: Sequence[ShardedTask], labels:
       workers: threads (1: in this thread).
 
     Raises:
-      ValueError: the three sequences differ in length, or a task is a math one.
+      ValueError: the three sequences differ in length, a task record is missing, or a task is a math one.
     """
     if not len(texts) == len(tasks) == len(labels):
         raise ValueError(f"score_task_turns: {len(texts)} texts, {len(tasks)} tasks, {len(labels)} labels")
     plugs = []
     for t in tasks:
+        if not isinstance(t, ShardedTask):
+            raise ValueError(f"score_task_turns: expected the task record (ConversationRun.meta['task'], set by "
+                             f"plan_runs), got {t!r}")
         if t.domain == MATH:
             raise ValueError(f"score_task_turns: task {t.task_id!r} is a math task (scored by judge_turn)")
         plugs.append(lookup_task(t.domain, plugins))

@@ -135,6 +135,8 @@ def test_score_task_turns_pool_matches_serial(records):
            [{k: v for k, v in i.items() if k != "reason"} for i in serial]
     with pytest.raises(ValueError, match="is a math task"):
         score_task_turns(["4"], [records["math"]], ["answer_attempt"], llm_label=False)
+    with pytest.raises(ValueError, match=r"expected the task record \(ConversationRun.meta\['task'\]"):
+        score_task_turns(["x"], [None], ["answer_attempt"], llm_label=False)
     with pytest.raises(ValueError, match="2 texts, 1 tasks"):
         score_task_turns(["a", "b"], [records["code"]], ["x"], llm_label=False)
 
