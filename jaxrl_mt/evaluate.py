@@ -4,14 +4,16 @@
     python -m jaxrl_mt.evaluate --config configs/eval_lic.py:lic --config.model=workdir:/runs/rlsta
 
 Loads the model (a registry spec, or ``workdir:PATH`` for a training checkpoint through
-``jaxrl_mt.rl.loop.load_policy``) and the instructions (source specs), plans N runs per
+``jaxrl_mt.rl.loop.load_policy``) and the instructions of each selected task (``task``: one, a
+list or ``all``; ``datasets.TASK``: its source specs; see ``jaxrl_mt.eval.task_config``), plans N runs per
 instruction and scenario, simulates all of them in lockstep (one sampler call per turn for the
 whole batch), and writes into the workdir:
 
 - ``transcripts.jsonl``: one line per finished conversation, appended as they finish. A rerun
   with the same workdir skips the conversations already there (resume); the results-defining
   config fields are kept in ``eval_config.json`` and a rerun with different ones is refused.
-- ``report.json``, ``report.md`` and PNG plots, built from the transcripts.
+- ``report.json``, ``report.md`` and PNG plots, built from the transcripts (with a per-task
+  FULL / SHARDED / ratio table when a task other than math ran).
 
 Bad input (an unknown scenario, task or source, a record without an answer, a failing backend)
 ends the command with one line on stderr and exit status 2.
