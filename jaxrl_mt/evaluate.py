@@ -5,14 +5,16 @@
 
 Loads the model (a registry spec, or ``workdir:PATH`` for a training checkpoint through
 ``jaxrl_mt.rl.loop.load_policy``; ``http:URL#MODEL`` evaluates a model behind an OpenAI-compatible
-endpoint instead, see ``jaxrl_mt.eval.http_assistant``) and the instructions (source specs), plans N runs per
+endpoint instead, see ``jaxrl_mt.eval.http_assistant``) and the instructions of each selected task (``task``:
+one, a list or ``all``; ``datasets.TASK``: its source specs; see ``jaxrl_mt.eval.task_config``), plans N runs per
 instruction and scenario, simulates all of them in lockstep (one sampler call per turn for the
 whole batch), and writes into the workdir:
 
 - ``transcripts.jsonl``: one line per finished conversation, appended as they finish. A rerun
   with the same workdir skips the conversations already there (resume); the results-defining
   config fields are kept in ``eval_config.json`` and a rerun with different ones is refused.
-- ``report.json``, ``report.md``, ``report.html`` and PNG plots, built from the transcripts.
+- ``report.json``, ``report.md``, ``report.html`` and PNG plots, built from the transcripts (with a
+  per-task FULL / SHARDED / ratio table when a task other than math ran).
 
 Bad input (a misspelt config key, an unknown scenario, task or source, a record without an answer,
 a failing backend, an unwritable workdir) ends the command with one line on stderr and exit status 2.
@@ -29,7 +31,7 @@ from typing import Any
 
 from jaxrl_mt.backends import BackendError
 from jaxrl_mt.cli_errors import check_writable_dir, config_value, one_line, parse_flags
-from jaxrl_mt.data.loaders import LIC_TASKS, load_source
+from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError, ShardedTask
 from jaxrl_mt.eval.http_assistant import check_http_config, http_backend_kw, is_http
 from jaxrl_mt.eval.report import build_report, write_report
@@ -43,6 +45,14 @@ from jaxrl_mt.eval.simulator import (
     plan_runs,
     simulate,
 )
+from jaxrl_mt.eval.task_config import (
+    check_record,
+    judged_plugins,
+    parse_tasks,
+    resolve_sources,
+    with_task,
+)
+from jaxrl_mt.eval.task_scoring import conversation_system
 from jaxrl_mt.models.config import ModelError
 from jaxrl_mt.rewards.verifier import MODES, verify
 
@@ -80,13 +90,11 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
       EvalError: ``config field 'name': ...`` for the first bad value.
     """
     c = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-    c["dataset"] = _tuple(c["dataset"], "dataset")
     c["scenarios"] = canonical_scenarios(_tuple(c["scenarios"], "scenarios"))
-    if c["task"] not in LIC_TASKS:
-        raise EvalError(f"config field 'task': unknown task {c['task']!r}; valid: {', '.join(LIC_TASKS)}")
-    if c["task"] != "math":
-        raise EvalError(f"config field 'task': task {c['task']!r} cannot be scored here (numeric verifier); "
-                        "supported: math")
+    c["tasks"] = parse_tasks(c["task"], str(c["judge"]))
+    c["sources"] = resolve_sources(c["tasks"], c.get("dataset"), c.get("datasets"))
+    c["task"] = ",".join(c["tasks"])
+    c["dataset"] = tuple(s for specs in c["sources"].values() for s in specs)  # as loaded (eval_config.json)
     if c["protocol"] not in PROTOCOLS:
         raise EvalError(f"config field 'protocol': unknown {c['protocol']!r}; valid: {', '.join(PROTOCOLS)}")
     if c["verifier_mode"] not in MODES:
@@ -109,40 +117,41 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
     return c
 
 
-def _with_task(spec: str, task: str) -> str:
-    """``lic:FILE`` -> ``lic:FILE:task`` (an explicit ``lic:FILE:TASK`` is kept)."""
-    if spec.startswith("lic:") and spec.rpartition(":")[2] not in LIC_TASKS:
-        return f"{spec}:{task}"
-    return spec
+def load_tasks(sources: Sequence[str], *, task: str = "math", limit: int = 0,
+               seen: dict[str, str] | None = None) -> list[ShardedTask]:
+    """The instructions of every source (all of task ``task``), each checked for what its verifier needs.
 
-
-def load_tasks(sources: Sequence[str], *, task: str = "math", limit: int = 0) -> list[ShardedTask]:
-    """The instructions of every source, each checked for a scorable answer.
+    Args:
+      sources: source specs (a ``lic:FILE`` without task loads ``task``).
+      task: the LiC task the sources hold.
+      limit: at most this many instructions per source (0: all).
+      seen: task id -> source of instructions loaded before (duplicates across calls are refused).
 
     Raises:
-      EvalError: a duplicate task id, a non-math task, or an answer without a number (naming
-        the source and task id); DataError from the loaders names file, line and field.
+      EvalError: a duplicate task id, another task's instruction, a math answer without a number,
+        a code task without tests (naming the source and task id); DataError from the loaders
+        names file, line and field.
     """
     out: list[ShardedTask] = []
-    seen: dict[str, str] = {}
+    seen = {} if seen is None else seen
     for spec in sources:
-        tasks = load_source(_with_task(spec, task))
+        tasks = load_source(with_task(spec, task))
         for t in tasks[: limit or None]:
             if t.task_id in seen:
                 raise EvalError(f"source {spec!r}: duplicate task id {t.task_id!r} (also in {seen[t.task_id]!r})")
             if "|" in t.task_id:
                 raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'task_id' must not contain '|'")
-            if t.domain != "math":
-                raise EvalError(f"source {spec!r}: task {t.task_id!r} is a {t.domain!r} task; only math is scored")
-            try:
-                verify("", t.answer)
-            except ValueError:
-                raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'answer': {t.answer!r} holds no "
-                                "number") from None
+            check_record(t, task, spec)
+            if task == "math":
+                try:
+                    verify("", t.answer)
+                except ValueError:
+                    raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'answer': {t.answer!r} holds no "
+                                    "number") from None
             seen[t.task_id] = spec
             out.append(t)
     if not out:
-        raise EvalError(f"config field 'dataset': no instructions in {list(sources)}")
+        raise EvalError(f"config field 'dataset': no {task} instructions in {list(sources)}")
     return out
 
 
@@ -188,8 +197,14 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     """
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     c = normalize_config(cfg)
-    tasks = load_tasks(c["dataset"], task=c["task"], limit=c["limit"])
-    system = c["system_prompt"] or None
+    seen: dict[str, str] = {}
+    tasks = [t for name, specs in c["sources"].items()
+             for t in load_tasks(specs, task=name, limit=c["limit"], seen=seen)]
+    plugins = judged_plugins(c["tasks"], max_new_tokens=c["judge_max_new_tokens"])  # backend set below
+
+    def system(t: ShardedTask) -> str | None:
+        return conversation_system(t, c["system_prompt"] or None, plugins)
+
     runs, skipped = plan_runs(tasks, c["scenarios"], c["runs"], seed=c["seed"], system=system,
                               shuffle=c["shuffle_shards"])
     for s in skipped:
@@ -217,6 +232,8 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
         sampler = sampler if sampler is not None else Sampler.from_model(model, max_batch=c["max_batch"])
         judge = make_judge(c["judge"], model=model, max_new_tokens=c["judge_max_new_tokens"],
                            **http_backend_kw(c["judge"], c))
+        for plug in plugins.values():
+            plug.backend = judge.backend
         user = make_user(c["user_simulator"], model=model, max_new_tokens=c["user_max_new_tokens"],
                          temperature=c["user_temperature"], **http_backend_kw(c["user_simulator"], c))
         sampling = SamplingConfig(max_new_tokens=c["max_new_tokens"], temperature=c["temperature"], top_p=c["top_p"])
@@ -240,9 +257,10 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
             recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
                             verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],
                             sink=sink, progress=progress, max_chunk_cells=c["max_chunk_cells"],
-                            reuse_cache=c["reuse_cache"])
+                            reuse_cache=c["reuse_cache"], tasks=plugins or None)
         stats = {"new_tokens": int(sum(t["new_tokens"] for r in recs for t in r["turns"])),
-                 "judge": dict(judge.stats)}
+                 "judge": dict(judge.stats), **({"graded": {k: dict(p.stats) for k, p in plugins.items()}}
+                                                if plugins else {})}
         if hasattr(sampler, "generate_messages"):
             stats["assistant_http"] = sampler.summary()  # requests, retries, failures
         if hasattr(user, "summary"):

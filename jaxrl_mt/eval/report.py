@@ -18,6 +18,9 @@ report can be rebuilt from ``transcripts.jsonl`` alone. Per scenario:
   ``JUDGE_GAP_WARN`` points is listed in the report's ``warnings``: P rests on the answer-attempt
   judge, the cross-check does not, so a large gap points at the judge (or at a protocol
   difference worth reading the transcripts for).
+
+``tasks`` holds the same per task (FULL, SHARDED, their ratio: ``jaxrl_mt.eval.task_report``);
+report.md and ``p_by_task.png`` show it when the run has a task other than math.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ from jaxrl_mt.eval.metrics import (
     first_answer_turn_stats,
     instruction_metrics,
     lic_ratio,
+)
+from jaxrl_mt.eval.task_report import (
+    markdown_task_section,
+    plot_tasks,
+    shows_task_table,
+    task_table,
 )
 from jaxrl_mt.rewards.judge import RESPONSE_TYPES
 
@@ -136,6 +145,7 @@ def build_report(records: Sequence[Mapping[str, Any]], *, scenarios: Sequence[st
                 f"{kind}: P = {s['P']:.1f} but the judge-free last-reply accuracy is "
                 f"{s['last_reply_accuracy']:.1f} ({s['judge_gap']:+.1f} points, more than {JUDGE_GAP_WARN:g}): "
                 "check the answer-attempt judge's labels in the transcripts")
+    out["tasks"] = task_table(records, scenarios)
     if extra:
         out.update(extra)
     return _clean(out)
@@ -171,6 +181,8 @@ def markdown_report(report: Mapping[str, Any]) -> str:
                             "`final_turn`: each run scores its last turn only."),
              "Last-reply accuracy: the strict verifier on each conversation's last reply, averaged like P; it "
              "does not use the answer-attempt judge.", ""]
+    if shows_task_table(report):
+        rows[-1:-1] = markdown_task_section(report)
     return "\n".join(rows)
 
 
@@ -253,7 +265,7 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path, *, plots: bool 
     files["report.json"].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     files["report.md"].write_text(markdown_report(report), encoding="utf-8")
     if plots:
-        for p in _plots(report, out):
+        for p in _plots(report, out) + ([plot_tasks(report, out)] if shows_task_table(report) else []):
             files[p.name] = p
     from jaxrl_mt.eval.html_report import write_html_report
 

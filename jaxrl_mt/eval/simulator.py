@@ -8,7 +8,8 @@ needs around it:
   ``"{task_id}|{kind}|{run}"``, built with ``jaxrl_mt.data.build_scenario``.
 - :class:`TurnScorer`: the ``on_turn`` callback. It classifies each new reply with the judge
   (rule-based or LLM, one batched call per turn), extracts and checks the answer with the
-  training verifier (``jaxrl_mt.rewards.verifier``), records the verdict in ``turn.info`` and,
+  training verifier (``jaxrl_mt.rewards.verifier``; other domains than math: the task's
+  plug-in, see ``jaxrl_mt.eval.task_scoring``), records the verdict in ``turn.info`` and,
   under the ``lic`` protocol, ends a conversation at its first correct answer attempt. Finished
   conversations are handed to a sink (the transcript file) as soon as they finish.
 - Scoring protocols (pure functions of the per-turn verdicts, so a report can be recomputed from
@@ -36,6 +37,7 @@ from jaxrl_mt.conversations import ConversationRun, UserPolicy, accepts_reuse_ca
 from jaxrl_mt.data.jsonl_log import read_jsonl_log
 from jaxrl_mt.data.records import DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
+from jaxrl_mt.eval.task_scoring import MATH, score_task_turns
 from jaxrl_mt.rewards.judge import classify_rule_based, judge_llm
 from jaxrl_mt.rewards.verifier import extract_answer, verify
 from jaxrl_mt.sampling import GenerationResult, Sampler, SamplingConfig, bucket, plan_chunks
@@ -101,7 +103,7 @@ def canonical_scenarios(kinds: Iterable[str]) -> tuple[str, ...]:
 
 
 def plan_runs(tasks: Sequence[ShardedTask], kinds: Sequence[str], runs: int, *, seed: int = 0,
-              system: str | None = None, shuffle: bool = False
+              system: str | None | Callable[[ShardedTask], str | None] = None, shuffle: bool = False
               ) -> tuple[list[ConversationRun], list[dict[str, str]]]:
     """The conversations of an evaluation: ``runs`` per (task, scenario kind).
 
@@ -113,12 +115,14 @@ def plan_runs(tasks: Sequence[ShardedTask], kinds: Sequence[str], runs: int, *, 
       kinds: canonical scenario kinds.
       runs: N, runs per instruction and scenario.
       seed: the scenario seed (shard order when ``shuffle``, corruption for mt_refine/atr/aiwr).
-      system: the system prompt (None: the chat template's default).
+      system: the system prompt (None: the chat template's default), or a function of the task
+        giving it (per-task prompts, ``task_scoring.conversation_system``).
       shuffle: shuffle the order of condition shards (seeded, same for the N runs).
 
     Returns:
       ``(runs, skipped)``: skipped lists ``{"task_id", "kind", "reason"}`` for tasks that cannot
-      make a kind (e.g. nothing to corrupt for mt_refine).
+      make a kind (e.g. nothing to corrupt for mt_refine). ``meta["task"]`` holds the task record
+      (for its verifier; transcripts do not copy it).
     """
     if runs < 1:
         raise EvalError(f"config field 'runs': expected >= 1, got {runs}")
@@ -133,8 +137,10 @@ def plan_runs(tasks: Sequence[ShardedTask], kinds: Sequence[str], runs: int, *, 
                 continue
             for r in range(runs):
                 meta = {"task_id": task.task_id, "kind": kind, "run": r, "answer": task.answer,
-                        "domain": task.domain, "question": task.full_prompt, "n_planned": len(sc.turns)}
-                out.append(ConversationRun(conv_id=conv_id(task.task_id, kind, r), system=system,
+                        "domain": task.domain, "question": task.full_prompt, "n_planned": len(sc.turns),
+                        "task": task}
+                sys_prompt = system(task) if callable(system) else system
+                out.append(ConversationRun(conv_id=conv_id(task.task_id, kind, r), system=sys_prompt,
                                            user_turns=list(sc.turns), meta=meta))
     return out, skipped
 
@@ -260,7 +266,8 @@ class TurnScorer:
     """The ``on_turn`` callback: judge, verify, stop (lic) and flush finished conversations."""
 
     def __init__(self, runs: Sequence[ConversationRun], judge: Judge, *, protocol: str,
-                 verifier_mode: str, sink: Callable[[list[dict[str, Any]]], None] | None = None):
+                 verifier_mode: str, sink: Callable[[list[dict[str, Any]]], None] | None = None,
+                 tasks: Mapping[str, Any] | None = None):
         """Args:
           runs: every run of the batch (those finished without a turn callback, e.g. a user
             policy that ended them, are flushed at the next call or by :meth:`flush`).
@@ -268,27 +275,33 @@ class TurnScorer:
           protocol: ``"lic"`` or ``"final_turn"``.
           verifier_mode: ``"strict"`` or ``"lenient"``.
           sink: receives transcript records of finished conversations.
+          tasks: task plug-ins by domain for non-math replies (default: ``jaxrl_mt.tasks`` registry;
+            see ``jaxrl_mt.eval.task_scoring``).
         """
         if protocol not in PROTOCOLS:
             raise EvalError(f"config field 'protocol': unknown {protocol!r}; valid: {', '.join(PROTOCOLS)}")
         self.runs, self.judge, self.protocol, self.mode = list(runs), judge, protocol, verifier_mode
-        self.sink = sink
+        self.sink, self.tasks = sink, tasks
         self.flushed: set[str] = set()
 
     def __call__(self, live: Sequence[ConversationRun]) -> None:
         texts = [r.turns[-1].assistant for r in live]
         verdicts = self.judge.judge(texts, [r.meta["question"] for r in live], [r.meta["domain"] for r in live],
                                     [r.turns[-1].user for r in live])
-        for r, text, (label, answer) in zip(live, texts, verdicts):
+        other = [i for i, r in enumerate(live) if r.meta["domain"] != MATH]
+        infos = dict(zip(other, score_task_turns([texts[i] for i in other], [live[i].meta.get("task") for i in other],
+                                                 [verdicts[i][0] for i in other], plugins=self.tasks,
+                                                 llm_label=self.judge.backend is not None)))
+        for i, (r, text, (label, answer)) in enumerate(zip(live, texts, verdicts)):
             turn = r.turns[-1]
-            turn.info.update(judge_turn(text, r.meta["answer"], label, self.mode, answer))
+            turn.info.update(infos.get(i) or judge_turn(text, r.meta["answer"], label, self.mode, answer))
             sim = r.meta.get("user_sim")
             if sim and len(sim) >= len(r.turns):
                 s = sim[len(r.turns) - 1]
                 turn.info.update({"user_unit": s["unit"], "user_check": s["reason"], "user_fallback": s["fallback"]})
                 if s["fallback"]:
                     turn.info["user_sim_reply"] = s.get("raw", "")  # the rejected message, for audit
-            if self.protocol == "lic" and turn.info["answer_attempt"] and turn.info["correct"]:
+            if self.protocol == "lic" and turn.info["answer_attempt"] and turn.info["correct"] >= 1.0:
                 r.done, r.stop_reason = True, STOP_CORRECT
             elif len(r.turns) >= r.meta["n_planned"]:
                 r.done, r.stop_reason = True, r.stop_reason or "no_more_turns"
@@ -450,7 +463,8 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
              seed: int = 0, strategy: str = "plain",
              sink: Callable[[list[dict[str, Any]]], None] | None = None,
              progress: Callable[[int, int], None] | None = None,
-             max_chunk_cells: int = DEFAULT_MAX_CHUNK_CELLS, reuse_cache: bool = True) -> list[dict[str, Any]]:
+             max_chunk_cells: int = DEFAULT_MAX_CHUNK_CELLS, reuse_cache: bool = True,
+             tasks: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Simulates every run in lockstep and returns their transcript records.
 
     Args:
@@ -468,6 +482,7 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
       reuse_cache: keep each conversation's KV cache across turns (prefill only the new tokens,
         see ``run_conversations``); passed to the strategy only if it has a ``reuse_cache``
         parameter (the plain one does; strategies without it run as before).
+      tasks: task plug-ins by domain for non-math replies (see :class:`TurnScorer`).
 
     Returns:
       One transcript record per run, in the order of ``runs``.
@@ -484,7 +499,7 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
 
     if not runs:
         return []
-    scorer = TurnScorer(runs, judge, protocol=protocol, verifier_mode=verifier_mode, sink=collect)
+    scorer = TurnScorer(runs, judge, protocol=protocol, verifier_mode=verifier_mode, sink=collect, tasks=tasks)
     guard = ContextGuard(user or FixedOrderUser(), sampler.tokenizer, sampler.cfg.max_position_embeddings,
                          sampling.max_new_tokens)
     batched = LengthSortedSampler(sampler, max_chunk_cells)
