@@ -252,7 +252,7 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
 
             recs = simulate_remote(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
                                    verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], sink=sink,
-                                   progress=progress)
+                                   progress=progress, tasks=plugins or None)
         else:
             recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
                             verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],

@@ -14,7 +14,7 @@ from typing import Any
 
 from jaxrl_mt.backends import make_backend
 from jaxrl_mt.conversations import ConversationRun, FixedOrderUser, UserPolicy, run_conversations
-from jaxrl_mt.eval.simulator import EvalError, Judge, TurnScorer
+from jaxrl_mt.eval.simulator import EvalError, Judge, TurnScorer, run_scored
 from jaxrl_mt.remote import RemoteSampler
 from jaxrl_mt.sampling import SamplingConfig
 
@@ -73,7 +73,8 @@ def remote_sampler(c: Mapping[str, Any]) -> RemoteSampler:
 def simulate_remote(sampler: RemoteSampler, runs: Sequence[ConversationRun], sampling: SamplingConfig, *,
                     judge: Judge, protocol: str, verifier_mode: str, user: UserPolicy | None = None, seed: int = 0,
                     sink: Callable[[list[dict[str, Any]]], None] | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+                    progress: Callable[[int, int], None] | None = None,
+                    tasks: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """``simulator.simulate`` for a remote assistant: same runner, scorer and records.
 
     The context is the endpoint's business (a prompt it cannot take fails the request), and there
@@ -82,20 +83,9 @@ def simulate_remote(sampler: RemoteSampler, runs: Sequence[ConversationRun], sam
     Returns:
       One transcript record per finished run, in the order of ``runs``.
     """
-    records: dict[str, dict[str, Any]] = {}
+    def answer(scorer: TurnScorer) -> None:
+        run_conversations(sampler, runs, sampling, seed=seed, user=user or FixedOrderUser(), on_turn=scorer,
+                          progress=progress)
 
-    def collect(recs: list[dict[str, Any]]) -> None:
-        for rec in recs:
-            records[rec["conv_id"]] = rec
-        if sink is not None:
-            sink(recs)
-
-    if not runs:
-        return []
-    scorer = TurnScorer(runs, judge, protocol=protocol, verifier_mode=verifier_mode, sink=collect)
-    run_conversations(sampler, runs, sampling, seed=seed, user=user or FixedOrderUser(), on_turn=scorer,
-                      progress=progress)
-    for r in runs:  # e.g. ended by the user policy after their last on_turn
-        r.done = True
-    scorer.flush()
-    return [records[r.conv_id] for r in runs if r.conv_id in records]
+    return run_scored(runs, answer, judge=judge, protocol=protocol, verifier_mode=verifier_mode, sink=sink,
+                      tasks=tasks)

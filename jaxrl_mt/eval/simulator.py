@@ -59,6 +59,7 @@ __all__ = [
     "plan_runs",
     "register_strategy",
     "run_score",
+    "run_scored",
     "simulate",
     "transcript_record",
 ]
@@ -489,6 +490,32 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
     """
     from jaxrl_mt.conversations import FixedOrderUser
 
+    def answer(scorer: TurnScorer) -> None:
+        guard = ContextGuard(user or FixedOrderUser(), sampler.tokenizer, sampler.cfg.max_position_embeddings,
+                             sampling.max_new_tokens)
+        fn = get_strategy(strategy)
+        kw: dict[str, Any] = {"reuse_cache": reuse_cache} if accepts_reuse_cache(fn) else {}
+        fn(LengthSortedSampler(sampler, max_chunk_cells), runs, sampling, seed=seed, user=guard, on_turn=scorer,
+           progress=progress, **kw)
+
+    return run_scored(runs, answer, judge=judge, protocol=protocol, verifier_mode=verifier_mode, sink=sink,
+                      tasks=tasks)
+
+
+def run_scored(runs: Sequence[ConversationRun], answer: Callable[[TurnScorer], None], *, judge: Judge,
+               protocol: str, verifier_mode: str, sink: Callable[[list[dict[str, Any]]], None] | None = None,
+               tasks: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Answers ``runs`` with ``answer(scorer)``, scoring every turn, and returns their records.
+
+    Args:
+      runs: the conversations.
+      answer: advances the runs, calling ``scorer`` (the :class:`TurnScorer`) after every turn.
+      judge, protocol, verifier_mode, tasks: see :class:`TurnScorer`.
+      sink: receives records as conversations finish.
+
+    Returns:
+      One transcript record per run, in the order of ``runs``.
+    """
     records: dict[str, dict[str, Any]] = {}
 
     def collect(recs: list[dict[str, Any]]) -> None:
@@ -500,12 +527,7 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
     if not runs:
         return []
     scorer = TurnScorer(runs, judge, protocol=protocol, verifier_mode=verifier_mode, sink=collect, tasks=tasks)
-    guard = ContextGuard(user or FixedOrderUser(), sampler.tokenizer, sampler.cfg.max_position_embeddings,
-                         sampling.max_new_tokens)
-    batched = LengthSortedSampler(sampler, max_chunk_cells)
-    fn = get_strategy(strategy)
-    kw: dict[str, Any] = {"reuse_cache": reuse_cache} if accepts_reuse_cache(fn) else {}
-    fn(batched, runs, sampling, seed=seed, user=guard, on_turn=scorer, progress=progress, **kw)
+    answer(scorer)
     for r in runs:  # e.g. ended by the user policy after their last on_turn
         r.done = True
     scorer.flush()
