@@ -42,6 +42,7 @@ from jaxrl_mt.eval.metrics import (
     first_answer_turn_stats,
     instruction_metrics,
     lic_ratio,
+    scores_by_task,
 )
 from jaxrl_mt.eval.task_report import (
     markdown_task_section,
@@ -60,14 +61,6 @@ CI_LEVEL = 0.95
 JUDGE_GAP_WARN = 10.0  # points of |P - last-reply accuracy| above which the report warns
 
 
-def last_reply_correct(rec: Mapping[str, Any]) -> float:
-    """Strict correctness (0/1) of a conversation's last reply; 0 for a conversation without turns."""
-    if not rec["turns"]:
-        return 0.0
-    last = rec["turns"][-1]
-    return float(last.get("correct_strict", last.get("correct", 0.0)))
-
-
 def _clean(x: Any) -> Any:
     """JSON-safe copy: NaN/inf -> None, numpy scalars -> Python, int keys -> str."""
     if isinstance(x, Mapping):
@@ -83,11 +76,7 @@ def _clean(x: Any) -> Any:
 
 def scenario_report(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Metrics of one scenario's transcript records (see the module docstring)."""
-    by_task: dict[str, list[float]] = defaultdict(list)
-    last_by_task: dict[str, list[float]] = defaultdict(list)
-    for rec in sorted(records, key=lambda r: (r["task_id"], r["run"])):
-        by_task[rec["task_id"]].append(float(rec["score"]))
-        last_by_task[rec["task_id"]].append(last_reply_correct(rec))
+    by_task, last_by_task = scores_by_task(records)
     agg = aggregate(by_task, scale=100)
     last_acc = aggregate(last_by_task, scale=100)["P"]
     ci = {m: list(bootstrap_ci(by_task, m, n_boot=n_boot, alpha=1 - CI_LEVEL, seed=seed, scale=100))
@@ -179,8 +168,8 @@ def markdown_report(report: Mapping[str, Any]) -> str:
              "Scoring: " + ("`lic`: each run scores its last answer attempt (the conversation stops at the first "
                             "correct one); no attempt scores 0." if report["protocol"] == "lic" else
                             "`final_turn`: each run scores its last turn only."),
-             "Last-reply accuracy: the strict verifier on each conversation's last reply, averaged like P; it "
-             "does not use the answer-attempt judge.", ""]
+             ("Last-reply accuracy: the strict verifier on each conversation's last reply, averaged like P; it "
+              "does not use the answer-attempt judge."), ""]
     if shows_task_table(report):
         rows[-1:-1] = markdown_task_section(report)
     return "\n".join(rows)

@@ -24,16 +24,9 @@ from typing import Any
 import numpy as np
 
 from jaxrl_mt.data.loaders import LIC_TASKS
-from jaxrl_mt.eval.metrics import METRICS, aggregate, lic_ratio
+from jaxrl_mt.eval.metrics import METRICS, aggregate, lic_ratio, scores_by_task
 
 __all__ = ["markdown_task_table", "plot_tasks", "shows_task_table", "task_table"]
-
-
-def _last_reply(rec: Mapping[str, Any]) -> float:
-    if not rec["turns"]:
-        return 0.0
-    last = rec["turns"][-1]
-    return float(last.get("correct_strict", last.get("correct", 0.0)))
 
 
 def _scored_status(rec: Mapping[str, Any]) -> str:
@@ -45,11 +38,7 @@ def _scored_status(rec: Mapping[str, Any]) -> str:
 
 
 def _scenario(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    by_task: dict[str, list[float]] = defaultdict(list)
-    last: dict[str, list[float]] = defaultdict(list)
-    for rec in sorted(records, key=lambda r: (r["task_id"], r["run"])):
-        by_task[rec["task_id"]].append(float(rec["score"]))
-        last[rec["task_id"]].append(_last_reply(rec))
+    by_task, last = scores_by_task(records)
     agg = aggregate(by_task, scale=100)
     return {**{m: agg[m] for m in METRICS}, "last_reply_accuracy": aggregate(last, scale=100)["P"],
             "n_instructions": agg["n_instructions"], "n_runs": agg["n_runs"],
