@@ -11,8 +11,9 @@ Starts the server in process on 127.0.0.1 and drives it with the official ``open
 3. the latency cost of the window: a lone request's latency under each window, and the time it
    waited in the server's queue before its sampler call started (the window's direct cost).
 
-Phases 1 and 2 are run once untimed first, so compilation is mostly not measured (a window that
-splits the clients differently may still compile a new batch size). Prints a JSON summary.
+Phases 1 and 2 are run once untimed first (phase 2 under the first window), so compilation is
+not measured, except where a window splits the clients into batches of a new size: each phase
+lists the shapes it had to compile (``new_shapes_compiled``). Prints a JSON summary.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def concurrent(client: Any, model: str, chats: Sequence[list[dict[str, str]]], m
 
 
 def run_bench(model: Any, *, clients: int = 64, sequential: int = 16, max_tokens: int = 32,
-              windows_ms: Sequence[float] = (0.0, 5.0, 20.0), lone: int = 8, max_batch: int = 64) -> dict:
+              windows_ms: Sequence[float] = (2000.0, 5.0, 0.0), lone: int = 8, max_batch: int = 64) -> dict:
     """Runs the three phases against a server on ``model`` (a loaded registry Model)."""
     import openai
 
@@ -101,12 +102,15 @@ def run_bench(model: Any, *, clients: int = 64, sequential: int = 16, max_tokens
         one_at_a_time(client, "bench", chats[:2], max_tokens)  # warm-up (compiles batch 1)
         out["one_at_a_time"] = one_at_a_time(client, "bench", chats[:sequential], max_tokens)
         out["concurrent"] = {}
+        service.batcher.window_s = windows_ms[0] / 1000
         concurrent(client, "bench", chats, max_tokens)  # warm-up: compiles the batch shapes
         for w in windows_ms:
             service.batcher.window_s = w / 1000
             before, wait = dict(service.batcher.stats), service.batcher.wait_s
+            shapes = set(service.sampler.compiled_shapes)
             res = concurrent(client, "bench", chats, max_tokens)
             after = service.batcher.stats
+            res["new_shapes_compiled"] = sorted(service.sampler.compiled_shapes - shapes)  # inside the timing
             res["sampler_calls"] = after["calls"] - before.get("calls", 0)
             res["batches"] = after["batches"] - before.get("batches", 0)
             res["queue_wait_mean_ms"] = 1000 * (service.batcher.wait_s - wait) / (after["jobs"] - before["jobs"])
@@ -130,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--sequential", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--windows-ms", default="0,5,20", help="comma-separated batching windows to compare")
+    p.add_argument("--windows-ms", default="2000,5,0", help="comma-separated batching windows to compare (the "
+                                                           "first also serves the warm-up)")
     p.add_argument("--lone", type=int, default=8, help="lone requests per window for the latency cost")
     args = p.parse_args(argv)
     from jaxrl_mt.models.registry import load_model

@@ -119,7 +119,8 @@ def test_transient_faults_are_retried_and_key_never_stored(tmp_path, fault_serve
     assert by_id(read_transcripts(tmp_path / "faulty" / "transcripts.jsonl")) == \
         by_id(read_transcripts(tmp_path / "clean" / "transcripts.jsonl"))
     stats = out["report"]["this_invocation"]["assistant_http"]
-    assert stats["retries"] == len(seen) > 0  # one retry per distinct request (identical runs repeat requests)
+    # every distinct request failed once (identical runs repeat requests); a loaded host may add a timeout
+    assert len(seen) > 0 and stats["retries"] >= len(seen) and stats.get("failures", 0) == 0
     assert stats["requests"] == sum(r["n_turns"] for r in read_transcripts(tmp_path / "faulty" / "transcripts.jsonl"))
     assert all(r["headers"]["Authorization"] == f"Bearer {secret}" for r in server.requests)
     written = "".join(p.read_text(errors="replace") for p in (tmp_path / "faulty").iterdir())
