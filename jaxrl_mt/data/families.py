@@ -95,7 +95,8 @@ def template_of(task: ShardedTask) -> str:
 
 
 def _numbers(rng: random.Random, ops: tuple[str, ...]) -> tuple[int, list[int], int]:
-    """Start value (START_RANGE), operands (OPERAND_RANGE) and answer; every value stays >= 1."""
+    """Start value (START_RANGE), operands (OPERAND_RANGE) and answer; every value stays >= 1 and
+    the answer differs from every number in the facts (a reply that repeats a fact is wrong)."""
     lo, hi = OPERAND_RANGE
     for _ in range(1000):
         value = start = rng.randint(*START_RANGE)
@@ -111,7 +112,8 @@ def _numbers(rng: random.Random, ops: tuple[str, ...]) -> tuple[int, list[int], 
                 value -= n
             operands.append(n)
         else:
-            return start, operands, value
+            if value not in (start, *operands):  # echoing a fact must never be the right answer
+                return start, operands, value
     raise DataError(f"could not draw numbers for ops {ops}")  # pragma: no cover - START_RANGE > OPERAND_RANGE
 
 

@@ -23,6 +23,7 @@ def test_answers_are_recomputable_and_deterministic(template_set: str, steps: in
         assert len(t.conditions) == steps + 1
         assert recompute_answer(t) == t.answer
         assert int(t.answer) >= 1
+        assert t.answer not in {n for c in t.conditions for n in re.findall(r"\d+", c)}  # no fact echoes it
         assert t.full_prompt == " ".join(t.conditions) + " " + t.target
     # round robin over the set's templates
     assert [template_of(t) for t in tasks[: len(TEMPLATES[template_set])]] == [x.tid for x in TEMPLATES[template_set]]
