@@ -27,6 +27,10 @@ def get_config(preset: str = "paper") -> ConfigDict:
         c.rl.lr = 1e-6
         c.rl.batch_size = 64
         c.rl.group_size = 8
+    elif preset == "experiment":  # the ICPO arm of issue 15: same problems, budget and probe as rlsta:experiment
+        c.workdir = "runs/icpo_exp"
+        c.data.add_source = "family:train:96:1,family:train:32:2"
+        c.data.heldout = 0
     elif preset == "cpu":
         c.data.add_source = "synthetic:24:0,gsm8k:@"  # two-shard problems the 135M model can solve + GSM8K
         c.data.limit = 16

@@ -1,6 +1,7 @@
 """RLSTA: GRPO on the last turn of multi-turn histories with a single-turn anchor reward.
 
-Presets: `paper` (the published recipe) and `cpu` (embedded SmolLM2-135M, <= 15 min on 2 cores).
+Presets: `paper` (the published recipe), `cpu` (embedded SmolLM2-135M, <= 15 min on 2 cores) and
+`experiment` (issue 15's held-out experiment, <= 45 min on 2 cores; see docs/results/experiment_presets.md).
 Use: python -m jaxrl_mt.train --config configs/rlsta.py:cpu --config.rl.steps=4
 """
 
@@ -68,6 +69,10 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.eval = ConfigDict()
     c.eval.max_new_tokens = 512  # greedy budget of the held-out evaluation
     c.eval.every = 0  # evaluate every N steps (0 = only before and after training)
+    c.eval.probe_source = ""  # held-out probe: source spec of problems no training item comes from ("" = off)
+    c.eval.probe_limit = 0  # probe: the first N problems of probe_source (0 = all)
+    c.eval.probe_kinds = "sharded,mt_refine"  # probe: scenario kinds answered greedily as real conversations
+    c.eval.probe_every = 0  # probe every N steps (0 = only before and after training)
 
     c.log = ConfigDict()
     c.log.every = 1  # metrics every N steps
@@ -101,6 +106,48 @@ def get_config(preset: str = "paper") -> ConfigDict:
         c.eval.max_new_tokens = 64
         c.log.samples_every = 3
         c.checkpoint.every = 3
+    elif preset == "experiment":
+        _experiment(c)
     else:
-        raise ValueError(f"unknown preset {preset!r}; expected 'paper' or 'cpu'")
+        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'cpu' or 'experiment'")
     return c
+
+
+def _experiment(c: ConfigDict) -> None:
+    """Issue 15's RLSTA arm: embedded model, <= 45 min wall on 2 CPU cores (docs/results/experiment_presets.md).
+
+    Training problems: one- and two-step addition/subtraction from the `train` template set
+    (jaxrl_mt/data/families.py), each as MT-Add and MT-Refine; the held-out probe reads problems of
+    the disjoint `heldout` set (build docs/results/heldout.jsonl with
+    `python -m jaxrl_mt.experiments.heldout --out docs/results/heldout.jsonl --seed 0`).
+    """
+    c.workdir = "runs/rlsta_exp"
+    c.data.add_source = "family:train:96:1,family:train:32:2"
+    c.data.refine_source = "family:train:96:1,family:train:32:2"
+    c.data.limit = 0
+    c.data.heldout = 0  # the held-out problems are the probe's (other templates), not a split of these
+    c.history.max_new_tokens = 48
+    c.history.temperature = 0.7
+    c.filter.enabled = True
+    c.filter.k = 4
+    c.filter.cap_per_problem = 2
+    c.filter.temperature = 1.0
+    c.rl.steps = 40
+    c.rl.batch_size = 4
+    c.rl.group_size = 6
+    c.rl.lr = 1e-5
+    c.rl.beta = 1e-3
+    c.rl.temperature = 1.0
+    c.rl.max_new_tokens = 48
+    c.rl.verifier_mode = "strict"
+    c.rl.max_batch = 64
+    c.rl.remat = True
+    c.eval.max_new_tokens = 48
+    c.eval.probe_source = "tasks:docs/results/heldout.jsonl"
+    c.eval.probe_limit = 24
+    c.eval.probe_kinds = "sharded,mt_refine"
+    c.eval.probe_every = 10
+    c.log.samples_every = 5
+    c.checkpoint.every = 10
+    c.checkpoint.keep = 1
+    c.export = False

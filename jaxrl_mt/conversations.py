@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from jaxrl_mt.chat import ChatError, encode_prompt, encode_text, render
+from jaxrl_mt.chat import ChatError, encode_prompt, encode_text, render, with_system
 from jaxrl_mt.sampling import DecodeSession, GenerationResult, Sampler, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,9 @@ def run_conversations(sampler: Sampler, runs: Sequence[ConversationRun], samplin
 
     Args:
       sampler: the policy's sampler (with a tokenizer), or a wrapper of one with a ``.sampler``
-        attribute (``LengthSortedSampler``; its ``max_cells`` then bounds the cached chunks).
+        attribute (``LengthSortedSampler``; its ``max_cells`` then bounds the cached chunks), or
+        a sampler of messages (``generate_messages(chats, sampling, seed=) -> (result,
+        prompt_lens)``, e.g. ``jaxrl_mt.remote.RemoteSampler`` for a model behind an API).
       runs: the conversations (fresh, or partly run: they continue from their last turn).
       sampling: sampling settings for every assistant turn.
       seed: base seed; turn k uses seed + SEED_STRIDE k (chunk j of a turn's call uses
@@ -203,6 +205,9 @@ def _answer(sampler: Sampler, cached: "_CachedTurns | None", live: Sequence[Conv
     got = cached.answer(live, texts, sampling, seed) if cached is not None else None
     if got is not None:
         res, prompt_lens = got
+    elif hasattr(sampler, "generate_messages"):  # a model behind an API (jaxrl_mt.remote): messages in
+        chats = [with_system(r.messages + [{"role": "user", "content": u}], r.system) for r, u in zip(live, texts)]
+        res, prompt_lens = sampler.generate_messages(chats, sampling, seed=seed)
     else:
         prompts = [encode_prompt(sampler.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
                    for r, u in zip(live, texts)]

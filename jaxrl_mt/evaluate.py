@@ -4,17 +4,20 @@
     python -m jaxrl_mt.evaluate --config configs/eval_lic.py:lic --config.model=workdir:/runs/rlsta
 
 Loads the model (a registry spec, or ``workdir:PATH`` for a training checkpoint through
-``jaxrl_mt.rl.loop.load_policy``) and the instructions (source specs), plans N runs per
+``jaxrl_mt.rl.loop.load_policy``; ``http:URL#MODEL`` evaluates a model behind an OpenAI-compatible
+endpoint instead, see ``jaxrl_mt.eval.http_assistant``) and the instructions of each selected task (``task``:
+one, a list or ``all``; ``datasets.TASK``: its source specs; see ``jaxrl_mt.eval.task_config``), plans N runs per
 instruction and scenario, simulates all of them in lockstep (one sampler call per turn for the
 whole batch), and writes into the workdir:
 
 - ``transcripts.jsonl``: one line per finished conversation, appended as they finish. A rerun
   with the same workdir skips the conversations already there (resume); the results-defining
   config fields are kept in ``eval_config.json`` and a rerun with different ones is refused.
-- ``report.json``, ``report.md`` and PNG plots, built from the transcripts.
+- ``report.json``, ``report.md``, ``report.html`` and PNG plots, built from the transcripts (with a
+  per-task FULL / SHARDED / ratio table when a task other than math ran).
 
-Bad input (an unknown scenario, task or source, a record without an answer, a failing backend)
-ends the command with one line on stderr and exit status 2.
+Bad input (a misspelt config key, an unknown scenario, task or source, a record without an answer,
+a failing backend, an unwritable workdir) ends the command with one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_mt.backends import BackendError
-from jaxrl_mt.data.loaders import LIC_TASKS, load_source
+from jaxrl_mt.cli_errors import check_writable_dir, config_value, one_line, parse_flags
+from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError, ShardedTask
+from jaxrl_mt.eval.http_assistant import check_http_config, http_backend_kw, is_http
 from jaxrl_mt.eval.report import build_report, write_report
 from jaxrl_mt.eval.simulator import (
     PROTOCOLS,
@@ -40,6 +45,14 @@ from jaxrl_mt.eval.simulator import (
     plan_runs,
     simulate,
 )
+from jaxrl_mt.eval.task_config import (
+    check_record,
+    judged_plugins,
+    parse_tasks,
+    resolve_sources,
+    with_task,
+)
+from jaxrl_mt.eval.task_scoring import conversation_system
 from jaxrl_mt.models.config import ModelError
 from jaxrl_mt.rewards.verifier import MODES, verify
 
@@ -77,13 +90,11 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
       EvalError: ``config field 'name': ...`` for the first bad value.
     """
     c = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-    c["dataset"] = _tuple(c["dataset"], "dataset")
     c["scenarios"] = canonical_scenarios(_tuple(c["scenarios"], "scenarios"))
-    if c["task"] not in LIC_TASKS:
-        raise EvalError(f"config field 'task': unknown task {c['task']!r}; valid: {', '.join(LIC_TASKS)}")
-    if c["task"] != "math":
-        raise EvalError(f"config field 'task': task {c['task']!r} cannot be scored here (numeric verifier); "
-                        "supported: math")
+    c["tasks"] = parse_tasks(c["task"], str(c["judge"]))
+    c["sources"] = resolve_sources(c["tasks"], c.get("dataset"), c.get("datasets"))
+    c["task"] = ",".join(c["tasks"])
+    c["dataset"] = tuple(s for specs in c["sources"].values() for s in specs)  # as loaded (eval_config.json)
     if c["protocol"] not in PROTOCOLS:
         raise EvalError(f"config field 'protocol': unknown {c['protocol']!r}; valid: {', '.join(PROTOCOLS)}")
     if c["verifier_mode"] not in MODES:
@@ -98,6 +109,7 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
     if not isinstance(c.setdefault("reuse_cache", True), bool):
         raise EvalError(f"config field 'reuse_cache': expected true or false, got {c['reuse_cache']!r}")
     _mesh(c.setdefault("mesh_shape", "auto"))
+    check_http_config(c)
     _backend_spec(c["judge"], "judge", "rule")
     _backend_spec(c["user_simulator"], "user_simulator", "fixed")
     get_strategy(c["strategy"])
@@ -125,40 +137,41 @@ def make_sampler(model: Any, mesh_shape: str = "auto", max_batch: int | None = N
     return Sampler.from_model(model, mesh=_mesh(mesh_shape), max_batch=max_batch)
 
 
-def _with_task(spec: str, task: str) -> str:
-    """``lic:FILE`` -> ``lic:FILE:task`` (an explicit ``lic:FILE:TASK`` is kept)."""
-    if spec.startswith("lic:") and spec.rpartition(":")[2] not in LIC_TASKS:
-        return f"{spec}:{task}"
-    return spec
+def load_tasks(sources: Sequence[str], *, task: str = "math", limit: int = 0,
+               seen: dict[str, str] | None = None) -> list[ShardedTask]:
+    """The instructions of every source (all of task ``task``), each checked for what its verifier needs.
 
-
-def load_tasks(sources: Sequence[str], *, task: str = "math", limit: int = 0) -> list[ShardedTask]:
-    """The instructions of every source, each checked for a scorable answer.
+    Args:
+      sources: source specs (a ``lic:FILE`` without task loads ``task``).
+      task: the LiC task the sources hold.
+      limit: at most this many instructions per source (0: all).
+      seen: task id -> source of instructions loaded before (duplicates across calls are refused).
 
     Raises:
-      EvalError: a duplicate task id, a non-math task, or an answer without a number (naming
-        the source and task id); DataError from the loaders names file, line and field.
+      EvalError: a duplicate task id, another task's instruction, a math answer without a number,
+        a code task without tests (naming the source and task id); DataError from the loaders
+        names file, line and field.
     """
     out: list[ShardedTask] = []
-    seen: dict[str, str] = {}
+    seen = {} if seen is None else seen
     for spec in sources:
-        tasks = load_source(_with_task(spec, task))
+        tasks = load_source(with_task(spec, task))
         for t in tasks[: limit or None]:
             if t.task_id in seen:
                 raise EvalError(f"source {spec!r}: duplicate task id {t.task_id!r} (also in {seen[t.task_id]!r})")
             if "|" in t.task_id:
                 raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'task_id' must not contain '|'")
-            if t.domain != "math":
-                raise EvalError(f"source {spec!r}: task {t.task_id!r} is a {t.domain!r} task; only math is scored")
-            try:
-                verify("", t.answer)
-            except ValueError:
-                raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'answer': {t.answer!r} holds no "
-                                "number") from None
+            check_record(t, task, spec)
+            if task == "math":
+                try:
+                    verify("", t.answer)
+                except ValueError:
+                    raise EvalError(f"source {spec!r}: task {t.task_id!r}: field 'answer': {t.answer!r} holds no "
+                                    "number") from None
             seen[t.task_id] = spec
             out.append(t)
     if not out:
-        raise EvalError(f"config field 'dataset': no instructions in {list(sources)}")
+        raise EvalError(f"config field 'dataset': no {task} instructions in {list(sources)}")
     return out
 
 
@@ -185,8 +198,63 @@ def _check_workdir(workdir: Path, c: Mapping[str, Any]) -> None:
             if have.get(k) != want[k]:
                 raise EvalError(f"{path}: field '{k}': the transcripts there were made with {have.get(k)!r}, "
                                 f"this run has {want[k]!r}; use another workdir")
-    workdir.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(workdir, "config field 'workdir':")  # OSError: one line, exit 2
     path.write_text(json.dumps(want, indent=2) + "\n", encoding="utf-8")
+
+
+def _run_todo(c: dict[str, Any], todo: list[Any], store: TranscriptStore, plugins: dict[str, Any], *,
+              model: Any, sampler: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """Simulates the conversations not yet in ``store`` (appending each as it finishes) and returns
+    this invocation's statistics (new tokens, judge, graders, endpoint and user-simulator counters)."""
+    t0 = time.perf_counter()
+    from jaxrl_mt.eval.user_sim import make_user
+    from jaxrl_mt.sampling import SamplingConfig
+
+    if model is None and sampler is None:
+        if is_http(c["model"]):
+            from jaxrl_mt.eval.http_assistant import remote_sampler
+
+            sampler = remote_sampler(c)
+        else:
+            model = load_eval_model(c["model"], dtype=c["dtype"])
+    sampler = sampler if sampler is not None else make_sampler(model, c["mesh_shape"], c["max_batch"])
+    judge = make_judge(c["judge"], model=model, max_new_tokens=c["judge_max_new_tokens"],
+                       **http_backend_kw(c["judge"], c))
+    for plug in plugins.values():
+        plug.backend = judge.backend
+    user = make_user(c["user_simulator"], model=model, max_new_tokens=c["user_max_new_tokens"],
+                     temperature=c["user_temperature"], **http_backend_kw(c["user_simulator"], c))
+    sampling = SamplingConfig(max_new_tokens=c["max_new_tokens"], temperature=c["temperature"], top_p=c["top_p"])
+    written = [0]
+
+    def sink(recs: list[dict[str, Any]]) -> None:
+        store.append(recs)
+        written[0] += len(recs)
+
+    def progress(k: int, n: int) -> None:
+        log(f"turn {k + 1}: {n} active conversations, {written[0]}/{len(todo)} finished, "
+            f"{time.perf_counter() - t0:.0f}s")
+
+    if hasattr(sampler, "generate_messages"):  # a model behind an endpoint
+        from jaxrl_mt.eval.http_assistant import simulate_remote
+
+        recs = simulate_remote(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
+                               verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], sink=sink,
+                               progress=progress, tasks=plugins or None)
+    else:
+        recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
+                        verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],
+                        sink=sink, progress=progress, max_chunk_cells=c["max_chunk_cells"],
+                        reuse_cache=c["reuse_cache"], tasks=plugins or None)
+    stats: dict[str, Any] = {"new_tokens": int(sum(t["new_tokens"] for r in recs for t in r["turns"])),
+                             "judge": dict(judge.stats)}
+    if plugins:
+        stats["graded"] = {k: dict(p.stats) for k, p in plugins.items()}
+    if hasattr(sampler, "generate_messages"):
+        stats["assistant_http"] = sampler.summary()  # requests, retries, failures
+    if hasattr(user, "summary"):
+        stats["user_sim"] = user.summary()
+    return stats
 
 
 def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
@@ -205,8 +273,14 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     """
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     c = normalize_config(cfg)
-    tasks = load_tasks(c["dataset"], task=c["task"], limit=c["limit"])
-    system = c["system_prompt"] or None
+    seen: dict[str, str] = {}
+    tasks = [t for name, specs in c["sources"].items()
+             for t in load_tasks(specs, task=name, limit=c["limit"], seen=seen)]
+    plugins = judged_plugins(c["tasks"], max_new_tokens=c["judge_max_new_tokens"])  # backend set below
+
+    def system(t: ShardedTask) -> str | None:
+        return conversation_system(t, c["system_prompt"] or None, plugins)
+
     runs, skipped = plan_runs(tasks, c["scenarios"], c["runs"], seed=c["seed"], system=system,
                               shuffle=c["shuffle_shards"])
     for s in skipped:
@@ -221,34 +295,7 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     t0 = time.perf_counter()
     stats: dict[str, Any] = {}
     if todo:
-        from jaxrl_mt.eval.user_sim import make_user
-        from jaxrl_mt.sampling import SamplingConfig
-
-        if model is None and sampler is None:
-            model = load_eval_model(c["model"], dtype=c["dtype"])
-        sampler = sampler if sampler is not None else make_sampler(model, c["mesh_shape"], c["max_batch"])
-        judge = make_judge(c["judge"], model=model, max_new_tokens=c["judge_max_new_tokens"])
-        user = make_user(c["user_simulator"], model=model, max_new_tokens=c["user_max_new_tokens"],
-                         temperature=c["user_temperature"])
-        sampling = SamplingConfig(max_new_tokens=c["max_new_tokens"], temperature=c["temperature"], top_p=c["top_p"])
-        written = [0]
-
-        def sink(recs: list[dict[str, Any]]) -> None:
-            store.append(recs)
-            written[0] += len(recs)
-
-        def progress(k: int, n: int) -> None:
-            log(f"turn {k + 1}: {n} active conversations, {written[0]}/{len(todo)} finished, "
-                f"{time.perf_counter() - t0:.0f}s")
-
-        recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
-                        verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],
-                        sink=sink, progress=progress, max_chunk_cells=c["max_chunk_cells"],
-                        reuse_cache=c["reuse_cache"])
-        stats = {"new_tokens": int(sum(t["new_tokens"] for r in recs for t in r["turns"])),
-                 "judge": dict(judge.stats)}
-        if hasattr(user, "summary"):
-            stats["user_sim"] = user.summary()
+        stats = _run_todo(c, todo, store, plugins, model=model, sampler=sampler, log=log)
     seconds = time.perf_counter() - t0
     planned = {r.conv_id for r in runs}
     records = [r for cid, r in store.load().items() if cid in planned]
@@ -260,7 +307,9 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
              "this_invocation": {"n_generated": len(todo), "seconds": seconds, **stats}}
     report = build_report(records, scenarios=c["scenarios"], protocol=c["protocol"], n_boot=c["bootstrap"],
                           seed=c["seed"], extra=extra)
-    files = write_report(report, workdir, plots=c["plots"])
+    files = write_report(report, workdir, plots=c["plots"], records=records)
+    for w in report["warnings"]:
+        log(f"WARNING: {w}")
     log(f"wrote {', '.join(str(p) for p in files.values())}")
     return {"report": report, "files": files, "n_planned": len(runs), "n_resumed": len(runs) - len(todo),
             "n_generated": len(todo), "seconds": seconds}
@@ -271,13 +320,13 @@ def main(argv: Sequence[str]) -> None:
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    cfg = _CONFIG.value
+    cfg = config_value(_CONFIG)
     if cfg is None:
         raise app.UsageError("--config is required, e.g. --config configs/eval_lic.py:cpu")
     try:
         result = evaluate(cfg)
-    except (EvalError, DataError, ModelError, BackendError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (EvalError, DataError, ModelError, BackendError, OSError) as e:  # OSError: an unwritable workdir
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     print((Path(result["files"]["report.md"])).read_text(encoding="utf-8"))
 
@@ -287,4 +336,4 @@ if __name__ == "__main__":
     from ml_collections import config_flags
 
     _CONFIG = config_flags.DEFINE_config_file("config", None, "evaluation config file[:preset]", lock_config=True)
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -5,7 +5,9 @@
 SPEC is anything `jaxrl_mt.models.registry.load_model` accepts: `builtin:NAME`, a local HF folder
 or a hub id. The folder holds config.json, model.safetensors, generation_config.json and the
 tokenizer files (when the source has a tokenizer), and loads in transformers as is. On a bad spec
-or checkpoint the command prints one line to stderr and exits with status 2.
+or checkpoint, or an unwritable or full ``--out``, the command prints one line to stderr and exits
+with status 2. The folder is written beside ``--out`` and renamed into place: a failed export
+leaves an existing folder there as it was.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from jaxrl_mt.cli_errors import check_writable_dir, one_line
 from jaxrl_mt.models.config import ModelError
 
 DTYPES = ("float32", "bfloat16")
@@ -64,13 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the command; returns the exit status (0, or 2 on a ModelError)."""
+    """Runs the command; returns the exit status (0, or 2 on a ModelError or an unwritable ``--out``)."""
     args = build_parser().parse_args(argv)
+    out = Path(args.out)
     try:
-        out = export_model(args.model, args.out, dtype=args.dtype)
-    except ModelError as e:
-        msg = " ".join(str(e).split())  # one line
-        print(f"error: {msg}", file=sys.stderr)
+        if out.exists() and not out.is_dir():
+            raise OSError(f"--out {out} is a file, not a folder")
+        check_writable_dir(out.parent, "--out: folder")  # before the model is loaded
+        out = export_model(args.model, out, dtype=args.dtype)
+    except (ModelError, OSError) as e:  # an ExportError (a ModelError) keeps any previous folder at --out
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(out)
     return 0

@@ -92,9 +92,15 @@ def read_prompts_file(path: str | Path) -> list[PromptSpec]:
     """Reads a JSONL prompts file (blank lines skipped); raises UsageError naming file:line:field."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        data = p.read_bytes()
+    except OSError as e:
         raise UsageError(f"{p}: cannot read prompts file ({type(e).__name__}: {e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line, col = data.count(b"\n", 0, e.start) + 1, e.start - data.rfind(b"\n", 0, e.start)
+        raise UsageError(f"{p}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at column {col}); "
+                         "save the prompts file as UTF-8") from None
     specs = [parse_prompt_line(line, f"{p}:{n}") for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not specs:
         raise UsageError(f"{p}: no prompts")

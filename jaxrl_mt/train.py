@@ -1,11 +1,15 @@
 """Train a policy: `python -m jaxrl_mt.train --config configs/rlsta.py[:preset] [--config.rl.lr=...]`.
 
 The config file is an ml_collections file (configs/rlsta.py, configs/grpo.py); it is locked, so a
-misspelt override fails at start-up. An existing workdir resumes from its last checkpoint.
+misspelt override fails at start-up. An existing workdir resumes from its newest checkpoint that
+restores. Bad input (a misspelt key, a bad value, an unwritable workdir), a checkpoint that cannot be
+written or read, a failed export: one line on stderr and exit status 2 (set JAXRL_MT_TRACEBACK=1 for
+the traceback); a training failure (non-finite loss): exit status 1.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import app, flags
@@ -18,23 +22,29 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv: list[str]) -> int:
     del argv
-    from jaxrl_mt import runtime
+    from jaxrl_mt import cli_errors, runtime
+    from jaxrl_mt.checkpointing import CheckpointError
+    from jaxrl_mt.models.hf_io import ExportError
     from jaxrl_mt.parallel import maybe_initialize_distributed
     from jaxrl_mt.rl.loop import ConfigError, Trainer, TrainingError
 
-    c = _CONFIG.value
+    c = cli_errors.config_value(_CONFIG)
     runtime.setup()
     maybe_initialize_distributed(c)
     try:
         Trainer(c).run()
-    except (ConfigError, TrainingError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, ConfigError) else 1
+    except (ConfigError, TrainingError, CheckpointError, ExportError, OSError) as e:
+        if os.environ.get("JAXRL_MT_TRACEBACK"):
+            raise
+        print(f"error: {cli_errors.one_line(e)}", file=sys.stderr)
+        return 1 if isinstance(e, TrainingError) else cli_errors.EXIT_BAD_INPUT
     return 0
 
 
 def run() -> None:
-    app.run(lambda argv: sys.exit(main(argv)))
+    from jaxrl_mt.cli_errors import parse_flags
+
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

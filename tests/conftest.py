@@ -49,3 +49,20 @@ def tiny_chat_model_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model
     params = init_params(cfg, jax.random.PRNGKey(0), scale=0.5)
     out = tmp_path_factory.mktemp("tiny") / "tiny-chat-llama"
     return export_hf_folder(cfg, params, out, tokenizer=embedded_model.tokenizer)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB tmpfs (a full disk in miniature; needs root: skipped where mounting is refused)."""
+    import subprocess
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from jaxrl_mt.backends import BackendError, ChatBackend, HTTPBackend, make_backend
+from jaxrl_mt.backends import BackendError, ChatBackend, ChatReply, HTTPBackend, make_backend
 
 # A script maps (request number from 1, request JSON) to (status, headers, body object).
 Script = Callable[[int, dict], tuple[int, dict, object]]
@@ -55,7 +55,10 @@ class FakeOpenAIServer:
                 for key, value in headers.items():
                     self.send_header(key, value)
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+                    pass
 
             def log_message(self, *args):  # keep test output quiet
                 pass
@@ -182,8 +185,9 @@ def test_error_message_from_plain_text_body(serve):
 
 def test_malformed_reply(serve):
     server = serve(lambda number, body: (200, {}, {"choices": []}))
-    with pytest.raises(BackendError, match=r"choices\[0\].message.content"):
-        HTTPBackend(server.url, "m").chat([conv("hi")])
+    with pytest.raises(BackendError, match=r"invalid reply after 3 attempts: .*choices\[0\].message.content"):
+        HTTPBackend(server.url, "m", max_retries=2, backoff=0.01).chat([conv("hi")])
+    assert len(server.requests) == 3  # an HTTP 200 that is not a chat completion is retried
 
 
 def test_connection_refused_is_retried_then_reported():
@@ -239,3 +243,58 @@ def test_retry_after_header_forms():
     assert _retry_after("86400") == MAX_RETRY_AFTER_S
     in_ten_s = _retry_after(formatdate(time.time() + 10, usegmt=True))
     assert 8.0 <= in_ten_s <= 10.0
+
+
+def test_garbage_200_then_success_and_reply_details(serve):
+    replies = [b"<html>proxy error</html>", {"choices": [{"message": {"content": 5}}]},
+               {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}}]
+    server = serve(lambda number, body: (200, {}, replies[number - 1]))
+    backend = HTTPBackend(server.url, "m", max_retries=2, backoff=0.01)
+    (reply,) = backend.complete([conv("hi")], max_new_tokens=3, temperature=0.5, top_p=0.9, seed=7, stop=["\n"])
+    assert reply == ChatReply("ok", "length", 12, 3)
+    assert len(server.requests) == 3
+    assert {k: server.requests[0]["body"][k] for k in ("top_p", "seed", "stop")} == {"top_p": 0.9, "seed": 7,
+                                                                                     "stop": ["\n"]}
+    assert (backend.stats["requests"], backend.stats["retries"]) == (1, 2)
+
+
+def test_timeout_is_retried_then_reported(serve):
+    def script(number, body):
+        if number <= 2 or body["messages"][-1]["content"] == "always slow":
+            time.sleep(0.6)  # longer than the client's timeout
+        return 200, {}, completion("late but fine")
+
+    server = serve(script)
+    assert HTTPBackend(server.url, "m", timeout=0.2, max_retries=2, backoff=0.01).chat([conv("x")]) == ["late but fine"]
+    assert len(server.requests) == 3
+    with pytest.raises(BackendError, match=r"connection failed after 2 attempts: timed out \(0.2 s\)$"):
+        HTTPBackend(server.url, "m", timeout=0.2, max_retries=1, backoff=0.01).chat([conv("always slow")])
+
+
+def test_deadline_cancels_queued_requests(serve):
+    release = threading.Event()
+    server = serve(lambda number, body: (release.wait(5), (200, {}, completion("never in time")))[1])
+    backend = HTTPBackend(server.url, "m", timeout=30, max_retries=5, max_workers=2, deadline=0.5)
+    start = time.monotonic()
+    with pytest.raises(BackendError) as info:
+        backend.chat([conv(str(i)) for i in range(10)])
+    took = time.monotonic() - start
+    release.set()
+    assert str(info.value) == (f"HTTP backend {server.url}: batch deadline of 0.5 s passed with 10 of 10 "
+                               "requests unanswered (queued ones cancelled)")
+    assert 0.45 <= took < 1.5  # not the 30 s timeout, not 10 requests one after another
+    time.sleep(0.3)
+    assert len(server.requests) == 2  # the 8 queued requests were never sent
+
+
+def test_api_key_from_named_env_and_never_in_messages(serve, monkeypatch):
+    monkeypatch.setenv("MY_EVAL_KEY", "sk-secret-123")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    server = serve(lambda number, body: (401, {}, {"error": {"message": "bad key"}}))
+    backend = make_backend(f"http:{server.url}#m", api_key_env="MY_EVAL_KEY")
+    with pytest.raises(BackendError) as info:
+        backend.chat([conv("x")])
+    assert server.requests[0]["headers"]["Authorization"] == "Bearer sk-secret-123"
+    assert "sk-secret" not in str(info.value) + repr(backend) + str(backend.stats)
+    assert HTTPBackend(server.url, "m", api_key_env="").api_key is None

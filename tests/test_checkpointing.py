@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxrl_mt.checkpointing import Checkpointer
+from jaxrl_mt.checkpointing import CheckpointError, Checkpointer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -229,3 +229,128 @@ SHARDED = """
 def test_sharded_save_and_restore_on_4_fake_devices(tmp_path):
     proc = _run(SHARDED, CKPT_DIR=str(tmp_path / "run"), XLA_FLAGS="--xla_force_host_platform_device_count=4")
     assert proc.returncode == 0 and "SHARDED OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def _steps_1_2_3(d):
+    """Saves steps 1, 2, 3 of a small tree whose values are the step number."""
+    with Checkpointer(d, max_to_keep=3) as ckpt:
+        for s in (1, 2, 3):
+            ckpt.save(s, {"w": jnp.full((64, 8), float(s)), "b": jnp.full(5, float(s))}, {"step": s})
+    return {"w": jnp.zeros((64, 8)), "b": jnp.zeros(5)}
+
+
+def _damage(step_dir, how: str) -> None:
+    if how == "truncated data":  # a partly written step: every array chunk cut in half
+        for root, _, files in os.walk(step_dir / "state"):
+            for f in files:
+                if os.sep + "d" == root[-2:]:
+                    os.truncate(os.path.join(root, f), os.path.getsize(os.path.join(root, f)) // 2)
+    elif how == "truncated manifest":  # every pending array read fails: tensorstore's per-array reports
+        os.truncate(step_dir / "state" / "manifest.ocdbt", 10)
+    elif how == "deleted item":  # a partly deleted step
+        import shutil
+
+        shutil.rmtree(step_dir / "state")
+
+
+@pytest.mark.parametrize("how", ["truncated data", "truncated manifest", "deleted item"])
+def test_damaged_latest_step_falls_back_to_the_newest_that_restores(tmp_path, capfd, how):
+    d = tmp_path / "run"
+    target = _steps_1_2_3(d)
+    _damage(d / "3", how)
+    lines: list[str] = []
+    with Checkpointer(d, max_to_keep=3) as ckpt:
+        state, extra = ckpt.restore(target=target, on_skip=lines.append)
+        # lost: step 3 only (the steps after the restored one are trained again)
+        assert extra == {"step": 2} and float(state["w"][0, 0]) == 2.0
+        assert len(lines) == 1 and "\n" not in lines[0], lines
+        assert lines[0].startswith(f"checkpoint step 3 in {d} does not restore (")
+        assert f"restored step 2 instead, and moved step 3 to {d / '3.unrestorable'}" in lines[0]
+        assert ckpt.all_steps() == [1, 2]
+        ckpt.save(3, {"w": jnp.full((64, 8), 9.0), "b": jnp.zeros(5)}, {"step": 3})  # the run can save step 3 again
+        ckpt.wait()
+        assert ckpt.restore(target=target)[1] == {"step": 3}
+    assert sorted(os.listdir(d)) == ["1", "2", "3", "3.unrestorable"]
+    assert "Traceback" not in capfd.readouterr().err  # no page of orbax / tensorstore tracebacks
+
+
+def test_every_step_damaged_is_one_line_and_readers_move_nothing(tmp_path):
+    d = tmp_path / "run"
+    target = _steps_1_2_3(d)
+    _damage(d / "3", "deleted item")
+    lines: list[str] = []
+    with Checkpointer(d, read_only=True) as reader:  # a reader falls back too but renames nothing
+        assert reader.restore(target=target, on_skip=lines.append)[1] == {"step": 2}
+    assert sorted(os.listdir(d)) == ["1", "2", "3"] and "moved" not in lines[0]
+    with pytest.raises(CheckpointError, match=r"checkpoint step 3 in .* does not restore \(KeyError"):
+        Checkpointer(d, read_only=True).restore(3, target=target)  # an explicit step: no fallback
+    wrong = {**target, "extra_leaf": jnp.zeros(1)}  # a mismatched target is the caller's error, not damage
+    with pytest.raises(ValueError, match="in target but not in checkpoint"):
+        Checkpointer(d).restore(target=wrong)
+    assert sorted(os.listdir(d)) == ["1", "2", "3"]
+    _damage(d / "2", "truncated data")
+    _damage(d / "1", "deleted item")
+    with pytest.raises(CheckpointError) as info:
+        Checkpointer(d).restore(target=target)
+    msg = str(info.value)
+    assert msg.startswith(f"no checkpoint in {d} restores: step 3: KeyError") and "\n" not in msg
+    assert "; step 2: ValueError" in msg and "; step 1: KeyError" in msg
+    assert sorted(os.listdir(d)) == ["1", "2", "3"]  # nothing moved when nothing restores
+
+
+def _big(value: float):
+    """600 KiB of incompressible floats (w[0] = value): one fits in 1 MiB, two do not."""
+    w = np.random.default_rng(int(value)).normal(size=600 * 1024 // 4).astype(np.float32)
+    w[0] = value
+    return {"w": jnp.asarray(w)}
+
+
+def test_save_on_a_full_disk_fails_before_writing_and_keeps_the_last_step(small_disk):
+    d = small_disk / "ck"
+    with Checkpointer(d, max_to_keep=1) as ckpt:
+        assert ckpt.save(1, _big(1.0), {"step": 1})
+        ckpt.wait()
+        with pytest.raises(CheckpointError) as info:
+            ckpt.save(2, _big(2.0), {"step": 2})
+        msg = str(info.value)
+        assert msg.startswith(f"not enough free space in {d} for checkpoint step 2: about 0.7 MB needed, 0.")
+        assert msg.endswith("nothing written, the last checkpoint (step 1) is kept") and "\n" not in msg
+        assert sorted(os.listdir(d)) == ["1"]  # lost: nothing on disk (the steps since step 1 in memory)
+        state, extra = ckpt.restore(target=_big(0.0))
+        assert extra == {"step": 1} and float(state["w"][0]) == 1.0
+
+
+def test_failed_asynchronous_save_is_one_line_and_keeps_the_last_step(small_disk, monkeypatch, caplog):
+    import jaxrl_mt.checkpointing as ck_mod
+
+    d = small_disk / "ck"
+    with Checkpointer(d, max_to_keep=1) as ckpt:
+        ckpt.save(1, _big(1.0), {"step": 1})
+        ckpt.wait()
+        monkeypatch.setattr(ck_mod, "free_bytes", lambda _: 1 << 40)  # the disk fills after the check
+        assert ckpt.save(2, _big(2.0), {"step": 2})  # returns at once; the write fails in the background
+        with pytest.raises(CheckpointError) as info:
+            ckpt.wait()
+        msg = str(info.value)
+        assert msg == (f"checkpoint step 2 could not be written to {d} (No space left on device); "
+                       "the last checkpoint (step 1) is kept")
+        ckpt.wait()  # reported once
+        assert sorted(os.listdir(d)) == ["1"]  # the half-written step is removed, step 1 kept
+        assert ckpt.restore(target=_big(0.0))[1] == {"step": 1}
+        assert ckpt.save(2, {"w": jnp.zeros(4)}, {"step": 2})  # a smaller save succeeds afterwards
+    assert not [r for r in caplog.records if r.levelname == "ERROR" and "orbax" in r.pathname]
+
+
+def test_free_space_is_checked_before_a_save(tmp_path, monkeypatch):
+    """The same refusal without a small disk: the free-space probe reports 100 kB."""
+    import jaxrl_mt.checkpointing as ck_mod
+
+    monkeypatch.setattr(ck_mod, "free_bytes", lambda _: 100_000)
+    with Checkpointer(tmp_path / "ck") as ckpt:
+        with pytest.raises(CheckpointError, match=r"about 0\.7 MB needed, 0\.1 MB free; nothing written, no earlier"):
+            ckpt.save(1, _big(1.0), {"step": 1})
+        assert ckpt.save(2, {"w": jnp.zeros(4)}, {}) is True  # 64 kB of metadata allowance + 16 bytes fit
+    assert ck_mod.estimate_bytes({"k": jax.random.key(0), "x": np.zeros(1000, np.float32)}, {}) > 4000

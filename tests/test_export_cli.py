@@ -160,3 +160,33 @@ def test_builtin_fresh_conversion_and_bf16_export(tmp_cache, tmp_path, capsys, e
     cfg, params = load_hf_folder(out, param_dtype="bfloat16")
     assert cfg == embedded_model.cfg.replace(param_dtype="bfloat16")
     assert_same_tree(params, jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), embedded_model.params))
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_unwritable_out_exits_2_with_one_line_before_loading(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert main(["--model", "builtin:never-loaded", "--out", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --out: folder {blocker} is not writable (a file, not a folder)\n"
+    assert main(["--model", "builtin:never-loaded", "--out", str(blocker)]) == 2
+    assert capsys.readouterr().err == f"error: --out {blocker} is a file, not a folder\n"
+    assert blocker.read_text() == "x"
+
+
+def test_failed_export_keeps_the_previous_folder(tmp_path, small_disk, capsys):
+    src = export_hf_folder(CFG, init_params(CFG, jax.random.key(0), scale=0.3), tmp_path / "src")
+    out = small_disk / "out"
+    assert main(["--model", str(src), "--out", str(out)]) == 0
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    (small_disk / "filler").write_bytes(b"\0" * (free - 4096))  # the disk fills: 4 kB left
+    capsys.readouterr()
+    assert main(["--model", str(src), "--out", str(out), "--dtype", "bfloat16"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: cannot write the export folder {out} (No space left on device); "
+                   "the previous folder is kept\n")
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before  # lost: nothing
+    assert sorted(os.listdir(small_disk)) == ["filler", "out"]  # no temporary folder left behind

@@ -209,3 +209,11 @@ def test_module_entry_point_on_the_embedded_model(tmp_path):
     (rec,) = json_lines(proc.stdout)
     assert rec["finish_reason"] == "stop" and rec["tokens"][-1] == 2  # <|im_end|>
     assert "4" in rec["text"]
+
+
+def test_non_utf8_prompts_file_names_file_and_line(capsys, tmp_path):
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')  # Latin-1, not UTF-8
+    rc, out, err = run_cli(capsys, "--prompts-file", str(f), "--model", "builtin:never-loaded")
+    assert rc == 2 and out == ""
+    assert lines_of(err) == [f"error: {f}:2: not UTF-8 text (byte 0xe9 at column 16); save the prompts file as UTF-8"]

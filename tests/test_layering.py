@@ -20,12 +20,12 @@ PKG = ROOT / "jaxrl_mt"
 # layer of each top-level name under jaxrl_mt (a module or a subpackage); lower layers know nothing of higher ones
 LAYERS: dict[str, int] = {
     # 0: models and foundations (no engine, no method)
-    "models": 0, "checkpointing": 0, "runtime": 0,
+    "models": 0, "checkpointing": 0, "runtime": 0, "cli_errors": 0,
     # 1: the engine: generation, scoring, the multi-turn runner and what they are built on
     "batching": 1, "chat": 1, "parallel": 1, "sampling": 1, "scoring": 1, "conversations": 1,
-    "strategies": 1, "backends": 1, "local_backend": 1,
+    "strategies": 1, "backends": 1, "local_backend": 1, "remote": 1,
     # 2: methods and their data (data's LLM segmenter uses the backends)
-    "data": 2, "rewards": 2, "rl": 2, "eval": 2, "sedt": 2, "tasks": 2,
+    "data": 2, "rewards": 2, "rl": 2, "eval": 2, "sedt": 2, "tasks": 2, "serving": 2,
     # 3: entry points
     "train": 3, "evaluate": 3, "generate": 3, "export": 3, "serve": 3, "bench": 3, "benchmarks": 3,
     "experiments": 3, "memory_table": 3, "__init__": 3,

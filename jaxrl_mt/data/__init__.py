@@ -5,6 +5,7 @@ Modules (one job each):
   numbers    the one number regex shared by segmentation, corruption and reports
   segment    rule-based and LLM (LiC protocol) segmenters
   synthetic  synthetic arithmetic word problems with exact, recomputable answers
+  families   templated add/subtract problems in disjoint train / held-out template sets
   corrupt    seeded numeric corruption of condition shards (MT-Refine)
   scenarios  user turns for FULL / CONCAT / SHARDED / RECAP / SNOWBALL / MT-Refine / AtR / AiwR /
              UNDERSPECIFIED

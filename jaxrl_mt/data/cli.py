@@ -2,10 +2,12 @@
 
     python -m jaxrl_mt.data build --source gsm8k:FILE --scenario mt_add --out F.jsonl
     python -m jaxrl_mt.data inspect F.jsonl
+    python -m jaxrl_mt.data inspect lic:FILE.json[:task] [--scenario sharded]   # any source spec
 
 Sources: ``gsm8k:FILE``, ``rlsta_add:FILE``, ``rlsta_refine:FILE``, ``lic:FILE[:task]``,
 ``synthetic:N[:steps]``, ``hf:ID`` (online), ``tasks:FILE``; ``@`` as FILE is the shipped sample.
-No model code is imported: ``inspect`` prints the user turns as plain text.
+No model code is imported: ``inspect`` prints the user turns as plain text. It reads a scenario
+JSONL file (written by ``build``) or, given a source spec, builds that source's scenarios on the fly.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import argparse
 import collections
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from jaxrl_mt.data.loaders import load_scenarios_jsonl, load_source, save_scenarios_jsonl
+from jaxrl_mt.data.loaders import SOURCE_KINDS, load_scenarios_jsonl, load_source, save_scenarios_jsonl
 from jaxrl_mt.data.records import SCENARIO_KINDS, DataError, Scenario, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
 
@@ -69,9 +72,39 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+EXPECTED = ("a scenario JSONL file (written by `build`) or a source spec: lic:FILE[:task], gsm8k:FILE, "
+            "rlsta_add:FILE, rlsta_refine:FILE, tasks:FILE, humaneval:FILE, synthetic:N[:steps], hf:ID")
+
+
+def scenarios_to_inspect(arg: str, kind: str) -> tuple[list[Scenario], str]:
+    """The scenarios of a scenario JSONL file, or those built (as ``kind``) from a source spec.
+
+    Raises:
+      DataError: the file or source cannot be read; for a file, saying what ``inspect`` expects.
+    """
+    prefix, sep, _ = arg.partition(":")
+    if sep and prefix in SOURCE_KINDS and not Path(arg).is_file():
+        kind = canonical_kind(kind)
+        tasks = load_source(arg)
+        scenarios = []
+        for t in tasks:
+            try:
+                scenarios.append(build_scenario(t, kind, seed=0))
+            except DataError:
+                continue  # e.g. no number to correct: the count below says how many
+        return scenarios, f"{arg} ({len(tasks)} tasks as {kind})"
+    try:
+        return load_scenarios_jsonl(arg), arg
+    except DataError as e:
+        head = Path(arg).read_bytes()[:64].lstrip() if Path(arg).is_file() else b""
+        hint = (f"it is a JSON document, not scenario JSONL: for a LiC file, inspect lic:{arg}[:task]"
+                if head.startswith(b"[") else f"inspect expects {EXPECTED}")
+        raise DataError(f"{e}; {hint}") from None
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
-    scenarios = load_scenarios_jsonl(args.file)
-    print(f"{args.file}: {len(scenarios)} scenarios")
+    scenarios, name = scenarios_to_inspect(args.file, args.scenario)
+    print(f"{name}: {len(scenarios)} scenarios")
     kinds = collections.Counter(s.kind for s in scenarios)
     print("kinds: " + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())))
     shards = collections.Counter(int(s.meta.get("n_shards", len(s.turns))) for s in scenarios)
@@ -108,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="underspecified: conditions to remove (1 or 2; default drawn)")
     b.set_defaults(fn=cmd_build)
     i = sub.add_parser("inspect", help="counts, shard-count histogram and one rendered example")
-    i.add_argument("file")
+    i.add_argument("file", help="a scenario jsonl, or a source spec (lic:FILE[:task], gsm8k:FILE, synthetic:N, ...)")
+    i.add_argument("--scenario", default="sharded",
+                   help=f"for a source spec: the scenario kind to build, one of {', '.join(SCENARIO_KINDS)}")
     i.add_argument("--example", type=int, default=0, help="index of the example to render")
     i.set_defaults(fn=cmd_inspect)
     return p

@@ -12,8 +12,13 @@ Source specs (:func:`load_source`):
                             with the rule-based segmenter
 ``rlsta_add:FILE``          RLSTA MT-Add jsonl
 ``rlsta_refine:FILE``       RLSTA MT-Refine jsonl (corrupted shards included)
-``lic:FILE[:task]``         LiC sharded-instructions JSON, one task (default ``math``)
+``lic:FILE[:task]``         LiC sharded-instructions JSON, one task (default ``math``);
+                            ``lic:@:database`` / ``lic:@:actions``: that task's shipped sample
 ``synthetic:N[:steps]``     N synthetic arithmetic problems
+``humaneval:FILE[:N]``      HumanEval jsonl(.gz), all problems or the first N, domain ``code``
+                            (``humaneval:@`` = the 164 shipped ones); see ``jaxrl_mt.data.humaneval``
+``family:SET:N[:steps[:seed]]``  N templated add/subtract problems of template set SET
+                            (``train`` | ``heldout``, see :mod:`jaxrl_mt.data.families`)
 ``hf:ID[:config[:split]]``  a GSM8K-shaped Hugging Face dataset (needs the hub or its cache)
 ``tfds:NAME[:split]``       a GSM8K-shaped tensorflow-datasets dataset (needs the package)
 ``tasks:FILE``              tasks saved with :func:`save_tasks_jsonl`
@@ -23,12 +28,27 @@ Source specs (:func:`load_source`):
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from jaxrl_mt.data.records import DataError, Scenario, ShardedTask
+from jaxrl_mt.data.fields import (
+    str_list_field as _str_list,
+    str_field as _str,
+    shard_objs as _shard_objs,
+    gold_field as _gold,
+    read_jsonl as _read_jsonl,
+    read_json_array as _read_json_array,
+)
+from jaxrl_mt.data.fields import gold_from_gsm8k_answer  # noqa: F401  (re-exported)
+from jaxrl_mt.data.files import (  # noqa: F401  (re-exported: the data layer's file formats)
+    load_scenarios_jsonl,
+    load_tasks_jsonl,
+    save_scenarios_jsonl,
+    save_tasks_jsonl,
+)
+from jaxrl_mt.data.humaneval import code_full_prompt, load_humaneval
+from jaxrl_mt.data.lic_fields import lic_task_fields, parse_literal_fields
+from jaxrl_mt.data.records import DataError, ShardedTask
 from jaxrl_mt.data.scenarios import join_shards
 from jaxrl_mt.data.segment import segment_rule_based
 from jaxrl_mt.data.synthetic import synthetic_tasks
@@ -40,6 +60,12 @@ DEFAULT_ASSETS = {
     "rlsta_add": "rlsta/mt_add_math_train_sample.jsonl",
     "rlsta_refine": "rlsta/mt_refine_math_train_sample.jsonl",
     "lic": "lic/lic_math_format_sample.json",
+    "humaneval": "humaneval/HumanEval.jsonl.gz",
+}
+LIC_DEFAULT_ASSETS = {  # ``lic:@:TASK``: the shipped sample of that task
+    "math": "lic/lic_math_format_sample.json",
+    "database": "lic/lic_database_sample.json",
+    "actions": "lic/lic_actions_sample.json",
 }
 
 
@@ -51,146 +77,12 @@ def asset_path(rel: str) -> Path:
     return p
 
 
-# --------------------------------------------------------------------------- field checks
-
-
-def _short(value: Any, n: int = 60) -> str:
-    r = repr(value)
-    return r if len(r) <= n else r[: n - 3] + "..."
-
-
-def _str(d: Mapping, field: str, where: str, *, nonempty: bool = True) -> str:
-    if field not in d:
-        raise DataError(f"{where}: field '{field}': missing")
-    v = d[field]
-    if not isinstance(v, str) or (nonempty and not v.strip()):
-        raise DataError(f"{where}: field '{field}': expected a non-empty string, got {_short(v)}")
-    return v
-
-
-def _str_list(d: Mapping, field: str, where: str, *, min_len: int = 1) -> list[str]:
-    if field not in d:
-        raise DataError(f"{where}: field '{field}': missing")
-    v = d[field]
-    if not isinstance(v, list) or len(v) < min_len or not all(isinstance(s, str) and s.strip() for s in v):
-        what = "a non-empty list of strings" if min_len <= 1 else f"a list of at least {min_len} non-empty strings"
-        raise DataError(f"{where}: field '{field}': expected {what}, got {_short(v)}")
-    return v
-
-
-def _shard_objs(d: Mapping, field: str, where: str, *, allow_empty_list: bool = False, text: bool = True) -> list[dict]:
-    """A list of ``{"shard_id": int, "shard": str}``; ids unique. Returned sorted by id."""
-    if field not in d:
-        raise DataError(f"{where}: field '{field}': missing")
-    v = d[field]
-    if not isinstance(v, list) or (not v and not allow_empty_list):
-        raise DataError(f"{where}: field '{field}': expected a non-empty list of shard objects, got {_short(v)}")
-    seen = set()
-    for k, s in enumerate(v):
-        if not isinstance(s, Mapping):
-            raise DataError(f"{where}: field '{field}[{k}]': expected an object, got {_short(s)}")
-        sid = s.get("shard_id")
-        if not isinstance(sid, int) or isinstance(sid, bool):
-            raise DataError(f"{where}: field '{field}[{k}].shard_id': expected an integer, got {_short(sid)}")
-        if sid in seen:
-            raise DataError(f"{where}: field '{field}[{k}].shard_id': duplicate id {sid}")
-        seen.add(sid)
-        if text and (not isinstance(s.get("shard"), str) or not s["shard"].strip()):
-            raise DataError(f"{where}: field '{field}[{k}].shard': expected a non-empty string, got {_short(s.get('shard'))}")
-    return sorted(v, key=lambda s: s["shard_id"])
-
-
-def gold_from_gsm8k_answer(answer: str) -> str:
-    """The final answer of a GSM8K solution: the text after ``####``, commas removed.
-
-    Raises:
-      DataError: no ``####`` or nothing after it.
-    """
-    if not isinstance(answer, str) or "####" not in answer:
-        raise DataError(f"expected a GSM8K solution ending in '#### <answer>', got {_short(answer)}")
-    gold = answer.rsplit("####", 1)[1].strip().replace(",", "")
-    if not gold:
-        raise DataError(f"empty final answer after '####' in {_short(answer)}")
-    return gold
-
-
-def _gold(d: Mapping, field: str, where: str) -> str:
-    try:
-        return gold_from_gsm8k_answer(_str(d, field, where))
-    except DataError as e:
-        if str(e).startswith(where):
-            raise
-        raise DataError(f"{where}: field '{field}': {e}") from None
-
-
-# --------------------------------------------------------------------------- readers
-
-
-def _read_jsonl(path) -> Iterator[tuple[str, int, dict]]:
-    """Yields ``(where, index, obj)`` per non-blank line; ``where`` is ``path:line``."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
-    index = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{where}: expected a JSON object, got {_short(obj)}")
-            yield where, index, obj
-            index += 1
-
-
-def _read_json_array(path) -> Iterator[tuple[str, dict]]:
-    """Yields ``(path:line, obj)`` for each element of a top-level JSON list (line = its start)."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
-    text = Path(path).read_text(encoding="utf-8")
-    dec = json.JSONDecoder()
-
-    def line_of(pos: int) -> int:
-        return text.count("\n", 0, pos) + 1
-
-    def skip(pos: int) -> int:
-        while pos < len(text) and text[pos] in " \t\r\n":
-            pos += 1
-        return pos
-
-    pos = skip(0)
-    if not text.startswith("[", pos):
-        raise DataError(f"{path}:{line_of(pos)}: expected a JSON list of records")
-    pos = skip(pos + 1)
-    if text.startswith("]", pos):
-        return
-    while True:
-        where = f"{path}:{line_of(pos)}"
-        try:
-            obj, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{where}: expected a JSON object, got {_short(obj)}")
-        yield where, obj
-        pos = skip(pos)
-        if text.startswith(",", pos):
-            pos = skip(pos + 1)
-        elif text.startswith("]", pos):
-            break
-        else:
-            raise DataError(f"{path}:{line_of(pos)}: invalid JSON (expected ',' or ']')")
-
-
 # --------------------------------------------------------------------------- GSM8K
 
 
-def _gsm8k_tasks(rows: Iterable[tuple[str, str, Mapping]], *, max_shards: int, source: str, segmenter=None) -> list[ShardedTask]:
+def _gsm8k_tasks(
+    rows: Iterable[tuple[str, str, Mapping]], *, max_shards: int, source: str, segmenter=None
+) -> list[ShardedTask]:
     """Tasks from ``(where, task_id, {"question", "answer"})`` rows; every row is checked first.
 
     ``segmenter``: ``None`` for the rule-based one, else an object with
@@ -235,7 +127,12 @@ def load_gsm8k(path, *, max_shards: int = 10, split: str | None = None, segmente
 
 
 def load_gsm8k_hf(
-    dataset_id: str = "openai/gsm8k", config: str | None = "main", split: str = "train", *, max_shards: int = 10, segmenter=None
+    dataset_id: str = "openai/gsm8k",
+    config: str | None = "main",
+    split: str = "train",
+    *,
+    max_shards: int = 10,
+    segmenter=None,
 ) -> list[ShardedTask]:
     """Loads a GSM8K-shaped dataset from the Hugging Face hub (or its local cache).
 
@@ -272,7 +169,11 @@ def load_gsm8k_tfds(
     except Exception as e:  # noqa: BLE001
         raise DataError(f"tfds:{name}: cannot load ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
     rows = (
-        (f"tfds:{name}:{split}:{i}", f"tfds/{name}/{split}/{i}", {k: (v.decode("utf-8") if isinstance(v, bytes) else v) for k, v in ex.items()})
+        (
+            f"tfds:{name}:{split}:{i}",
+            f"tfds/{name}/{split}/{i}",
+            {k: (v.decode("utf-8") if isinstance(v, bytes) else v) for k, v in ex.items()},
+        )
         for i, ex in enumerate(tfds.as_numpy(ds))
     )
     return _gsm8k_tasks(rows, max_shards=max_shards, source="tfds", segmenter=segmenter)
@@ -293,7 +194,9 @@ def load_rlsta_add(path) -> list[ShardedTask]:
         question = _str(d, "question", where)
         shards = _str_list(d, "shards", where, min_len=1)
         if len(shards) < 2:
-            raise DataError(f"{where}: field 'shards': expected a target and at least one condition, got {len(shards)} shard")
+            raise DataError(
+                f"{where}: field 'shards': expected a target and at least one condition, got {len(shards)} shard"
+            )
         out.append(
             ShardedTask(
                 task_id=task_id,
@@ -322,7 +225,9 @@ def load_rlsta_refine(path) -> list[ShardedTask]:
         task_id = _str(d, "task_id", where)
         shards = _shard_objs(d, "shards", where)
         if len(shards) < 2:
-            raise DataError(f"{where}: field 'shards': expected a target and at least one condition, got {len(shards)} shard")
+            raise DataError(
+                f"{where}: field 'shards': expected a target and at least one condition, got {len(shards)} shard"
+            )
         mtype = _str(d, "modification_type", where)
         modified = _shard_objs(d, "modified_shard", where, allow_empty_list=True)
         ids = [s["shard_id"] for s in shards]
@@ -362,9 +267,6 @@ def load_rlsta_refine(path) -> list[ShardedTask]:
 
 # --------------------------------------------------------------------------- LiC
 
-_LIC_PROMPT_FIELDS = ("question", "fully_specified_question", "query", "instruction")
-_LIC_ANSWER_FIELDS = ("answer", "reference_answer", "solution")
-
 
 def load_lic(path, task: str = "math") -> list[ShardedTask]:
     """Loads one task of the LiC sharded-instructions JSON (the whole 600-instruction file).
@@ -375,10 +277,16 @@ def load_lic(path, task: str = "math") -> list[ShardedTask]:
     sorted; the first is the high-level intent (the target).
 
     Non-math tasks: the full prompt is the first text field among ``question``,
-    ``fully_specified_question``, ``query``, ``instruction`` (else the joined shards); the answer
-    is ``answer``/``reference_answer``/``solution`` as text (else ""); the task-specific fields
-    are kept as JSON text in metadata ``lic_extra``. LiC's ``summary`` shards carry document
-    ids, not text, and are rejected with a DataError.
+    ``fully_specified_question``, ``query``, ``instruction`` (code: the HumanEval ``prompt`` or the LiveCodeBench
+    ``question_content`` first, see ``humaneval.code_full_prompt``; a BFCL message list gives its user
+    contents; else the joined shards); the answer is ``answer``/``reference_answer``/
+    ``reference_sql``/``solution`` as text (else ""); the task-specific fields are kept as JSON
+    text in metadata ``lic_extra``. Fields stored as Python-literal strings (``function``,
+    ``reference_answer``, ``schema_tables``, ``shards``) are parsed first
+    (:mod:`jaxrl_mt.data.lic_fields`); database and actions records are checked for their
+    fields (``db_id``/``schema_sql``/``reference_sql``; ``function``/``reference_answer``/
+    ``test_category``). LiC's ``summary`` shards carry document ids, not text, and are rejected
+    with a DataError.
 
     Raises:
       DataError: ``path:line: field ...`` for a malformed record, or an unknown task.
@@ -386,29 +294,34 @@ def load_lic(path, task: str = "math") -> list[ShardedTask]:
     if task not in LIC_TASKS:
         raise DataError(f"unknown LiC task {task!r}; valid tasks: {', '.join(LIC_TASKS)}")
     out = []
-    for where, d in _read_json_array(path):
+    for rec, (where, d) in enumerate(_read_json_array(path)):
         task_id = _str(d, "task_id", where)
         rec_task = _str(d, "task", where)
         if rec_task not in LIC_TASKS:
             raise DataError(f"{where}: field 'task': expected one of {', '.join(LIC_TASKS)}, got {rec_task!r}")
         if rec_task != task:
-            _shard_objs(d, "shards", where, text=False)
+            if not isinstance(d.get("shards"), str):
+                _shard_objs(d, "shards", where, text=False)
             continue
+        d = parse_literal_fields(d, f"{where} (record {rec})")
         shards = _shard_objs(d, "shards", where)
         target, conds = shards[0]["shard"].strip(), tuple(s["shard"].strip() for s in shards[1:])
         if task == "math":
             full_prompt = _str(d, "question", where).strip()
-            answer = _gold(d, "answer", where) if "####" in str(d.get("answer", "")) else _str(d, "answer", where).strip()
+            answer = (
+                _gold(d, "answer", where) if "####" in str(d.get("answer", "")) else _str(d, "answer", where).strip()
+            )
             extra = {}
         else:
-            full_prompt = next((d[f].strip() for f in _LIC_PROMPT_FIELDS if isinstance(d.get(f), str) and d[f].strip()), None)
+            full_prompt, answer, extra = lic_task_fields(d, task, f"{where} (record {rec})")
+            if task == "code":
+                full_prompt = code_full_prompt(d) or full_prompt
             full_prompt = full_prompt or join_shards(target, conds)
-            ans = next((d[f] for f in _LIC_ANSWER_FIELDS if f in d), "")
-            answer = ans if isinstance(ans, str) else json.dumps(ans, ensure_ascii=False)
-            extra = {k: v for k, v in d.items() if k not in ("task_id", "task", "shards")}
         meta = {"source": "lic", "lic_task": task}
         if extra:
-            meta["lic_extra"] = json.dumps(extra, ensure_ascii=False, sort_keys=True)
+            meta["lic_extra"] = json.dumps(
+                dict(sorted(extra.items())), ensure_ascii=False
+            )  # nested order kept (spec order)
         out.append(
             ShardedTask(
                 task_id=task_id,
@@ -426,35 +339,9 @@ def load_lic(path, task: str = "math") -> list[ShardedTask]:
 # --------------------------------------------------------------------------- task / scenario files
 
 
-def save_tasks_jsonl(path, tasks: Iterable[ShardedTask]) -> None:
-    """Writes tasks, one JSON object per line (:meth:`ShardedTask.to_json`)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for t in tasks:
-            f.write(json.dumps(t.to_json(), ensure_ascii=False) + "\n")
-
-
-def load_tasks_jsonl(path) -> list[ShardedTask]:
-    """Reads tasks written by :func:`save_tasks_jsonl`, checking every field."""
-    return [ShardedTask.from_json(d, where=where) for where, _, d in _read_jsonl(path)]
-
-
-def save_scenarios_jsonl(path, scenarios: Iterable[Scenario]) -> None:
-    """Writes scenarios, one JSON object per line (:meth:`Scenario.to_json`)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for s in scenarios:
-            f.write(json.dumps(s.to_json(), ensure_ascii=False) + "\n")
-
-
-def load_scenarios_jsonl(path) -> list[Scenario]:
-    """Reads scenarios written by :func:`save_scenarios_jsonl`, checking every field."""
-    return [Scenario.from_json(d, where=where) for where, _, d in _read_jsonl(path)]
-
-
 # --------------------------------------------------------------------------- source specs
 
-SOURCE_KINDS = ("gsm8k", "rlsta_add", "rlsta_refine", "lic", "synthetic", "hf", "tfds", "tasks")
+SOURCE_KINDS = ("gsm8k", "rlsta_add", "rlsta_refine", "lic", "synthetic", "hf", "tfds", "tasks", "humaneval", "family")
 
 
 def _resolve(kind: str, file: str) -> str:
@@ -495,7 +382,14 @@ def load_source(spec: str, *, segmenter=None) -> list[ShardedTask]:
         head, sep2, tail = rest.rpartition(":")
         if sep2 and tail in LIC_TASKS:
             file, task = head, tail
+        if file == "@" and task in LIC_DEFAULT_ASSETS:
+            file = "@" + LIC_DEFAULT_ASSETS[task]
         return load_lic(_resolve(kind, file), task=task)
+    if kind == "humaneval":
+        file, sep2, tail = rest.rpartition(":")
+        if not (sep2 and tail.isdigit()):
+            file, tail = rest, ""
+        return load_humaneval(_resolve(kind, file), limit=int(tail) if tail else None)
     if kind == "synthetic":
         parts = rest.split(":")
         try:
@@ -504,6 +398,8 @@ def load_source(spec: str, *, segmenter=None) -> list[ShardedTask]:
         except ValueError:
             raise DataError(f"source {spec!r}: expected synthetic:N[:steps] with integers") from None
         return synthetic_tasks(n, steps=steps)
+    if kind == "family":
+        return _family_source(spec, rest)
     if kind == "hf":
         parts = rest.split(":")
         dataset_id = parts[0]
@@ -514,6 +410,24 @@ def load_source(spec: str, *, segmenter=None) -> list[ShardedTask]:
         parts = rest.split(":")
         return load_gsm8k_tfds(parts[0], parts[1] if len(parts) > 1 else "train", segmenter=segmenter)
     raise DataError(f"unhandled source {kind!r}")  # pragma: no cover
+
+
+def _family_source(spec: str, rest: str) -> list[ShardedTask]:
+    """``family:SET:N[:steps[:seed]]`` (see :func:`jaxrl_mt.data.families.family_tasks`)."""
+    from jaxrl_mt.data.families import family_tasks
+
+    parts = rest.split(":")
+    try:
+        if not 2 <= len(parts) <= 4:
+            raise ValueError
+        nums = [int(x) for x in parts[1:]]
+    except ValueError:
+        raise DataError(f"source {spec!r}: expected family:SET:N[:steps[:seed]] with integers") from None
+    n, steps, seed = (nums + [1, 0])[:3] if len(nums) == 1 else (nums + [0])[:3]
+    try:
+        return family_tasks(parts[0], n, steps=steps, seed=seed)
+    except DataError as e:
+        raise DataError(f"source {spec!r}: {e}") from None
 
 
 def iter_sources(specs: Sequence[str]) -> Iterator[ShardedTask]:

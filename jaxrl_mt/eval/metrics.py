@@ -17,7 +17,9 @@ for the whole call (all scores <= 1 means [0, 1]).
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +30,9 @@ __all__ = [
     "bootstrap_ci",
     "first_answer_turn_stats",
     "instruction_metrics",
+    "last_reply_correct",
     "lic_ratio",
+    "scores_by_task",
 ]
 
 PERCENTILE_METHOD = "linear"  # np.percentile method for A90 and U90-10
@@ -191,3 +195,21 @@ def first_answer_turn_stats(turns: Sequence[int | None]) -> dict:
         "histogram": hist,
         "frac_never": (len(turns) - len(answered)) / len(turns),
     }
+
+
+def last_reply_correct(rec: Mapping[str, Any]) -> float:
+    """Strict correctness (0/1) of a conversation's last reply; 0 for a conversation without turns."""
+    if not rec["turns"]:
+        return 0.0
+    last = rec["turns"][-1]
+    return float(last.get("correct_strict", last.get("correct", 0.0)))
+
+
+def scores_by_task(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per instruction, in run order: the conversations' scores and their last replies' strict correctness."""
+    by_task: dict[str, list[float]] = defaultdict(list)
+    last_by_task: dict[str, list[float]] = defaultdict(list)
+    for rec in sorted(records, key=lambda r: (r["task_id"], r["run"])):
+        by_task[rec["task_id"]].append(float(rec["score"]))
+        last_by_task[rec["task_id"]].append(last_reply_correct(rec))
+    return by_task, last_by_task

@@ -1,5 +1,7 @@
 """The LiC report: metrics per scenario from transcript records, report.json, report.md, PNG plots.
 
+``report.html`` (``jaxrl_mt.eval.html_report``) adds a conversation browser.
+
 Everything here is a function of the transcript records (``simulator.transcript_record``), so a
 report can be rebuilt from ``transcripts.jsonl`` alone. Per scenario:
 
@@ -9,7 +11,16 @@ report can be rebuilt from ``transcripts.jsonl`` alone. Per scenario:
 - ``ci``: percentile-bootstrap 95% intervals of the three, resampling instructions;
 - ``ratio_to_full``: the LiC ratio P(scenario) / P(FULL) (null without FULL or when P(FULL) = 0);
 - ``first_answer_turn``: statistics of the 1-based turn of the first answer attempt;
-- ``response_types``: per 1-based turn, the count of each judge category.
+- ``response_types``: per 1-based turn, the count of each judge category;
+- ``last_reply_accuracy``: the judge-free cross-check, the strict verifier's accuracy of each
+  conversation's last reply, averaged like P (per instruction over its runs, then over
+  instructions, 0-100), and ``judge_gap`` = P - last_reply_accuracy. A gap over
+  ``JUDGE_GAP_WARN`` points is listed in the report's ``warnings``: P rests on the answer-attempt
+  judge, the cross-check does not, so a large gap points at the judge (or at a protocol
+  difference worth reading the transcripts for).
+
+``tasks`` holds the same per task (FULL, SHARDED, their ratio: ``jaxrl_mt.eval.task_report``);
+report.md and ``p_by_task.png`` show it when the run has a task other than math.
 """
 
 from __future__ import annotations
@@ -31,6 +42,13 @@ from jaxrl_mt.eval.metrics import (
     first_answer_turn_stats,
     instruction_metrics,
     lic_ratio,
+    scores_by_task,
+)
+from jaxrl_mt.eval.task_report import (
+    markdown_task_section,
+    plot_tasks,
+    shows_task_table,
+    task_table,
 )
 from jaxrl_mt.rewards.judge import RESPONSE_TYPES
 
@@ -40,6 +58,7 @@ PERCENTILE_NOTE = (f"A90 and U90-10 use numpy.percentile(method='{PERCENTILE_MET
                    "the q-th percentile of N sorted scores sits at position q/100*(N-1)); per instruction over "
                    "its N runs, then averaged over instructions; 0-100 scale.")
 CI_LEVEL = 0.95
+JUDGE_GAP_WARN = 10.0  # points of |P - last-reply accuracy| above which the report warns
 
 
 def _clean(x: Any) -> Any:
@@ -57,10 +76,9 @@ def _clean(x: Any) -> Any:
 
 def scenario_report(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Metrics of one scenario's transcript records (see the module docstring)."""
-    by_task: dict[str, list[float]] = defaultdict(list)
-    for rec in sorted(records, key=lambda r: (r["task_id"], r["run"])):
-        by_task[rec["task_id"]].append(float(rec["score"]))
+    by_task, last_by_task = scores_by_task(records)
     agg = aggregate(by_task, scale=100)
+    last_acc = aggregate(last_by_task, scale=100)["P"]
     ci = {m: list(bootstrap_ci(by_task, m, n_boot=n_boot, alpha=1 - CI_LEVEL, seed=seed, scale=100))
           for m in METRICS}
     types: dict[int, Counter] = defaultdict(Counter)
@@ -71,6 +89,8 @@ def scenario_report(records: Sequence[Mapping[str, Any]], *, n_boot: int = 1000,
     return {
         **{m: agg[m] for m in METRICS},
         "ci": ci,
+        "last_reply_accuracy": last_acc,
+        "judge_gap": agg["P"] - last_acc,
         "n_instructions": agg["n_instructions"],
         "n_runs": agg["n_runs"],
         "first_answer_turn": first_answer_turn_stats([rec["first_answer_turn"] for rec in records]),
@@ -106,8 +126,15 @@ def build_report(records: Sequence[Mapping[str, Any]], *, scenarios: Sequence[st
         else:
             out["missing_scenarios"].append(kind)
     full = out["scenarios"].get("full")
-    for s in out["scenarios"].values():
+    out["warnings"] = []
+    for kind, s in out["scenarios"].items():
         s["ratio_to_full"] = lic_ratio(s["P"], full["P"]) if full else None
+        if abs(s["judge_gap"]) > JUDGE_GAP_WARN:
+            out["warnings"].append(
+                f"{kind}: P = {s['P']:.1f} but the judge-free last-reply accuracy is "
+                f"{s['last_reply_accuracy']:.1f} ({s['judge_gap']:+.1f} points, more than {JUDGE_GAP_WARN:g}): "
+                "check the answer-attempt judge's labels in the transcripts")
+    out["tasks"] = task_table(records, scenarios)
     if extra:
         out.update(extra)
     return _clean(out)
@@ -120,24 +147,31 @@ def _fmt(x: Any, nd: int = 1) -> str:
 def markdown_report(report: Mapping[str, Any]) -> str:
     """A markdown summary: one table row per scenario, then the metric definitions."""
     head = ("| scenario | instr. | runs | P | P 95% CI | A90 | U90-10 | P / P(FULL) | first answer turn (mean) "
-            "| never answered |")
+            "| never answered | last-reply acc. (judge-free) |")
     rows = [f"# LiC evaluation ({report['protocol']} protocol)", ""]
     if report.get("model"):
         rows += [f"Model: `{report['model']}`", ""]
-    rows += [head, "|" + "---|" * 10]
+    rows += [head, "|" + "---|" * 11]
     for kind, s in report["scenarios"].items():
         fa = s["first_answer_turn"]
         ci = s["ci"]["P"]
         rows.append(f"| {kind} | {s['n_instructions']} | {s['n_runs']} | {_fmt(s['P'])} | "
                     f"[{_fmt(ci[0])}, {_fmt(ci[1])}] | {_fmt(s['A90'])} | {_fmt(s['U90_10'])} | "
-                    f"{_fmt(s['ratio_to_full'], 2)} | {_fmt(fa['mean'], 2)} | {_fmt(fa['frac_never'], 2)} |")
+                    f"{_fmt(s['ratio_to_full'], 2)} | {_fmt(fa['mean'], 2)} | {_fmt(fa['frac_never'], 2)} | "
+                    f"{_fmt(s.get('last_reply_accuracy'))} |")
+    for w in report.get("warnings") or []:
+        rows += ["", f"**Warning**: {w}"]
     if report.get("missing_scenarios"):
         rows += ["", f"No conversations for: {', '.join(report['missing_scenarios'])}."]
     rows += ["", PERCENTILE_NOTE,
              f"Confidence intervals: percentile bootstrap over instructions, {report['n_bootstrap']} replicates.",
              "Scoring: " + ("`lic`: each run scores its last answer attempt (the conversation stops at the first "
                             "correct one); no attempt scores 0." if report["protocol"] == "lic" else
-                            "`final_turn`: each run scores its last turn only."), ""]
+                            "`final_turn`: each run scores its last turn only."),
+             ("Last-reply accuracy: the strict verifier on each conversation's last reply, averaged like P; it "
+              "does not use the answer-attempt judge."), ""]
+    if shows_task_table(report):
+        rows[-1:-1] = markdown_task_section(report)
     return "\n".join(rows)
 
 
@@ -201,8 +235,15 @@ def _plots(report: Mapping[str, Any], out_dir: Path) -> list[Path]:
     return paths
 
 
-def write_report(report: Mapping[str, Any], out_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
-    """Writes ``report.json``, ``report.md`` and (optionally) the PNG plots into ``out_dir``.
+def write_report(report: Mapping[str, Any], out_dir: str | Path, *, plots: bool = True,
+                 records: Sequence[Mapping[str, Any]] = ()) -> dict[str, Path]:
+    """Writes ``report.json``, ``report.md``, (optionally) the PNG plots and ``report.html`` into ``out_dir``.
+
+    Args:
+      report: ``build_report``'s report.
+      out_dir: the folder.
+      plots: write the PNG plots (they are inlined in report.html too).
+      records: the transcript records, for report.html's conversation browser.
 
     Returns:
       Name -> path of every file written.
@@ -213,6 +254,9 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path, *, plots: bool 
     files["report.json"].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     files["report.md"].write_text(markdown_report(report), encoding="utf-8")
     if plots:
-        for p in _plots(report, out):
+        for p in _plots(report, out) + ([plot_tasks(report, out)] if shows_task_table(report) else []):
             files[p.name] = p
+    from jaxrl_mt.eval.html_report import write_html_report
+
+    files["report.html"] = write_html_report(report, records, out, [p for p in files.values() if p.suffix == ".png"])
     return files

@@ -8,7 +8,8 @@ needs around it:
   ``"{task_id}|{kind}|{run}"``, built with ``jaxrl_mt.data.build_scenario``.
 - :class:`TurnScorer`: the ``on_turn`` callback. It classifies each new reply with the judge
   (rule-based or LLM, one batched call per turn), extracts and checks the answer with the
-  training verifier (``jaxrl_mt.rewards.verifier``), records the verdict in ``turn.info`` and,
+  training verifier (``jaxrl_mt.rewards.verifier``; other domains than math: the task's
+  plug-in, see ``jaxrl_mt.eval.task_scoring``), records the verdict in ``turn.info`` and,
   under the ``lic`` protocol, ends a conversation at its first correct answer attempt. Finished
   conversations are handed to a sink (the transcript file) as soon as they finish.
 - Scoring protocols (pure functions of the per-turn verdicts, so a report can be recomputed from
@@ -23,11 +24,8 @@ needs around it:
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 
@@ -36,7 +34,10 @@ from jaxrl_mt import strategies
 from jaxrl_mt.conversations import ConversationRun, FixedOrderUser, UserPolicy, accepts_reuse_cache
 from jaxrl_mt.data.records import LIC_SCENARIOS, DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
-from jaxrl_mt.rewards.judge import classify_llm, classify_rule_based
+from jaxrl_mt.eval.errors import EvalError
+from jaxrl_mt.eval.task_scoring import MATH, score_task_turns
+from jaxrl_mt.eval.transcripts import TranscriptStore
+from jaxrl_mt.rewards.judge import classify_rule_based, judge_llm
 from jaxrl_mt.rewards.verifier import extract_answer, verify
 from jaxrl_mt.sampling import DEFAULT_MAX_CHUNK_CELLS, LengthSortedSampler, Sampler, SamplingConfig
 
@@ -57,6 +58,7 @@ __all__ = [
     "plan_runs",
     "register_strategy",
     "run_score",
+    "run_scored",
     "simulate",
     "transcript_record",
 ]
@@ -66,10 +68,6 @@ log = logging.getLogger(__name__)
 PROTOCOLS = ("lic", "final_turn")
 STOP_CORRECT = "correct_answer"  # stop_reason of a lic conversation ended by a correct answer
 CONTEXT_MARGIN = 16  # tokens of chat-template overhead assumed per extra user turn
-
-
-class EvalError(ValueError):
-    """Bad evaluation input (config value, data, workdir); the message is one line naming it."""
 
 
 def conv_id(task_id: str, kind: str, run: int) -> str:
@@ -100,7 +98,7 @@ def canonical_scenarios(kinds: Iterable[str]) -> tuple[str, ...]:
 
 
 def plan_runs(tasks: Sequence[ShardedTask], kinds: Sequence[str], runs: int, *, seed: int = 0,
-              system: str | None = None, shuffle: bool = False
+              system: str | None | Callable[[ShardedTask], str | None] = None, shuffle: bool = False
               ) -> tuple[list[ConversationRun], list[dict[str, str]]]:
     """The conversations of an evaluation: ``runs`` per (task, scenario kind).
 
@@ -112,12 +110,14 @@ def plan_runs(tasks: Sequence[ShardedTask], kinds: Sequence[str], runs: int, *, 
       kinds: canonical scenario kinds.
       runs: N, runs per instruction and scenario.
       seed: the scenario seed (shard order when ``shuffle``, corruption for mt_refine/atr/aiwr).
-      system: the system prompt (None: the chat template's default).
+      system: the system prompt (None: the chat template's default), or a function of the task
+        giving it (per-task prompts, ``task_scoring.conversation_system``).
       shuffle: shuffle the order of condition shards (seeded, same for the N runs).
 
     Returns:
       ``(runs, skipped)``: skipped lists ``{"task_id", "kind", "reason"}`` for tasks that cannot
-      make a kind (e.g. nothing to corrupt for mt_refine).
+      make a kind (e.g. nothing to corrupt for mt_refine). ``meta["task"]`` holds the task record
+      (for its verifier; transcripts do not copy it).
     """
     if runs < 1:
         raise EvalError(f"config field 'runs': expected >= 1, got {runs}")
@@ -132,8 +132,10 @@ def plan_runs(tasks: Sequence[ShardedTask], kinds: Sequence[str], runs: int, *, 
                 continue
             for r in range(runs):
                 meta = {"task_id": task.task_id, "kind": kind, "run": r, "answer": task.answer,
-                        "domain": task.domain, "question": task.full_prompt, "n_planned": len(sc.turns)}
-                out.append(ConversationRun(conv_id=conv_id(task.task_id, kind, r), system=system,
+                        "domain": task.domain, "question": task.full_prompt, "n_planned": len(sc.turns),
+                        "task": task}
+                sys_prompt = system(task) if callable(system) else system
+                out.append(ConversationRun(conv_id=conv_id(task.task_id, kind, r), system=sys_prompt,
                                            user_turns=list(sc.turns), meta=meta))
     return out, skipped
 
@@ -144,9 +146,9 @@ def plan_runs(tasks: Sequence[ShardedTask], kinds: Sequence[str], runs: int, *, 
 class Judge:
     """Labels assistant replies with the LiC response types (``jaxrl_mt.rewards.judge``)."""
 
-    def __init__(self, backend: Any = None, *, max_new_tokens: int = 16, name: str = "rule"):
+    def __init__(self, backend: Any = None, *, max_new_tokens: int = 32, name: str = "rule"):
         """Args:
-          backend: None for the rule-based judge, else a ChatBackend for ``classify_llm``.
+          backend: None for the rule-based judge, else a ChatBackend for ``judge_llm``.
           max_new_tokens: the LLM judge's reply budget.
           name: how the report names this judge.
         """
@@ -155,21 +157,30 @@ class Judge:
         self.name = name
         self.stats: dict[str, int] = {}
 
-    def classify(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str]) -> list[str]:
-        """One label per reply; an LLM judge is asked once per domain present (once in math)."""
+    def judge(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str],
+              users: Sequence[str] | None = None) -> list[tuple[str, str | None]]:
+        """``(label, extracted answer or None)`` per reply; the rule-based judge extracts nothing
+        (the verifier does) and reads the question and the user message the reply answers as
+        context; an LLM judge is asked once per domain present (once in math)."""
         if self.backend is None:
-            return [classify_rule_based(t, d) for t, d in zip(texts, domains)]
-        labels: list[str] = [""] * len(texts)
+            users = users if users is not None else [None] * len(texts)
+            return [(classify_rule_based(t, d, question=q, user=u), None)
+                    for t, q, d, u in zip(texts, questions, domains, users)]
+        out: list[tuple[str, str | None]] = [("", None)] * len(texts)
         for dom in dict.fromkeys(domains):
             idx = [i for i, d in enumerate(domains) if d == dom]
-            got = classify_llm(self.backend, [texts[i] for i in idx], [questions[i] for i in idx],
-                               domain=dom, max_new_tokens=self.max_new_tokens, stats=self.stats)
-            for i, lab in zip(idx, got):
-                labels[i] = lab
-        return labels
+            got = judge_llm(self.backend, [texts[i] for i in idx], [questions[i] for i in idx],
+                            domain=dom, max_new_tokens=self.max_new_tokens, stats=self.stats)
+            for i, v in zip(idx, got):
+                out[i] = (v.label, v.answer)
+        return out
+
+    def classify(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str]) -> list[str]:
+        """One label per reply."""
+        return [label for label, _ in self.judge(texts, questions, domains)]
 
 
-def make_judge(spec: str, *, model: Any = None, max_new_tokens: int = 16, **backend_kw: Any) -> Judge:
+def make_judge(spec: str, *, model: Any = None, max_new_tokens: int = 32, **backend_kw: Any) -> Judge:
     """``"rule"`` or a backend spec (``"local"``, ``"local:MODEL"``, ``"http:URL#MODEL"``)."""
     if spec == "rule":
         return Judge(name="rule")
@@ -178,15 +189,30 @@ def make_judge(spec: str, *, model: Any = None, max_new_tokens: int = 16, **back
     return Judge(backend_for(spec, model=model, **backend_kw), max_new_tokens=max_new_tokens, name=spec)
 
 
-def judge_turn(text: str, gold: str, label: str, mode: str) -> dict[str, Any]:
+def judge_turn(text: str, gold: str, label: str, mode: str, judge_answer: str | None = None) -> dict[str, Any]:
     """The verdict stored in ``turn.info``: the judge's label and the verifier's check.
 
+    Args:
+      text: the reply.
+      gold: the gold answer.
+      label: the judge's response type.
+      mode: the verifier mode of ``correct``.
+      judge_answer: the answer an LLM judge extracted (LiC's answer extraction), or None. When
+        given, ``extracted`` is that answer and ``correct`` checks it; else the verifier extracts.
+
     Returns:
-      ``{"label", "answer_attempt", "extracted", "correct"}``; ``correct`` is the verifier's
-      score of the reply (0/1) whatever the label, ``extracted`` its extracted answer (or None).
+      ``{"label", "answer_attempt", "extracted", "correct", "correct_strict"}``; ``correct`` is
+      the verifier's score of the answer (0/1) in ``mode`` whatever the label, ``correct_strict``
+      the strict verifier's score of the reply itself (the report's judge-free cross-check).
     """
+    strict = float(verify(text, gold, "strict"))
+    if judge_answer is not None:
+        extracted, correct = judge_answer, float(verify(f"The answer is {judge_answer}", gold, mode))
+    else:
+        extracted = extract_answer(text)
+        correct = strict if mode == "strict" else float(verify(text, gold, mode))
     return {"label": label, "answer_attempt": label == "answer_attempt",
-            "extracted": extract_answer(text), "correct": float(verify(text, gold, mode))}
+            "extracted": extracted, "correct": correct, "correct_strict": strict}
 
 
 def run_score(turns: Sequence[Mapping[str, Any]], protocol: str) -> tuple[float, int | None]:
@@ -235,7 +261,8 @@ class TurnScorer:
     """The ``on_turn`` callback: judge, verify, stop (lic) and flush finished conversations."""
 
     def __init__(self, runs: Sequence[ConversationRun], judge: Judge, *, protocol: str,
-                 verifier_mode: str, sink: Callable[[list[dict[str, Any]]], None] | None = None):
+                 verifier_mode: str, sink: Callable[[list[dict[str, Any]]], None] | None = None,
+                 tasks: Mapping[str, Any] | None = None):
         """Args:
           runs: every run of the batch (those finished without a turn callback, e.g. a user
             policy that ended them, are flushed at the next call or by :meth:`flush`).
@@ -243,26 +270,33 @@ class TurnScorer:
           protocol: ``"lic"`` or ``"final_turn"``.
           verifier_mode: ``"strict"`` or ``"lenient"``.
           sink: receives transcript records of finished conversations.
+          tasks: task plug-ins by domain for non-math replies (default: ``jaxrl_mt.tasks`` registry;
+            see ``jaxrl_mt.eval.task_scoring``).
         """
         if protocol not in PROTOCOLS:
             raise EvalError(f"config field 'protocol': unknown {protocol!r}; valid: {', '.join(PROTOCOLS)}")
         self.runs, self.judge, self.protocol, self.mode = list(runs), judge, protocol, verifier_mode
-        self.sink = sink
+        self.sink, self.tasks = sink, tasks
         self.flushed: set[str] = set()
 
     def __call__(self, live: Sequence[ConversationRun]) -> None:
         texts = [r.turns[-1].assistant for r in live]
-        labels = self.judge.classify(texts, [r.meta["question"] for r in live], [r.meta["domain"] for r in live])
-        for r, text, label in zip(live, texts, labels):
+        verdicts = self.judge.judge(texts, [r.meta["question"] for r in live], [r.meta["domain"] for r in live],
+                                    [r.turns[-1].user for r in live])
+        other = [i for i, r in enumerate(live) if r.meta["domain"] != MATH]
+        infos = dict(zip(other, score_task_turns([texts[i] for i in other], [live[i].meta.get("task") for i in other],
+                                                 [verdicts[i][0] for i in other], plugins=self.tasks,
+                                                 llm_label=self.judge.backend is not None)))
+        for i, (r, text, (label, answer)) in enumerate(zip(live, texts, verdicts)):
             turn = r.turns[-1]
-            turn.info.update(judge_turn(text, r.meta["answer"], label, self.mode))
+            turn.info.update(infos.get(i) or judge_turn(text, r.meta["answer"], label, self.mode, answer))
             sim = r.meta.get("user_sim")
             if sim and len(sim) >= len(r.turns):
                 s = sim[len(r.turns) - 1]
                 turn.info.update({"user_unit": s["unit"], "user_check": s["reason"], "user_fallback": s["fallback"]})
                 if s["fallback"]:
                     turn.info["user_sim_reply"] = s.get("raw", "")  # the rejected message, for audit
-            if self.protocol == "lic" and turn.info["answer_attempt"] and turn.info["correct"]:
+            if self.protocol == "lic" and turn.info["answer_attempt"] and turn.info["correct"] >= 1.0:
                 r.done, r.stop_reason = True, STOP_CORRECT
             elif len(r.turns) >= r.meta["n_planned"]:
                 r.done, r.stop_reason = True, r.stop_reason or "no_more_turns"
@@ -304,10 +338,6 @@ class ContextGuard:
         return out
 
 
-# --------------------------------------------------------------------------- memory-bounded batches
-# (the length-sorted chunking lives in the engine: jaxrl_mt.sampling.sorted)
-
-
 # --------------------------------------------------------------------------- strategies
 
 
@@ -340,7 +370,8 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
              seed: int = 0, strategy: str = "plain",
              sink: Callable[[list[dict[str, Any]]], None] | None = None,
              progress: Callable[[int, int], None] | None = None,
-             max_chunk_cells: int = DEFAULT_MAX_CHUNK_CELLS, reuse_cache: bool = True) -> list[dict[str, Any]]:
+             max_chunk_cells: int = DEFAULT_MAX_CHUNK_CELLS, reuse_cache: bool = True,
+             tasks: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Simulates every run in lockstep and returns their transcript records.
 
     Args:
@@ -358,6 +389,33 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
       reuse_cache: keep each conversation's KV cache across turns (prefill only the new tokens,
         see ``run_conversations``); passed to the strategy only if it has a ``reuse_cache``
         parameter (the plain one does; strategies without it run as before).
+      tasks: task plug-ins by domain for non-math replies (see :class:`TurnScorer`).
+
+    Returns:
+      One transcript record per run, in the order of ``runs``.
+    """
+    def answer(scorer: TurnScorer) -> None:
+        guard = ContextGuard(user or FixedOrderUser(), sampler.tokenizer, sampler.cfg.max_position_embeddings,
+                             sampling.max_new_tokens)
+        fn = get_strategy(strategy)
+        kw: dict[str, Any] = {"reuse_cache": reuse_cache} if accepts_reuse_cache(fn) else {}
+        fn(LengthSortedSampler(sampler, max_chunk_cells), runs, sampling, seed=seed, user=guard, on_turn=scorer,
+           progress=progress, **kw)
+
+    return run_scored(runs, answer, judge=judge, protocol=protocol, verifier_mode=verifier_mode, sink=sink,
+                      tasks=tasks)
+
+
+def run_scored(runs: Sequence[ConversationRun], answer: Callable[[TurnScorer], None], *, judge: Judge,
+               protocol: str, verifier_mode: str, sink: Callable[[list[dict[str, Any]]], None] | None = None,
+               tasks: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Answers ``runs`` with ``answer(scorer)``, scoring every turn, and returns their records.
+
+    Args:
+      runs: the conversations.
+      answer: advances the runs, calling ``scorer`` (the :class:`TurnScorer`) after every turn.
+      judge, protocol, verifier_mode, tasks: see :class:`TurnScorer`.
+      sink: receives records as conversations finish.
 
     Returns:
       One transcript record per run, in the order of ``runs``.
@@ -372,68 +430,9 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
 
     if not runs:
         return []
-    scorer = TurnScorer(runs, judge, protocol=protocol, verifier_mode=verifier_mode, sink=collect)
-    guard = ContextGuard(user or FixedOrderUser(), sampler.tokenizer, sampler.cfg.max_position_embeddings,
-                         sampling.max_new_tokens)
-    batched = LengthSortedSampler(sampler, max_chunk_cells)
-    fn = get_strategy(strategy)
-    kw: dict[str, Any] = {"reuse_cache": reuse_cache} if accepts_reuse_cache(fn) else {}
-    fn(batched, runs, sampling, seed=seed, user=guard, on_turn=scorer, progress=progress, **kw)
+    scorer = TurnScorer(runs, judge, protocol=protocol, verifier_mode=verifier_mode, sink=collect, tasks=tasks)
+    answer(scorer)
     for r in runs:  # e.g. ended by the user policy after their last on_turn
         r.done = True
     scorer.flush()
     return [records[r.conv_id] for r in runs if r.conv_id in records]
-
-
-# --------------------------------------------------------------------------- transcripts
-
-_REQUIRED = ("conv_id", "task_id", "kind", "run", "score", "turns")
-
-
-class TranscriptStore:
-    """``transcripts.jsonl``: one JSON line per finished conversation, appended and flushed."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-
-    def load(self) -> dict[str, dict[str, Any]]:
-        """The records already written, by conv_id (a later duplicate replaces an earlier one).
-
-        A last line cut short by an interruption is dropped (and removed from the file); any
-        other unreadable line is an error.
-
-        Raises:
-          EvalError: ``path:line: ...`` for a malformed line or a record missing a field.
-        """
-        if not self.path.exists():
-            return {}
-        lines = self.path.read_text(encoding="utf-8").split("\n")
-        out: dict[str, dict[str, Any]] = {}
-        last = max((i for i, s in enumerate(lines) if s.strip()), default=-1)
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                if i == last and not line.endswith("}"):
-                    log.warning("%s:%d: dropping a truncated last line", self.path, i + 1)
-                    self.path.write_text("".join(s + "\n" for s in lines[:i] if s.strip()), encoding="utf-8")
-                    break
-                raise EvalError(f"{self.path}:{i + 1}: invalid JSON ({e.msg} at column {e.colno})") from None
-            missing = [f for f in _REQUIRED if not isinstance(rec, dict) or f not in rec]
-            if missing:
-                raise EvalError(f"{self.path}:{i + 1}: field '{missing[0]}': missing")
-            out[rec["conv_id"]] = rec
-        return out
-
-    def append(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Appends records, one line each, and flushes them to disk."""
-        if not records:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())

@@ -141,17 +141,28 @@ def generation_config(cfg: ModelConfig) -> dict[str, Any]:
             "pad_token_id": cfg.pad_token_id, "do_sample": False}
 
 
+class ExportError(ModelError):
+    """An export folder that cannot be written (unwritable place, full disk); the old folder is kept."""
+
+
 def export_hf_folder(cfg: ModelConfig, params: Params, out_dir: str | os.PathLike, *,
                      tokenizer: Any = None, extra_files: Iterable[Path] = ()) -> Path:
-    """Writes an HF folder that transformers loads as is; atomic (tmp dir + rename).
+    """Writes an HF folder that transformers loads as is; atomic.
 
     Files: config.json, model.safetensors, generation_config.json and, when a tokenizer is
-    given, its files (tokenizer.json, tokenizer_config.json, chat template, ...).
+    given, its files (tokenizer.json, tokenizer_config.json, chat template, ...). They are written
+    into a temporary folder beside ``out_dir`` that is then renamed to it; an existing folder is
+    renamed away first and deleted only once the new one is in place, so a failed export leaves it
+    as it was.
+
+    Raises:
+      ExportError: the folder cannot be written (one line naming it and the cause).
     """
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
         (tmp / "generation_config.json").write_text(json.dumps(generation_config(cfg), indent=2))
         tensors = {k: v.astype(cfg.jnp_param_dtype, copy=False) for k, v in params_to_hf(cfg, params).items()}
@@ -160,10 +171,36 @@ def export_hf_folder(cfg: ModelConfig, params: Params, out_dir: str | os.PathLik
             tokenizer.save_pretrained(str(tmp))
         for f in extra_files:
             shutil.copy(f, tmp / Path(f).name)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        _swap_in(tmp, out)
+    except (OSError, SafetensorError) as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        why = getattr(e, "strerror", None) or " ".join(str(e).split())
+        if "No space left on device" in why:  # also safetensors' "Error while serializing: I/O error: ..."
+            why = "No space left on device"
+        elif isinstance(e, FileExistsError) and e.filename and not os.path.isdir(e.filename):
+            why = f"{e.filename} is a file, not a folder"  # mkdir's "File exists" for a file in the path
+        elif getattr(e, "filename", None) and str(e.filename) != str(out):
+            why += f": {e.filename}"
+        kept = "; the previous folder is kept" if out.is_dir() else ""
+        raise ExportError(f"cannot write the export folder {out} ({why}){kept}") from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Renames ``tmp`` to ``out``; an existing ``out`` is moved aside first and restored on failure."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -49,7 +49,7 @@ class ResponseJudge:
 
     def __call__(self, texts: Sequence[str], questions: Sequence[str]) -> list[str]:
         if self.backend is None:
-            return [classify_rule_based(t) for t in texts]
+            return [classify_rule_based(t, question=q, user=q) for t, q in zip(texts, questions)]
         return classify_llm(self.backend, list(texts), list(questions))
 
 

@@ -9,7 +9,14 @@ One verifier serves RLSTA training rewards and the LiC evaluator, in two modes:
 
 Extraction priority (``extract_answer``): the last ``\\boxed{...}`` (nested braces handled) >
 the last ``#### x`` > the last "the answer is x" / "final answer: x" > the last number in the text.
-A marker whose span holds no number is skipped, and the next priority is tried.
+A marker whose span holds no number is skipped, and the next priority is tried. After a
+``####`` or answer-phrase marker the value is the first number that follows, unless the marker
+is followed directly by an equation: then its result ("The answer is 2024-18=2006" reads 2006,
+not 2024; "The answer is 12 because 3+4=7" still reads 12).
+
+Lenient mode refuses a reply that offers several different final candidates: explicit markers
+that disagree ("The answer is 12 ... #### 14"), or alternatives in the final sentence ("12 or
+14", "either 12 or 14"). Listing candidates would otherwise game "any of the last three numbers".
 
 Numbers understood: ``1,234`` (commas as thousands separators only), ``$5``, ``\\$5``, ``50%``
 (read as 50), ``-3`` (a minus right before a digit or ``$``, not after a word or digit, so
@@ -35,6 +42,7 @@ __all__ = [
     "extract_marked_answer",
     "find_numbers",
     "format_number",
+    "offers_several_candidates",
     "parse_number",
     "verify",
     "verify_batch",
@@ -66,6 +74,11 @@ _ANSWER_RE = re.compile(
     r"\banswer\b[\s*_]*(?:is\b|:|=)",
     re.IGNORECASE,
 )
+# Arithmetic right after a marker, up to its last '=': numbers, operators, brackets, spaces only.
+_EQUATION_RE = re.compile(r"[\s$\d.,+\-\u2212*/x\u00d7\u00f7()^]*=(?:[\s$\d.,+\-\u2212*/x\u00d7\u00f7()^]*=)*")
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+|\n+")  # a decimal point is followed by a digit, not a space
+_NUM_WORD = r"[-\u2212]?\$?\d[\d,]*(?:\.\d+)?"
+_ALTERNATIVES_RE = re.compile(_NUM_WORD + r"(?:\s+[A-Za-z$]+){0,2}\s*(?:,\s*)?\bor\b\s*" + _NUM_WORD, re.IGNORECASE)
 # Wrappers allowed around a bare number in ``parse_number``.
 _STRIP_RE = re.compile(r"^(?:\\\(|\\\[|\$\$?)\s*|\s*(?:\\\)|\\\]|\$\$?)$")
 
@@ -187,18 +200,43 @@ def _last_number(span: str) -> float | None:
     return numbers[-1] if numbers else None
 
 
-def _marked_value(text: str) -> float | None:
-    """The value after an explicit answer marker (boxed > #### > answer phrase), if any."""
-    for content in reversed(_boxed_contents(text)):
-        value = _last_number(content)
+def _marker_span_value(span: str) -> float | None:
+    """The answer in the text after a marker: its first number, or, when the marker is followed
+    directly by an equation ("2024 - 18 = 2006", "= 5"), the equation's result."""
+    m = _EQUATION_RE.match(span)
+    if m is not None:
+        value = _first_number(span[m.end():])
         if value is not None:
             return value
+    return _first_number(span)
+
+
+def _marked_values(text: str) -> list[float]:
+    """Every explicit answer's value, most authoritative first: boxed (last first), then ####,
+    then answer phrases (each last first)."""
+    values = [v for v in (_last_number(c) for c in reversed(_boxed_contents(text))) if v is not None]
     for marker in (_HASH_RE, _ANSWER_RE):
         for m in reversed(list(marker.finditer(text))):
-            value = _first_number(_line_after(text, m.end()))
+            value = _marker_span_value(_line_after(text, m.end()))
             if value is not None:
-                return value
-    return None
+                values.append(value)
+    return values
+
+
+def _marked_value(text: str) -> float | None:
+    """The value after an explicit answer marker (boxed > #### > answer phrase), if any."""
+    values = _marked_values(text)
+    return values[0] if values else None
+
+
+def offers_several_candidates(text: str) -> bool:
+    """Whether a reply offers more than one final answer: explicit markers with different values,
+    or alternatives ("12 or 14") in its final sentence."""
+    marked = _marked_values(text)
+    if any(not math.isclose(v, marked[0], rel_tol=STRICT_REL_TOL, abs_tol=1e-12) for v in marked[1:]):
+        return True
+    sentences = [x for x in _SENTENCE_END_RE.split(text.strip()) if x.strip()]
+    return bool(sentences) and _ALTERNATIVES_RE.search(sentences[-1]) is not None
 
 
 def _extract_value(text: str) -> float | None:
@@ -261,7 +299,7 @@ def _verify_value(text: str, gold_value: float, mode: str) -> float:
         )
     else:
         tail = find_numbers(text)[-LENIENT_LAST_K:]
-        ok = any(abs(v - gold_value) <= LENIENT_ABS_TOL for v in tail)
+        ok = any(abs(v - gold_value) <= LENIENT_ABS_TOL for v in tail) and not offers_several_candidates(text)
     return 1.0 if ok else 0.0
 
 
@@ -273,7 +311,7 @@ def verify(text: str, gold: str | float | int, mode: str = "strict") -> float:
       gold: the gold answer, e.g. ``"72"``, ``"1,000"``, ``"3/4"`` or a GSM8K solution ending in
         ``#### 72``.
       mode: ``"strict"`` (extracted answer equals gold, relative tolerance 1e-6) or ``"lenient"``
-        (any of the last three numbers within 1e-3 of gold).
+        (any of the last three numbers within 1e-3 of gold, and not several final candidates).
 
     Returns:
       1.0 if correct, else 0.0.

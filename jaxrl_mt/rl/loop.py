@@ -39,6 +39,7 @@ import numpy as np
 from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.data.pipeline import make_iterator
+from jaxrl_mt.data.records import DataError
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.registry import Model, load_model
 from jaxrl_mt.parallel import (agree_max_many, check_same_rows, fetch_rows, gather_to_host, mesh_from_spec,
@@ -49,9 +50,11 @@ from jaxrl_mt.rl.data import ConfigError, config_to_dict, load_scenarios, load_t
 from jaxrl_mt.rl.grpo import group_advantages
 from jaxrl_mt.rl.histories import TrainItem
 from jaxrl_mt.rl.icpo import ICPOData
-from jaxrl_mt.rl.metrics_log import MetricsLog, plot_curves, read_metrics
+from jaxrl_mt.rewards.answer_stats import answer_stats
+from jaxrl_mt.rl.metrics_log import MetricsLog, held_out_before, plot_curves, read_metrics
 from jaxrl_mt.rl.multiturn import MultiTurnData
 from jaxrl_mt.rl.optim import optimizer_from_config
+from jaxrl_mt.rl.probe import make_probe
 from jaxrl_mt.rl.step import LossConfig, assemble_rollouts, completion_logprobs, make_train_step
 from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
 from jaxrl_mt.scoring import Scorer
@@ -131,6 +134,12 @@ class Trainer:
                              max_completion_length=rl.max_new_tokens, remat=rl.remat)
         self._steps: dict[int, Any] = {}
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
+        try:  # the fixed held-out probe (eval.probe_source; None when unset)
+            self.probe = make_probe(c, self.system)
+        except (DataError, OSError) as e:
+            raise ConfigError(f"eval.probe_source: {e}") from None
+        if self.probe is not None and self.multi:
+            raise ConfigError("eval.probe_source is not supported in a multi-process run")
 
     def _check_micro_batch(self) -> None:
         c = self.c
@@ -207,6 +216,7 @@ class Trainer:
         lens = res.lengths.astype(np.float64)
         m = {"reward/total": float(reward.mean()), "reward/group_std": float(reward.reshape(-1, G).std(1).mean())}
         m.update({f"reward/{k}": float(np.mean(v)) for k, v in comps.items()})
+        m.update(answer_stats(res.texts, [it.answer for it in items for _ in range(G)]))
         m.update({
             "completion/mean_length": float(lens.mean()), "completion/max_length": float(lens.max()),
             "completion/clipped_frac": float(np.mean([f == "length" for f in res.finish_reasons])),
@@ -283,7 +293,8 @@ class Trainer:
             if self.is_main:
                 self.metrics.truncate_after(-1)
             return params, opt_state, rng, 0
-        state, extra = ck.restore(latest, target={"params": params, "opt_state": opt_state, "rng": rng})
+        state, extra = ck.restore(target={"params": params, "opt_state": opt_state, "rng": rng},
+                                  on_skip=self.log)  # the newest step that restores
         it.set_state(extra["data_state"])
         start = int(extra["step"])
         self.metrics.truncate_after(start)
@@ -302,6 +313,8 @@ class Trainer:
             self.metrics.samples(done, samples[: c.log.n_samples])
         if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and held:
             self.metrics.scalars(done, self.evaluate(params, held))
+        if self.probe is not None and self.probe.due(done, c.rl.steps):
+            self.metrics.scalars(done, self.probe(self.sampler, params))
         return m
 
     def _eval_phase(self, when: str, step: int, params: Any, held: Sequence[TrainItem],
@@ -321,6 +334,8 @@ class Trainer:
         evals: dict[str, dict[str, float]] = {}
         if start == 0 and held:
             self._eval_phase("before", 0, params, held, evals)
+        if start == 0 and self.probe is not None:
+            self.metrics.scalars(0, self.probe(self.sampler, params))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         last_saved, step = start, start
         try:
@@ -372,13 +387,16 @@ class Trainer:
             vals = [r[k] for r in train_rows if isinstance(r.get(k), (int, float))]
             if vals:
                 lines.append(f"{k:32s} first {vals[0]:.4g}  last {vals[-1]:.4g}  mean {np.mean(vals):.4g}")
+        if "before" not in evals and (before := held_out_before(rows)):
+            evals = {"before": before, **evals}  # a resumed run did not evaluate "before": it is in the log
         for when, ev in evals.items():
             lines.append(f"held-out {when}: " + _fmt(ev))
         export_dir = None
-        if self.c.export:
+        (self.wd / "summary.txt").write_text("\n".join(lines) + "\n")  # before the export, which may fail
+        if self.c.export:  # atomic; a failure is one ExportError line, the previous export is kept
             export_dir = export_hf_folder(self.model.cfg, params, self.wd / "export", tokenizer=self.tok)
             lines.append(f"exported policy: {export_dir}")
-        (self.wd / "summary.txt").write_text("\n".join(lines) + "\n")
+            (self.wd / "summary.txt").write_text("\n".join(lines) + "\n")
         self.log("\n".join(lines))
         return {"evals": evals, "export": str(export_dir) if export_dir else None, "metrics": train_rows}
 

@@ -1,4 +1,8 @@
-"""Run logging: TensorBoard events, a JSONL metrics log, sample tables and end-of-run PNG curves."""
+"""Run logging: TensorBoard events, a JSONL metrics log, sample tables and end-of-run PNG curves.
+
+``metrics.jsonl`` is append-only; a last line cut short by a crash is dropped with one warning
+when the run resumes (its step comes after the last checkpoint, so it is logged again).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import json
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from jaxrl_mt.data.jsonl_log import read_jsonl_log
 
 
 class MetricsLog:
@@ -25,12 +31,11 @@ class MetricsLog:
                 self.tb = None
 
     def truncate_after(self, step: int) -> None:
-        """Drops log lines of steps > step (a resumed run rewrites them)."""
+        """Drops log lines of steps > step (a resumed run rewrites them) and a truncated last line."""
         if not self.enabled or not self.jsonl.exists():
             return
-        lines = [ln for ln in self.jsonl.read_text().splitlines() if ln.strip()]
-        keep = [ln for ln in lines if json.loads(ln).get("step", 0) <= step]
-        self.jsonl.write_text("".join(k + "\n" for k in keep))
+        rows = [r for _, r in read_jsonl_log(self.jsonl, repair=True)]
+        self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("step", 0) <= step))
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         if not self.enabled:
@@ -65,11 +70,13 @@ class MetricsLog:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The JSONL metrics log as a list of dicts."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+    """The JSONL metrics log as a list of dicts (a last line being written is skipped)."""
+    return [r for _, r in read_jsonl_log(path, warn=lambda _: None)]
+
+
+def held_out_before(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The held-out metrics logged at step 0 (before training), e.g. for a resumed run's summary."""
+    return {k: v for r in rows if r.get("step") == 0 for k, v in r.items() if k.startswith("eval/")}
 
 
 def plot_curves(path: str | Path, out_png: str | Path, keys: Sequence[str]) -> Path:

@@ -28,6 +28,7 @@ import numpy as np
 from jaxrl_mt.parallel import (agree_max, allgather_json, broadcast_json, local_copy, local_mesh,
                                mean_over_processes, process_block)
 from jaxrl_mt.rl.data import ConfigError, load_scenarios
+from jaxrl_mt.rl.probe import filter_breakdown
 from jaxrl_mt.rl.histories import TrainItem, accuracy_single_and_multi, build_histories, filter_items, load_items, \
     save_items
 from jaxrl_mt.sampling import Sampler, SamplingConfig
@@ -105,7 +106,12 @@ class MultiTurnData:
             return [[float(a), float(b)] for a, b in zip(st, mt)]
 
         both = np.asarray(per_process(t, acc, hist), np.float64).reshape(-1, 2)  # [n, 2]
-        items, stats = filter_items(hist, both[:, 0], both[:, 1], cap=c.filter.cap_per_problem, seed=c.seed)
+        st, mt = both[:, 0], both[:, 1]
+        items, stats = filter_items(hist, st, mt, cap=c.filter.cap_per_problem, seed=c.seed)
+        kept_ids = {it.item_id for it in items}
+        stats.update(filter_breakdown([h.kind for h in hist], st, mt, [h.item_id in kept_ids for h in hist]))
+        t.log("filtering breakdown: " + ", ".join(f"{k}={v}" for k, v in stats.items()
+                                                 if k.startswith(("kept", "dropped"))))
         t.log(f"filtering: kept {stats['n_kept']}/{stats['n_items']} histories "
               f"(single-turn acc {stats['st_acc_mean']:.3f}, multi-turn acc {stats['mt_acc_mean']:.3f})")
         if not items:

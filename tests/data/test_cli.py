@@ -63,3 +63,23 @@ def test_report_segmenter_on_samples(tmp_path, capsys):
     assert fig["rlsta"]["problems"] == 32
     assert 0 < fig["rlsta"]["same_condition_numbers"] <= 32
     assert "every number kept (set):       64/64 = 100.00%" in capsys.readouterr().out
+
+
+def test_inspect_a_source_spec_or_say_what_it_expects(tmp_path, capsys):
+    lic = asset_path("lic/lic_math_format_sample.json")
+    assert main(["inspect", str(lic)]) == 2  # a LiC JSON file is no scenario JSONL: say so, and what to type
+    err = capsys.readouterr().err
+    assert err == (f"error: {lic}:1: invalid JSON (Expecting value at column 1); it is a JSON document, not "
+                   f"scenario JSONL: for a LiC file, inspect lic:{lic}[:task]\n")
+    assert main(["inspect", f"lic:{lic}:math"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"lic:{lic}:math (3 tasks as sharded): 3 scenarios\nkinds: sharded=3\n")
+    assert "example 0:\ntask sharded-GSM8K/1246  kind=sharded  turns=4  answer=3360" in out
+    assert main(["inspect", "synthetic:2", "--scenario", "full"]) == 0
+    assert "kinds: full=2" in capsys.readouterr().out
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello\n")
+    assert main(["inspect", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bad}:1: invalid JSON") and "inspect expects a scenario JSONL file" in err
+    assert "lic:FILE[:task], gsm8k:FILE" in err and err.count("\n") == 1

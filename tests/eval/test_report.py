@@ -71,7 +71,7 @@ def test_write_report_files(tmp_path):
                        extra={"model": "tiny"})
     files = write_report(rep, tmp_path)
     assert sorted(files) == ["aptitude_unreliability.png", "first_answer_turn.png", "p_by_scenario.png",
-                             "report.json", "report.md"]
+                             "report.html", "report.json", "report.md"]
     assert json.loads((tmp_path / "report.json").read_text()) == rep
     for name in ("aptitude_unreliability.png", "first_answer_turn.png", "p_by_scenario.png"):
         data = (tmp_path / name).read_bytes()
@@ -81,4 +81,39 @@ def test_write_report_files(tmp_path):
     assert "| full | 2 | 8 | 50.0 |" in md and "| 85.0 | 70.0 | 1.00 |" in md
     assert "| sharded | 2 | 8 | 12.5 |" in md and "| 35.0 | 35.0 | 0.25 | 2.80 | 0.38 |" in md
     assert PERCENTILE_NOTE in md and "Model: `tiny`" in md
-    assert write_report(rep, tmp_path / "np", plots=False).keys() == {"report.json", "report.md"}
+    assert write_report(rep, tmp_path / "np", plots=False).keys() == {"report.json", "report.md", "report.html"}
+
+
+def _with_last(rec_: dict, strict: float, lenient: float | None = None) -> dict:
+    rec_["turns"][-1] = {**rec_["turns"][-1], "correct": strict if lenient is None else lenient,
+                         "correct_strict": strict}
+    return rec_
+
+
+def test_judge_free_last_reply_accuracy_and_warning():
+    # FULL: P 50 (A 75, B 25); last replies correct: A [1, 1, 1, 1], B [0, 0, 0, 1] -> 100 and 25 -> 62.5.
+    out = []
+    for task, scores, last in (("A", (1, 1, 0, 1), (1, 1, 1, 1)), ("B", (0, 0, 0, 1), (0, 0, 0, 1))):
+        out += [_with_last(rec(task, "full", r, float(s), first=1, labels=("answer_attempt",)), float(x))
+                for r, (s, x) in enumerate(zip(scores, last))]
+    # SHARDED: P 12.5; last replies all correct under the strict verifier except B's run 3 -> (100 + 75) / 2.
+    # Its lenient "correct" is 0 everywhere: the cross-check must read the strict field.
+    for task, scores in (("A", (0, 0, 0, 0)), ("B", (1, 0, 0, 0))):
+        out += [_with_last(rec(task, "sharded", r, float(s), labels=("discussion",)),
+                           0.0 if (task, r) == ("B", 3) else 1.0, lenient=0.0) for r, s in enumerate(scores)]
+    rep = build_report(out, scenarios=["full", "sharded"], protocol="lic", n_boot=10)
+    full, sh = rep["scenarios"]["full"], rep["scenarios"]["sharded"]
+    assert full["last_reply_accuracy"] == pytest.approx(62.5) and full["judge_gap"] == pytest.approx(-12.5)
+    assert sh["last_reply_accuracy"] == pytest.approx(87.5) and sh["judge_gap"] == pytest.approx(-75.0)
+    assert len(rep["warnings"]) == 2 and rep["warnings"][0].startswith("full: P = 50.0")
+    assert "87.5" in rep["warnings"][1]
+    md = markdown_report(rep)
+    assert "last-reply acc. (judge-free)" in md and "| 62.5 |" in md and md.count("**Warning**") == 2
+
+
+def test_no_warning_within_ten_points():
+    # P 100 and last-reply accuracy 90 (one of ten runs ends on a wrong reply): a gap of exactly 10 is no warning.
+    out = [_with_last(rec("A", "full", r, 1.0, first=1, labels=("answer_attempt",)), 0.0 if r == 0 else 1.0)
+           for r in range(10)]
+    rep = build_report(out, scenarios=["full"], protocol="lic", n_boot=10)
+    assert rep["scenarios"]["full"]["judge_gap"] == pytest.approx(10.0) and rep["warnings"] == []

@@ -169,6 +169,11 @@ def test_transcript_store_roundtrip_truncated_tail_and_bad_line(tmp_path):
         f.write('{"conv_id": "a|full|3", "task')  # an interrupted write
     assert list(store.load()) == ["a|full|0", "a|full|1", "a|full|2"]
     assert store.path.read_text().count("\n") == 3  # the cut line was removed
+    with open(store.path, "a") as f:  # cut right after a nested "}": ends in "}" yet is no record
+        f.write('{"conv_id": "a|full|3", "task_id": "a", "turns": [{"k": 1}')
+    assert list(store.load()) == ["a|full|0", "a|full|1", "a|full|2"]  # lost: conversation 3, run again
+    store.append([{**recs[0], "conv_id": "a|full|3"}])
+    assert list(store.load()) == ["a|full|0", "a|full|1", "a|full|2", "a|full|3"]
     store.path.write_text('{"conv_id": "x"}\n' + store.path.read_text())
     with pytest.raises(EvalError, match=r"t\.jsonl:1: field 'task_id': missing"):
         store.load()

@@ -183,3 +183,53 @@ def test_verify_batch():
     np.testing.assert_array_equal(lenient, [1, 1, 0, 1])
     with pytest.raises(ValueError, match="2 texts but 1 gold"):
         verify_batch(["1", "2"], ["1"])
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The answer is 2024-18=2006", "2006"),  # an equation after the marker: its result
+        ("The answer is 2024 - 18 = 2006 years.", "2006"),
+        ("#### 3 * 4 = 12", "12"),
+        ("The answer is 12. Check: 12 = 3 * 4", "12"),  # the equation is in a later sentence
+        ("The answer is 12 because 3 + 4 = 7", "12"),  # words before the '=': not the marker's equation
+        ("The answer is 3 * 4 = 12 apples, 12 in total", "12"),
+        ("The answer is = 5", "5"),
+        ("The answer is 2 + 2 = 4 = 4.0", "4"),  # chained: the last result
+    ],
+)
+def test_marker_sentence_with_an_equation_reads_the_result(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_strict_reads_the_equation_result():
+    assert verify("The answer is 2024-18=2006", "2006", "strict") == 1.0
+    assert verify("The answer is 2024-18=2006", "2024", "strict") == 0.0
+
+
+@pytest.mark.parametrize(
+    "text, several",
+    [
+        ("The answer is 12.\n#### 14", True),  # markers disagree
+        ("The answer is 12.\n#### 12", False),  # markers agree
+        ("\\boxed{12} or maybe \\boxed{14}", True),
+        ("She has 12 or 14 marbles.", True),  # alternatives in the final sentence
+        ("It is either 12 or 14.", True),
+        ("It could be 12 apples, or 14 apples.", True),
+        ("First 12 or 14 were counted. So she has 14 marbles.", False),  # alternatives not final
+        ("She has 42 - 10 = 32 marbles.", False),  # several numbers of one computation
+        ("So the total is 12.", False),
+    ],
+)
+def test_offers_several_candidates(text, several):
+    from jaxrl_mt.rewards.verifier import offers_several_candidates
+
+    assert offers_several_candidates(text) is several
+
+
+def test_lenient_refuses_listed_candidates_strict_unchanged():
+    # Listing candidates used to win lenient mode (the gold is among the last three numbers).
+    assert verify("It is 30 or 31 or 32.", "31", "lenient") == 0.0
+    assert verify("The answer is 30.\n#### 31", "31", "lenient") == 0.0
+    assert verify("She has 42 - 10 = 32 marbles.", "32", "lenient") == 1.0
+    assert verify("The answer is 30.\n#### 31", "31", "strict") == 1.0  # #### outranks the phrase

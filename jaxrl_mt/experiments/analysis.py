@@ -1,0 +1,160 @@
+"""Pure functions of LiC transcript records (``jaxrl_mt.eval.simulator.transcript_record``).
+
+Everything the experiment reports is computed here from the stored replies, re-extracting and
+re-verifying the answers with ``jaxrl_mt.rewards.verifier`` (not the per-turn verdicts stored at
+evaluation time), so a report rebuilt from the files always uses one verifier for every model.
+
+Accuracy of a conversation = the verifier on its *last* reply (judge-free). Per problem the
+accuracy is the mean over its runs; an aggregate is the mean over problems. Confidence intervals
+are percentile bootstraps over problems; differences between two models (or two scenarios of one
+model) are *paired*: each replicate resamples problems and takes both sides of the same problems.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrl_mt.rewards.verifier import extract_answer, verify
+
+__all__ = ["CI_LEVEL", "bootstrap_mean", "bootstrap_paired", "bootstrap_ratio", "family_of", "first_answer_turns",
+           "inertia", "last_reply_scores", "response_types_per_turn"]
+
+CI_LEVEL = 0.95
+Record = Mapping[str, Any]
+
+
+def family_of(task_id: str) -> str:
+    """The problem family of a task id: ``family/heldout/1/...`` -> ``heldout1``; else its first part."""
+    parts = task_id.split("/")
+    if parts[0] == "family" and len(parts) > 2:
+        return parts[1] + parts[2]
+    return parts[0]
+
+
+def last_reply_scores(records: Iterable[Record], kind: str, mode: str = "strict",
+                      keep: Callable[[str], bool] | None = None) -> dict[str, float]:
+    """Task id -> mean over its runs of the verifier on the conversation's last reply.
+
+    Args:
+      records: transcript records.
+      kind: the scenario kind to take (``full``, ``sharded``, ``mt_refine``, ...).
+      mode: verifier mode (``strict`` | ``lenient``).
+      keep: optional filter on task ids.
+    """
+    runs: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if r["kind"] != kind or (keep is not None and not keep(r["task_id"])) or not r["turns"]:
+            continue
+        runs[r["task_id"]].append(float(verify(r["turns"][-1]["assistant"], r["gold"], mode)))
+    return {t: float(np.mean(v)) for t, v in sorted(runs.items())}
+
+
+def _quantiles(reps: np.ndarray) -> tuple[float, float]:
+    reps = reps[np.isfinite(reps)]
+    if reps.size == 0:
+        return float("nan"), float("nan")
+    lo, hi = np.percentile(reps, [100 * (1 - CI_LEVEL) / 2, 100 * (1 + CI_LEVEL) / 2], method="linear")
+    return float(lo), float(hi)
+
+
+def bootstrap_mean(scores: Mapping[str, float], *, n_boot: int = 1000, seed: int = 0) -> dict[str, float]:
+    """Mean over problems and its percentile-bootstrap CI: ``{"mean", "lo", "hi", "n"}`` (0-1 scale)."""
+    v = np.array([scores[k] for k in sorted(scores)], np.float64)
+    if v.size == 0:
+        return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0}
+    idx = np.random.default_rng(seed).integers(0, v.size, size=(n_boot, v.size))
+    lo, hi = _quantiles(v[idx].mean(axis=1))
+    return {"mean": float(v.mean()), "lo": lo, "hi": hi, "n": int(v.size)}
+
+
+def _paired(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    common = sorted(set(a) & set(b))
+    return np.array([a[k] for k in common], np.float64), np.array([b[k] for k in common], np.float64)
+
+
+def bootstrap_paired(a: Mapping[str, float], b: Mapping[str, float], *, n_boot: int = 1000,
+                     seed: int = 0) -> dict[str, float]:
+    """Paired difference ``mean(b) - mean(a)`` over the problems both hold, with its bootstrap CI.
+
+    Returns:
+      ``{"diff", "lo", "hi", "n", "excludes_zero"}`` (0-1 scale).
+    """
+    x, y = _paired(a, b)
+    if x.size == 0:
+        return {"diff": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0, "excludes_zero": False}
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))
+    lo, hi = _quantiles((y - x)[idx].mean(axis=1))
+    return {"diff": float((y - x).mean()), "lo": lo, "hi": hi, "n": int(x.size),
+            "excludes_zero": bool(lo > 0 or hi < 0)}
+
+
+def bootstrap_ratio(multi: Mapping[str, float], single: Mapping[str, float], *, n_boot: int = 1000,
+                    seed: int = 0) -> dict[str, float]:
+    """The LiC score ``mean(multi) / mean(single)`` over common problems, CI by paired bootstrap.
+
+    Replicates with a zero single-turn mean are dropped from the CI; the ratio itself is nan
+    when the single-turn mean is 0.
+    """
+    m, s = _paired(multi, single)
+    if m.size == 0 or s.mean() == 0:
+        return {"ratio": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": int(m.size)}
+    idx = np.random.default_rng(seed).integers(0, m.size, size=(n_boot, m.size))
+    den = s[idx].mean(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        reps = np.where(den > 0, m[idx].mean(axis=1) / np.where(den > 0, den, 1.0), np.nan)
+    lo, hi = _quantiles(reps)
+    return {"ratio": float(m.mean() / s.mean()), "lo": lo, "hi": hi, "n": int(m.size)}
+
+
+def inertia(records: Iterable[Record], kinds: Sequence[str] | None = None) -> dict[str, Any]:
+    """Contextual inertia: among final answers given after an earlier wrong answer in the same
+    conversation, the share that repeat an earlier wrong number.
+
+    A conversation counts when an earlier reply (not the last) has an extracted answer that is
+    wrong (strict) and the last reply has an extracted answer. It repeats when the last answer
+    equals one of the earlier wrong answers (normalised numbers).
+
+    Returns:
+      ``{"n_eligible", "n_repeat", "share", "repeat_flags"}`` (flags per eligible conversation,
+      in record order, for bootstrapping) and ``"last_correct_share"`` (eligible conversations
+      whose last answer is right).
+    """
+    flags, right = [], []
+    for r in records:
+        if (kinds is not None and r["kind"] not in kinds) or len(r["turns"]) < 2:
+            continue
+        wrong = set()
+        for t in r["turns"][:-1]:
+            a = extract_answer(t["assistant"])
+            if a is not None and not verify(t["assistant"], r["gold"], "strict"):
+                wrong.add(a)
+        last = r["turns"][-1]["assistant"]
+        final = extract_answer(last)
+        if not wrong or final is None:
+            continue
+        flags.append(final in wrong)
+        right.append(bool(verify(last, r["gold"], "strict")))
+    n = len(flags)
+    return {"n_eligible": n, "n_repeat": int(sum(flags)), "share": (sum(flags) / n) if n else float("nan"),
+            "last_correct_share": (sum(right) / n) if n else float("nan"), "repeat_flags": [int(f) for f in flags]}
+
+
+def response_types_per_turn(records: Iterable[Record], kind: str) -> dict[int, dict[str, int]]:
+    """1-based turn -> judge label -> count, over the conversations of one scenario kind."""
+    out: dict[int, Counter] = defaultdict(Counter)
+    for r in records:
+        if r["kind"] != kind:
+            continue
+        for k, t in enumerate(r["turns"]):
+            out[k + 1][t.get("label", "unknown")] += 1
+    return {k: dict(sorted(c.items())) for k, c in sorted(out.items())}
+
+
+def first_answer_turns(records: Iterable[Record], kind: str) -> list[int | None]:
+    """Per conversation of one kind, the 1-based turn of the judge's first answer attempt (or None)."""
+    return [next((k + 1 for k, t in enumerate(r["turns"]) if t.get("answer_attempt")), None)
+            for r in records if r["kind"] == kind]

@@ -1,0 +1,140 @@
+"""Compare models on the held-out set and write the report with plots.
+
+    python -m jaxrl_mt.experiments.compare --models base,runs/grpo_exp,runs/rlsta_exp,runs/icpo_exp \\
+        --heldout docs/results/heldout.jsonl --out docs/results/rlsta_cpu.md
+
+``--models``: comma-separated; ``base`` is ``--base`` (default the embedded model), a training
+run folder (with ``config.json`` and ``checkpoints/``) is its latest checkpoint (``workdir:PATH``), anything else a
+model spec. Each model is evaluated with the same seeds through ``jaxrl_mt.evaluate``:
+
+1. greedy (T = 0), FULL + MT-Add + MT-Refine, one run per problem, ``final_turn`` protocol: the
+   accuracy tables, paired differences, LiC score (multi / single), inertia and response types;
+2. LiC (T = 1, ``--lic-runs`` runs, ``lic`` protocol), FULL + SHARDED, on every
+   ``--lic-every``-th problem: P / A90 / U90-10.
+
+Everything goes under ``OUT`` (the markdown path without ``.md``): per-model transcripts, a copy
+of each run's small files (metrics, config, run info, filter statistics), ``manifest.json``,
+``report.json`` and PNG plots (see ``jaxrl_mt.experiments.report``). ``--recompute`` rebuilds the
+report from those files alone; a rerun resumes the evaluations already on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from jaxrl_mt.experiments.common import compress_transcripts, eval_config, write_json
+from jaxrl_mt.experiments.report import RUN_FILES, build, write
+
+__all__ = ["main", "resolve_models"]
+
+BASE = "builtin:smollm2-135m-instruct"
+
+
+def resolve_models(names: str, base: str) -> list[dict[str, Any]]:
+    """``[{"name", "spec", "run_dir"}]`` for the ``--models`` list (names must be unique)."""
+    out: list[dict[str, Any]] = []
+    for item in [x.strip() for x in names.split(",") if x.strip()]:
+        if item == "base":
+            out.append({"name": "base", "spec": base, "run_dir": None})
+        elif (Path(item) / "config.json").is_file() and (Path(item) / "checkpoints").is_dir():
+            out.append({"name": Path(item).name, "spec": f"workdir:{item}", "run_dir": item})
+        else:
+            out.append({"name": item.replace("/", "_").replace(":", "_"), "spec": item, "run_dir": None})
+    seen = [m["name"] for m in out]
+    dup = {n for n in seen if seen.count(n) > 1}
+    if dup:
+        raise SystemExit(f"--models: duplicate model names {sorted(dup)}; rename the run folders")
+    if not out:
+        raise SystemExit("--models: no model given")
+    return out
+
+
+def _subset(heldout: Path, out: Path, limit: int, every: int) -> tuple[Path, Path, list[Any]]:
+    """The evaluated problems (first ``limit``) and the LiC subset (every ``every``-th), as tasks files."""
+    from jaxrl_mt.data.loaders import load_tasks_jsonl, save_tasks_jsonl
+
+    tasks = load_tasks_jsonl(heldout)
+    tasks = tasks[:limit] if limit else tasks
+    greedy, lic = out / "tasks.jsonl", out / "lic_tasks.jsonl"
+    save_tasks_jsonl(greedy, tasks)
+    save_tasks_jsonl(lic, tasks[::every])
+    return greedy, lic, tasks
+
+
+def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: argparse.Namespace) -> None:
+    """Runs (or resumes) the greedy and LiC evaluations of one model into ``OUT/models/<name>/``."""
+    from jaxrl_mt.evaluate import evaluate, load_eval_model
+
+    base = out / "models" / m["name"]
+    jobs = [("greedy", dict(dataset=(f"tasks:{greedy}",), scenarios="full,sharded,mt_refine", runs=1,
+                            temperature=0.0, protocol="final_turn"))]
+    if a.lic_runs:
+        jobs.append(("lic", dict(dataset=(f"tasks:{lic}",), scenarios="full,sharded", runs=a.lic_runs,
+                                 temperature=1.0, protocol="lic")))
+    model = None
+    for sub, kw in jobs:
+        wd = base / sub
+        if (wd / "transcripts.jsonl.gz").is_file():
+            continue  # finished and compressed by an earlier invocation
+        model = model or load_eval_model(m["spec"])
+        cfg = eval_config(model=m["spec"], limit=0, max_new_tokens=a.max_new_tokens, system_prompt=a.system,
+                          max_batch=a.max_batch, workdir=str(wd), plots=False, seed=a.seed, bootstrap=200,
+                          reuse_cache=False, **kw)  # reuse would keep every conversation's KV cache (GBs)
+        evaluate(cfg, model=model)
+        if a.gzip:
+            compress_transcripts(wd)
+    if m["run_dir"]:
+        dst = out / "runs" / m["name"]
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in RUN_FILES:
+            if (Path(m["run_dir"]) / f).is_file():
+                shutil.copyfile(Path(m["run_dir"]) / f, dst / f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="base")
+    ap.add_argument("--heldout", default="docs/results/heldout.jsonl", help="tasks JSONL from experiments.heldout")
+    ap.add_argument("--out", default="docs/results/rlsta_cpu.md", help="the markdown report; files go to OUT/")
+    ap.add_argument("--base", default=BASE, help="model spec of 'base'")
+    ap.add_argument("--limit", type=int, default=0, help="evaluate the first N held-out problems (0: all)")
+    ap.add_argument("--lic-runs", type=int, default=4, help="LiC runs per problem at T=1 (0: skip LiC)")
+    ap.add_argument("--lic-every", type=int, default=4, help="LiC on every k-th evaluated problem")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--system", default="", help="system prompt ('': the template's default)")
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (kept in manifest.json)")
+    ap.add_argument("--gzip", action="store_true", help="gzip each transcripts.jsonl once its evaluation is done")
+    ap.add_argument("--recompute", action="store_true", help="rebuild the report from OUT/ alone")
+    a = ap.parse_args(argv)
+    md = Path(a.out)
+    out = md.with_suffix("")
+    if not a.recompute:
+        models = resolve_models(a.models, a.base)
+        out.mkdir(parents=True, exist_ok=True)
+        greedy, lic, tasks = _subset(Path(a.heldout), out, a.limit, a.lic_every)
+        from jaxrl_mt.experiments.analysis import family_of
+
+        manifest = {"models": models, "heldout": a.heldout, "n_problems": len(tasks),
+                    "families": sorted({family_of(t.task_id) for t in tasks}),
+                    "lic_problems": len(tasks[::a.lic_every]) if a.lic_runs else 0, "lic_runs": a.lic_runs,
+                    "max_new_tokens": a.max_new_tokens, "system": a.system, "seed": a.seed, "bootstrap": a.bootstrap,
+                    "command": "python -m jaxrl_mt.experiments.compare " + " ".join(argv if argv is not None
+                                                                                      else sys.argv[1:])}
+        write_json(out / "manifest.json", manifest)
+        for m in models:
+            print(f"evaluating {m['name']} ({m['spec']})", file=sys.stderr, flush=True)
+            evaluate_model(m, out, greedy, lic, a)
+    report = build(out)
+    for p in write(report, out, md):
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

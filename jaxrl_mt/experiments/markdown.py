@@ -1,0 +1,206 @@
+"""The comparison report as markdown (every number taken from the report dict)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from jaxrl_mt.experiments.common import GREEDY_KINDS, KIND_NAMES
+
+__all__ = ["render"]
+
+
+def _pct(c: dict[str, Any] | None) -> str:
+    if not c or c.get("mean") is None:
+        return "-"
+    return f"{100 * c['mean']:.1f} [{100 * c['lo']:.1f}, {100 * c['hi']:.1f}]"
+
+
+def _ratio(c: dict[str, Any]) -> str:
+    if c.get("ratio") is None:
+        return "-"
+    lo, hi = c.get("lo"), c.get("hi")
+    return f"{c['ratio']:.2f} [{lo:.2f}, {hi:.2f}]" if lo is not None else f"{c['ratio']:.2f}"
+
+
+def _diff(c: dict[str, Any]) -> str:
+    if c.get("diff") is None:
+        return "-"
+    star = " *" if c["excludes_zero"] else ""
+    return f"{100 * c['diff']:+.1f} [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]{star}"
+
+
+def _accuracy(report: dict[str, Any]) -> list[str]:
+    kinds = [*GREEDY_KINDS, "multi"]
+    out = [
+        "## Held-out accuracy (greedy, strict verifier on the last reply)",
+        "",
+        "| model | "
+        + " | ".join(KIND_NAMES[k] for k in kinds)
+        + " | MT-Add / FULL | MT-Refine / FULL | multi / FULL |",
+        "|---|" + "---:|" * (len(kinds) + 3),
+    ]
+    for n, m in report["models"].items():
+        r = m["strict"]["ratio"]
+        out.append(
+            f"| {n} | "
+            + " | ".join(_pct(m["strict"][k]) for k in kinds)
+            + f" | {_ratio(r['sharded'])} | {_ratio(r['mt_refine'])} | {_ratio(r['multi'])} |"
+        )
+    out += [
+        "",
+        "Lenient verifier (any of the last three numbers), for comparison:",
+        "",
+        "| model | " + " | ".join(KIND_NAMES[k] for k in kinds) + " |",
+        "|---|" + "---:|" * len(kinds),
+    ]
+    for n, m in report["models"].items():
+        out.append(f"| {n} | " + " | ".join(_pct(m["lenient"][k]) for k in kinds) + " |")
+    fams = sorted({f for m in report["models"].values() for f in m["families"]})
+    out += [
+        "",
+        "Per problem family (strict):",
+        "",
+        "| model | family | n | FULL | MT-Add | MT-Refine |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for n, m in report["models"].items():
+        for f in fams:
+            c = m["families"].get(f)
+            if c:
+                out.append(
+                    f"| {n} | {f} | {c['full']['n']} | {_pct(c['full'])} | {_pct(c['sharded'])} | "
+                    f"{_pct(c['mt_refine'])} |"
+                )
+    return out
+
+
+def _pairs(report: dict[str, Any]) -> list[str]:
+    kinds = [*GREEDY_KINDS, "multi"]
+    out = [
+        "## Paired differences (percentage points, 95% paired bootstrap CI; * = excludes 0)",
+        "",
+        "| difference | " + " | ".join(KIND_NAMES[k] for k in kinds) + " |",
+        "|---|" + "---:|" * len(kinds),
+    ]
+    for name, p in report["pairs"].items():
+        out.append(f"| {name} | " + " | ".join(_diff(p[k]) for k in kinds) + " |")
+    return out
+
+
+def _lic(report: dict[str, Any]) -> list[str]:
+    rows = [(n, k, s) for n, m in report["models"].items() for k, s in m.get("lic", {}).items()]
+    if not rows:
+        return []
+    out = [
+        "## LiC metrics (T = 1, N runs per problem, `lic` protocol, rule-based answer-attempt judge)",
+        "",
+        "| model | scenario | problems | runs | P [95% CI] | A90 | U90-10 | P / P(FULL) | last-reply strict acc |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n, k, s in rows:
+        ci = s["ci"]["P"]
+        ratio = "-" if s["ratio_to_full"] is None else f"{s['ratio_to_full']:.2f}"
+        out.append(
+            f"| {n} | {KIND_NAMES.get(k, k)} | {s['n_instructions']} | {s['n_runs']} | {s['P']:.1f} "
+            f"[{ci[0]:.1f}, {ci[1]:.1f}] | {s['A90']:.1f} | {s['U90_10']:.1f} | {ratio} | "
+            f"{_pct(s['last_reply_strict'])} |"
+        )
+    return out
+
+
+def _behaviour(report: dict[str, Any]) -> list[str]:
+    out = [
+        "## Contextual inertia and response types",
+        "",
+        "Among conversations whose final answer follows an earlier wrong answer, the share whose final answer "
+        "repeats an earlier wrong number (greedy; 95% bootstrap CI over conversations).",
+        "",
+        "| model | MT-Add | MT-Refine | both | n (both) | final answer right (both) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for n, m in report["models"].items():
+        i = m["inertia"]
+        right = i["all"]["last_correct_share"]
+        out.append(
+            f"| {n} | {_pct(i['sharded']['ci'])} | {_pct(i['mt_refine']['ci'])} | {_pct(i['all']['ci'])} | "
+            f"{i['all']['n_eligible']} | {'-' if right is None else f'{100 * right:.1f}'} |"
+        )
+    out += [
+        "",
+        "Response types per turn (judge labels, MT-Add, greedy) and the turn of the first answer attempt:",
+        "",
+        "| model | turn | labels | first answer turn: mean (MT-Add) | never answered |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for n, m in report["models"].items():
+        fa = m["first_answer_turn"]["sharded"]
+        for t, c in m["response_types"]["sharded"].items():
+            labs = ", ".join(f"{k} {v}" for k, v in c.items())
+            mean = "-" if fa["mean"] is None else f"{fa['mean']:.2f}"
+            out.append(f"| {n} | {t} | {labs} | {mean} | {fa['frac_never']:.2f} |")
+    return out
+
+
+def _runs(report: dict[str, Any]) -> list[str]:
+    runs = report.get("runs", {})
+    if not runs:
+        return []
+    out = [
+        "## Training runs",
+        "",
+        "| run | method | alpha | steps | B x G | lr | T | kept histories | wall (min) | "
+        "peak RSS (GB) | load avg | reward first -> last | probe multi-turn first -> last |",
+        "|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|---|---|",
+    ]
+    for n, r in runs.items():
+        c, info, flt = r.get("config", {}), r.get("info", {}), r.get("filter", {})
+        kept = f"{flt.get('n_kept', '-')}/{flt.get('n_items', '-')}" if flt else "-"
+        cur = r["curves"]
+
+        def fl(k: str, cur: dict[str, Any] = cur) -> str:
+            pts = cur.get(k)
+            return f"{pts[0][1]:.3f} -> {pts[-1][1]:.3f}" if pts else "-"
+
+        wall, rss = info.get("wall_s"), info.get("peak_rss_gb")
+        wall_s = "-" if wall is None else f"{wall / 60:.1f}"
+        rss_s = "-" if rss is None else f"{rss:.2f}"
+        out.append(
+            f"| {n} | {c.get('method')} | {c.get('alpha')} | {c.get('steps')} | {c.get('batch_size')} x "
+            f"{c.get('group_size')} | {c.get('lr')} | {c.get('temperature')} | {kept} | {wall_s} | {rss_s} | "
+            f"{info.get('load_avg_mean', '-')} | {fl('reward/total')} | {fl('probe/multi_turn_strict')} |"
+        )
+    reasons = [(n, r["filter"]) for n, r in runs.items() if r.get("filter", {}).get("kept") is not None]
+    if reasons:
+        out += ["", "Latent-capability filtering (why histories were kept or dropped):", ""]
+        for n, f in reasons:
+            out.append(f"- {n}: " + ", ".join(f"{k} {v}" for k, v in f.items() if k.startswith(("kept", "dropped"))))
+    return out
+
+
+def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
+    """The whole markdown report; image links are relative to ``md_dir``."""
+    man = report["manifest"]
+    rel = os.path.relpath(out_dir, md_dir)
+    img = lambda name: f"![{name}]({rel}/{name})"  # noqa: E731
+    lines = [
+        "# RLSTA on CPU: held-out multi-turn reliability",
+        "",
+        "Models: " + ", ".join(f"`{m['name']}` (`{m['spec']}`)" for m in man["models"]) + ".",
+        f"Held-out set: `{man['heldout']}` ({man['n_problems']} problems, families "
+        f"{', '.join(man['families'])}; each as FULL, MT-Add and MT-Refine).",
+        f"Greedy replies of at most {man['max_new_tokens']} tokens; LiC: {man['lic_runs']} runs at T = 1 on "
+        f"{man['lic_problems']} problems. Bootstrap: {report['n_bootstrap']} replicates over problems.",
+        "",
+        f"Command: `{man['command']}`",
+        "",
+        "Every number below is recomputed from the files under "
+        f"`{rel}/` by `python -m jaxrl_mt.experiments.compare --recompute --out {md_dir.name}/...`.",
+        "",
+    ]
+    lines += _accuracy(report) + ["", img("accuracy.png"), ""] + _pairs(report) + [""] + _lic(report) + [""]
+    lines += _behaviour(report) + ["", img("lic_score_inertia.png"), "", img("response_types.png"), ""]
+    if report.get("runs"):
+        lines += _runs(report) + ["", img("curves.png"), ""]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,140 @@
+"""Scoring a judge on labelled replies: per-type precision / recall / F1, agreement, the CLI.
+
+``python -m jaxrl_mt.rewards.judge_eval --eval FILE.jsonl [--split heldout] [--judge local]``
+prints the per-type table of the rule-based judge (or of an LLM judge, with its agreement with
+the rules) on a labelled file of ``{"text": ..., "label": ...}`` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from jaxrl_mt.rewards.judge_rules import RESPONSE_TYPES, classify_rule_based
+
+@dataclass(frozen=True)
+class TypeScores:
+    """Precision and recall of one response type on a labelled set."""
+
+    label: str
+    precision: float  # correct predictions / predictions of this type (nan if none predicted)
+    recall: float  # correct predictions / gold items of this type (nan if none in gold)
+    f1: float  # harmonic mean (0 when both are 0, nan if either is nan)
+    support: int  # gold items of this type
+    predicted: int  # predictions of this type
+
+
+def load_labelled_records(path: str, split: str | None = None) -> list[dict]:
+    """Reads a labelled JSONL file: objects with ``text`` and ``label`` (and optionally
+    ``question``, ``split`` and provenance fields), keeping those of ``split`` when given.
+
+    Raises:
+      ValueError: naming file, line and field for a malformed line or an unknown label.
+    """
+    items = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(record, Mapping):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object")
+            for field in ("text", "label"):
+                if not isinstance(record.get(field), str):
+                    raise ValueError(f"{path}:{lineno}: field {field!r} missing or not a string")
+            if record["label"] not in RESPONSE_TYPES:
+                raise ValueError(f"{path}:{lineno}: field 'label' has unknown type {record['label']!r}")
+            if split is None or record.get("split") == split:
+                items.append(dict(record))
+    return items
+
+
+def load_labelled(path: str) -> list[tuple[str, str]]:
+    """``(text, label)`` pairs of a labelled JSONL file (see :func:`load_labelled_records`)."""
+    return [(r["text"], r["label"]) for r in load_labelled_records(path)]
+
+
+def evaluate_labelled(gold: Sequence[str], predicted: Sequence[str]) -> list[TypeScores]:
+    """Per-type precision, recall and F1 of predictions against gold labels."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"evaluate_labelled: {len(gold)} gold labels, {len(predicted)} predicted")
+    nan = float("nan")
+    scores = []
+    for label in RESPONSE_TYPES:
+        tp = sum(g == label and p == label for g, p in zip(gold, predicted))
+        n_gold = sum(g == label for g in gold)
+        n_pred = sum(p == label for p in predicted)
+        precision = tp / n_pred if n_pred else nan
+        recall = tp / n_gold if n_gold else nan
+        if precision != precision or recall != recall:
+            f1 = nan
+        else:
+            f1 = 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
+        scores.append(TypeScores(label, precision, recall, f1, n_gold, n_pred))
+    return scores
+
+
+def format_table(scores: Sequence[TypeScores]) -> str:
+    """A plain-text table of per-type scores with a macro-averaged last row."""
+    rows = [f"{'type':<16}{'precision':>10}{'recall':>8}{'f1':>7}{'support':>9}{'predicted':>10}"]
+    for s in scores:
+        rows.append(
+            f"{s.label:<16}{s.precision:>10.3f}{s.recall:>8.3f}{s.f1:>7.3f}"
+            f"{s.support:>9d}{s.predicted:>10d}"
+        )
+    present = [s for s in scores if s.support]
+    keys = ("precision", "recall", "f1")
+    macro = [sum(getattr(s, k) for s in present) / len(present) for k in keys]
+    rows.append(
+        f"{'macro':<16}{macro[0]:>10.3f}{macro[1]:>8.3f}{macro[2]:>7.3f}"
+        f"{sum(s.support for s in scores):>9d}{sum(s.predicted for s in scores):>10d}"
+    )
+    return "\n".join(rows)
+
+
+def macro_f1(scores: Sequence[TypeScores]) -> float:
+    """Mean F1 over types present in the gold labels (an undefined F1 counts as 0)."""
+    present = [s for s in scores if s.support]
+    return sum(0.0 if s.f1 != s.f1 else s.f1 for s in present) / len(present)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--eval", required=True, metavar="FILE", help="labelled JSONL file")
+    parser.add_argument("--split", default=None, help="only records of this split (tune | heldout)")
+    parser.add_argument("--domain", default="math", help="task domain for the rules")
+    parser.add_argument("--judge", default="rule", help="rule, or an LLM judge: local | local:MODEL | http:URL#MODEL")
+    parser.add_argument("--errors", action="store_true", help="also print misclassified items")
+    args = parser.parse_args(argv)
+    items = load_labelled_records(args.eval, args.split)
+    gold = [r["label"] for r in items]
+    rules = [classify_rule_based(r["text"], args.domain, question=r.get("question"), user=r.get("user")) for r in items]
+    predicted = rules
+    if args.judge != "rule":
+        from jaxrl_mt.backends import make_backend
+        from jaxrl_mt.rewards.judge_llm import classify_llm
+
+        stats: dict[str, int] = {}
+        predicted = classify_llm(make_backend(args.judge), [r["text"] for r in items],
+                                 [r.get("question") or "(not shown)" for r in items], domain=args.domain, stats=stats)
+        agree = sum(a == b for a, b in zip(predicted, rules)) / len(items)
+        print(f"LLM judge {args.judge}: agreement with the rule-based judge {agree:.3f}; verdicts {stats}")
+    scores = evaluate_labelled(gold, predicted)
+    print(format_table(scores))
+    print(f"macro-F1 {macro_f1(scores):.3f}, accuracy "
+          f"{sum(g == p for g, p in zip(gold, predicted)) / len(gold):.3f} on {len(gold)} items")
+    if args.errors:
+        for r, p in zip(items, predicted):
+            if r["label"] != p:
+                print(f"[{r['label']} -> {p}] {r['text']!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Gathers concurrent chat requests into batched sampler calls.
+
+Requests (``Job``: token ids, budget, sampling settings, stop strings, n) wait in a queue. When
+the sampler is idle and a job arrives, the batcher waits until ``window_s`` after the oldest
+waiting job's arrival for company (or until ``max_rows`` rows are waiting), then takes every
+waiting job; while a batch runs, new arrivals queue and form the next batch (without a further
+wait when they have waited a window already). Jobs that can share one ``Sampler.generate_ids`` call (same
+sampling settings; greedy jobs always can) go into one call, with per-row budgets and stop ids
+(each job's ``n`` choices are n rows); jobs whose longest prompt plus largest budget would not fit
+the context together are split into several calls. Sampler calls run one at a time on one
+worker thread, so the event loop keeps accepting requests meanwhile.
+
+Seeds: a sampled job with a ``seed`` only shares a call with jobs of the same seed and settings,
+and that call is seeded with it (the same request alone with the same seed gives the same
+replies); unseeded sampled jobs share calls seeded from a server counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from jaxrl_mt.sampling import Sampler, SamplingConfig
+from jaxrl_mt.serving.protocol import Choice
+
+__all__ = ["Batcher", "Job"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """One request's generation work."""
+
+    prompt: list[int]  # token ids of the rendered conversation
+    budget: int  # max new tokens
+    temperature: float
+    top_p: float
+    seed: int | None
+    n: int = 1  # choices (rows)
+    stops: tuple[str, ...] = ()  # stop strings: the reply is cut before the first one
+    stop_ids: tuple[int, ...] = ()  # stop token ids (the model's EOS ids and single-token stop strings)
+    future: asyncio.Future | None = None
+    queued_at: float = 0.0
+
+    @property
+    def key(self) -> tuple:
+        """Jobs with equal keys can share one sampler call."""
+        if self.temperature == 0:
+            return ("greedy",)
+        return ("sample", self.temperature, self.top_p, self.seed)
+
+
+def cut_at_stops(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` up to the first stop string, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def split_to_fit(jobs: list[Job], context: int) -> list[list[Job]]:
+    """Consecutive groups whose longest prompt plus largest budget fit the context."""
+    groups: list[list[Job]] = []
+    longest = budget = 0
+    for job in sorted(jobs, key=lambda j: len(j.prompt)):
+        if groups and max(longest, len(job.prompt)) + max(budget, job.budget) <= context:
+            groups[-1].append(job)
+            longest, budget = max(longest, len(job.prompt)), max(budget, job.budget)
+        else:
+            groups.append([job])
+            longest, budget = len(job.prompt), job.budget
+    return groups
+
+
+class Batcher:
+    """The request queue and the loop that answers it (start with :meth:`start` inside the loop)."""
+
+    def __init__(self, sampler: Sampler, *, window_s: float = 0.005, max_rows: int = 64, seed: int = 0):
+        """Args:
+          sampler: the model's sampler (its ``max_batch`` splits a large call into chunks).
+          window_s: how long an idle batcher waits after the first arrival for more requests.
+          max_rows: a batch starts at once when this many rows are waiting.
+          seed: base of the seeds of unseeded sampled calls.
+        """
+        if window_s < 0 or max_rows < 1:
+            raise ValueError(f"Batcher: bad window_s={window_s} or max_rows={max_rows}")
+        self.sampler, self.window_s, self.max_rows = sampler, window_s, max_rows
+        self._seed = seed
+        self._pending: list[Job] = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler")
+        self.stats: Counter = Counter()  # batches, calls, rows, jobs, cancelled, failed
+        self.max_rows_seen = 0
+        self.wait_s = 0.0  # summed time jobs spent queued before their sampler call started
+
+    def start(self) -> None:
+        """Starts the batching loop on the running event loop."""
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Stops the loop and the worker thread."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, job: Job) -> list[Choice]:
+        """Queues a job and waits for its choices (cancelling the wait drops the job)."""
+        if self._wake is None:
+            raise RuntimeError("Batcher.start() was not called")
+        job.future = asyncio.get_running_loop().create_future()
+        job.queued_at = time.perf_counter()
+        self._pending.append(job)
+        self._wake.set()
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            self.stats["cancelled"] += 1
+            raise
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._pending:
+                continue
+            if sum(j.n for j in self._pending) < self.max_rows and self.window_s > 0:
+                ends = min(j.queued_at for j in self._pending) + self.window_s  # no extra wait after a busy spell
+                while sum(j.n for j in self._pending) < self.max_rows and time.perf_counter() < ends:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), ends - time.perf_counter())
+                    except asyncio.TimeoutError:
+                        break
+            jobs, self._pending = [j for j in self._pending if not j.future.done()], []
+            if not jobs:
+                continue
+            try:
+                await self._answer(jobs)
+            except Exception as e:  # noqa: BLE001 (never leave a client waiting on a dead loop)
+                log.exception("batch failed")
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(e)
+
+    async def _answer(self, jobs: list[Job]) -> None:
+        """Runs the sampler calls of one batch and resolves the jobs' futures."""
+        self.stats["batches"] += 1
+        by_key: dict[tuple, list[Job]] = {}
+        for job in jobs:
+            by_key.setdefault(job.key, []).append(job)
+        loop = asyncio.get_running_loop()
+        for group in by_key.values():
+            for part in split_to_fit(group, self.sampler.cfg.max_position_embeddings):
+                part = [j for j in part if not j.future.done()]  # clients that left meanwhile
+                if not part:
+                    continue
+                start = time.perf_counter()
+                self.wait_s += sum(start - j.queued_at for j in part)
+                try:
+                    results = await loop.run_in_executor(self._pool, self._generate, part)
+                except Exception as e:  # noqa: BLE001 (reported to the waiting clients as a 500)
+                    self.stats["failed"] += len(part)
+                    for j in part:
+                        if not j.future.done():
+                            j.future.set_exception(e)
+                    continue
+                for j, choices in zip(part, results):
+                    if not j.future.done():
+                        j.future.set_result(choices)
+
+    def _generate(self, jobs: list[Job]) -> list[list[Choice]]:
+        """One sampler call for jobs of one key (runs on the worker thread)."""
+        first = jobs[0]
+        rows = [j for j in jobs for _ in range(j.n)]
+        seed = first.seed
+        if seed is None:
+            self._seed += 1
+            seed = self._seed
+        sampling = SamplingConfig(max_new_tokens=max(j.budget for j in rows), temperature=first.temperature,
+                                  top_p=first.top_p if first.temperature > 0 else 1.0)
+        res = self.sampler.generate_ids([j.prompt for j in rows], sampling, seed=seed % (2**32),
+                                        max_new_tokens=[j.budget for j in rows],
+                                        stop_ids=[list(j.stop_ids) for j in rows])
+        self.stats["calls"] += 1
+        self.stats["rows"] += len(rows)
+        self.stats["jobs"] += len(jobs)
+        self.max_rows_seen = max(self.max_rows_seen, len(rows))
+        out: list[list[Choice]] = []
+        k = 0
+        for j in jobs:
+            choices = []
+            for _ in range(j.n):
+                text, cut = cut_at_stops(res.texts[k] if res.texts is not None else "", j.stops)
+                choices.append(Choice(text, "stop" if cut else res.finish_reasons[k], len(res.tokens[k])))
+                k += 1
+            out.append(choices)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Counters, the largest batch, mean rows per sampler call and mean queue wait of a job."""
+        calls, jobs = self.stats["calls"] or 1, self.stats["jobs"] or 1
+        return {**{k: int(v) for k, v in sorted(self.stats.items())}, "max_rows": self.max_rows_seen,
+                "mean_rows_per_call": self.stats["rows"] / calls, "window_ms": self.window_s * 1000,
+                "mean_queue_wait_ms": 1000 * self.wait_s / jobs}

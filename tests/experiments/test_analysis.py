@@ -1,0 +1,63 @@
+"""Pure analysis functions of transcript records: scores, paired bootstrap, LiC ratio, inertia, types."""
+
+from __future__ import annotations
+
+import math
+
+from jaxrl_mt.experiments import analysis as A
+
+
+def rec(task: str, kind: str, gold: str, replies: list[str], labels: list[str] | None = None, run: int = 0) -> dict:
+    labels = labels or ["answer_attempt"] * len(replies)
+    return {"conv_id": f"{task}|{kind}|{run}", "task_id": task, "kind": kind, "run": run, "gold": gold,
+            "turns": [{"assistant": r, "label": lab, "answer_attempt": lab == "answer_attempt"}
+                      for r, lab in zip(replies, labels)]}
+
+
+def test_last_reply_scores_uses_the_last_reply_and_averages_runs() -> None:
+    recs = [rec("a", "sharded", "5", ["5", "7"]), rec("a", "sharded", "5", ["7", "so 5"], run=1),
+            rec("b", "sharded", "3", ["3"]), rec("b", "full", "3", ["1 2 3 4"])]
+    assert A.last_reply_scores(recs, "sharded") == {"a": 0.5, "b": 1.0}
+    assert A.last_reply_scores(recs, "full", "strict") == {"b": 0.0}
+    assert A.last_reply_scores(recs, "full", "lenient") == {"b": 1.0}  # 3 is among the last three numbers
+    assert A.last_reply_scores(recs, "sharded", keep=lambda t: t == "b") == {"b": 1.0}
+
+
+def test_bootstrap_paired_and_ratio() -> None:
+    a = {str(i): 0.0 for i in range(50)}
+    b = {str(i): 1.0 if i < 30 else 0.0 for i in range(50)}
+    p = A.bootstrap_paired(a, b, n_boot=500)
+    assert p["n"] == 50 and math.isclose(p["diff"], 0.6) and p["excludes_zero"] and 0.4 < p["lo"] < 0.6 < p["hi"]
+    same = A.bootstrap_paired(b, b, n_boot=200)
+    assert same["diff"] == 0 and not same["excludes_zero"]
+    # paired: only common problems count
+    assert A.bootstrap_paired({"x": 0.0}, {"y": 1.0})["n"] == 0
+    r = A.bootstrap_ratio({"1": 0.5, "2": 0.0}, {"1": 1.0, "2": 1.0}, n_boot=200)
+    assert math.isclose(r["ratio"], 0.25) and r["lo"] <= 0.25 <= r["hi"]
+    assert math.isnan(A.bootstrap_ratio({"1": 1.0}, {"1": 0.0})["ratio"])
+    m = A.bootstrap_mean({"1": 1.0, "2": 0.0, "3": 1.0}, n_boot=100)
+    assert math.isclose(m["mean"], 2 / 3) and m["n"] == 3 and 0 <= m["lo"] <= m["hi"] <= 1
+
+
+def test_inertia_counts_repeats_of_an_earlier_wrong_number() -> None:
+    recs = [
+        rec("a", "sharded", "12", ["It is 7.", "Still 7.", "The answer is 7."]),  # repeats the wrong 7
+        rec("b", "sharded", "12", ["It is 7.", "Now 12."]),  # corrects itself
+        rec("c", "sharded", "12", ["It is 12.", "12"]),  # no earlier wrong answer: not eligible
+        rec("d", "mt_refine", "12", ["It is 9.", "I am not sure."]),  # no final answer: not eligible
+        rec("e", "mt_refine", "12", ["It is 9.", "It is 4."]),  # a new wrong number
+    ]
+    got = A.inertia(recs)
+    assert (got["n_eligible"], got["n_repeat"]) == (3, 1)
+    assert got["repeat_flags"] == [1, 0, 0]
+    assert math.isclose(got["share"], 1 / 3) and math.isclose(got["last_correct_share"], 1 / 3)
+    assert A.inertia(recs, ("mt_refine",))["n_eligible"] == 1
+
+
+def test_response_types_first_answer_and_family() -> None:
+    recs = [rec("family/heldout/1/0/3/jar", "sharded", "1", ["?", "1"], ["clarification", "answer_attempt"]),
+            rec("gsm8k/test/2", "sharded", "1", ["hm", "x"], ["discussion", "discussion"])]
+    assert A.response_types_per_turn(recs, "sharded") == {1: {"clarification": 1, "discussion": 1},
+                                                          2: {"answer_attempt": 1, "discussion": 1}}
+    assert A.first_answer_turns(recs, "sharded") == [2, None]
+    assert A.family_of(recs[0]["task_id"]) == "heldout1" and A.family_of("gsm8k/test/2") == "gsm8k"
