@@ -273,7 +273,7 @@ def test_concurrent_runs_from_threads_stay_apart():
 
     prog = "import os\nopen('mine.txt', 'w').write('{i}')\nprint(sorted(os.listdir('.')), open('mine.txt').read(), os.getuid())"
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda i: run_python(prog.format(i=i), limits=FAST), range(6)))
+        results = list(pool.map(lambda i: run_python(prog.format(i=i), limits=SandboxLimits(timeout_s=30.0)), range(6)))
     assert [r.verdict for r in results] == ["passed"] * 6
     outs = [r.stdout.split() for r in results]
     assert [o[:2] for o in outs] == [["['mine.txt']", str(i)] for i in range(6)]  # each its own fresh directory
