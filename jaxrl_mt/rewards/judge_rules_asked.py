@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from jaxrl_mt.rewards.verifier import find_numbers
 
-__all__ = ["Asked", "Value", "asked_quantity", "fits_asked", "is_question", "main_value", "sentences", "stem", "terms",
+__all__ = ["Asked", "Value", "asked_quantity", "fits_asked", "is_question", "main_value", "sentences", "stem", "talks_about", "terms",
            "values"]
 
 SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -24,7 +24,7 @@ _STOPWORDS = frozenset(
     "a an the of in on at to for from by with and or but is are was were be been do does did has have had "
     "how many much what which who whom whose when where why will would can could should shall may might "
     "it its he she they them their his her him i you we our your this that these those there then than "
-    "now left after before each every all total number amount more less".split())
+    "now left after before each every all total number amount more less need needs".split())
 
 # The question's asking sentence: ends with "?", or (an instruction) names the work to do.
 _ASK_CUE_RE = re.compile(r"\b(?:how\s+(?:many|much|far|long|old|fast)|what\s+(?:is|was|are|were|will)|calculate"
@@ -59,6 +59,8 @@ _PER_AFTER_RE = re.compile(  # "$120 per hour", "40 beads a day": a rate
     r"^\s*(?:[A-Za-z-]+\s+){0,2}?(?:per|each|every)\s+([a-z]+)|^\s*(?:[A-Za-z-]+\s+)?an?\s+(" + _TIME_UNITS + r")s?\b",
     re.IGNORECASE)
 _MONEY_AFTER_RE = re.compile(r"^\s*(?:dollars?|cents?|bucks?|usd|euros?|pounds?)\b", re.IGNORECASE)
+_MONEY_TALK_RE = re.compile(r"[$\u00a3\u20ac]|\b(?:dollars?|cents?|euros?|cost|costs|price|pay|paid|spend|spent|"
+                            r"earn\w*|profit|money)\b", re.IGNORECASE)
 _BARE_AFTER_RE = re.compile(r"^\s*(?:[.,;:!?]|$)")  # the value stands alone: "She has 17."
 
 
@@ -72,16 +74,28 @@ def is_question(sentence: str) -> bool:
     return sentence.rstrip(" *_\"')").endswith("?")
 
 
+def _base(word: str) -> str:
+    w = word.lower()
+    return w[:-2] if w.endswith(("'s", "\u2019s")) else w.rstrip("'\u2019")
+
+
 def stem(word: str) -> str:
     """A word lower-cased, without a possessive ``'s`` or a plural ``s``."""
-    w = word.lower().rstrip("'s") if word.endswith("'s") else word.lower()
-    return w[:-1] if len(w) > 3 and w.endswith("s") else w
+    w = _base(word)
+    return w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
 
 
 def terms(text: str) -> set[str]:
-    """Content words of ``text``, lower-cased, a plural ``s`` dropped."""
-    words = (w.lower().rstrip("'s") for w in WORD_RE.findall(text) if not w[0].isdigit())
-    return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words if w and w not in _STOPWORDS}
+    """Content words of ``text``: stems of the words that are not numbers or function words."""
+    return {stem(w) for w in WORD_RE.findall(text) if not w[0].isdigit() and _base(w) not in _STOPWORDS}
+
+
+def talks_about(sentence: str, asked: Asked) -> bool:
+    """Whether a sentence talks about the asked quantity: it shares a content word with the
+    asking sentence, names the counted noun, or (money asked) talks money."""
+    words = terms(sentence)
+    return bool(asked.terms and asked.terms & words) or (asked.unit is not None and asked.unit in words) \
+        or (asked.money and bool(_MONEY_TALK_RE.search(sentence)))
 
 
 @dataclass(frozen=True)
@@ -161,6 +175,8 @@ def _counted_nouns(after: str) -> set[str]:
     """What a number counts, from the words after it: "12 (red) marbles", "3 cups of feed" (the
     noun after "of" too: "2 bolts of fiber", "1 days of pencils")."""
     words = WORD_RE.findall(after)[:4]
+    if words and words[0].lower() in ("per", "a", "an", "each", "every"):
+        return set()  # "$3 a year", "$1.50 per year": a rate, not a count of years
     nouns = {stem(w) for w in words[:2]}
     for i, w in enumerate(words[:3]):
         if w.lower() == "of" and i + 1 < len(words):
@@ -168,11 +184,15 @@ def _counted_nouns(after: str) -> set[str]:
     return nouns
 
 
-def main_value(found: list[Value]) -> Value:
+def main_value(sentence: str, found: list[Value], asked: Asked) -> Value:
     """The value a sentence commits to: its last result ("she has 3 * 39 = 108 marbles left after
-    the initial 39"), else its last value."""
+    the initial 39"), else its last count of the counted noun ("it will take 3 years for Carlos
+    to earn $1.50 per year" for "How many years ...?"), else its last value."""
     results = [v for v in found if v.result]
-    return results[-1] if results else found[-1]
+    if results:
+        return results[-1]
+    counts = [v for v in found if asked.unit is not None and asked.unit in _counted_nouns(sentence[v.end:])]
+    return counts[-1] if counts else found[-1]
 
 
 def fits_asked(sentence: str, value: Value, asked: Asked) -> bool:
@@ -194,6 +214,7 @@ def fits_asked(sentence: str, value: Value, asked: Asked) -> bool:
     if asked.unit is not None and not bare and asked.unit not in _counted_nouns(after) \
             and not value.text.endswith("%"):
         return False
-    if asked.money and not (value.text[0] in "$\u00a3\u20ac" or _MONEY_AFTER_RE.match(after)):
+    if asked.money and not (value.text[0] in "$\u00a3\u20ac" or _MONEY_AFTER_RE.match(after)
+                            or (bare and _MONEY_TALK_RE.search(sentence))):
         return False
     return True

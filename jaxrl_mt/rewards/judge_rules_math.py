@@ -21,6 +21,7 @@ from jaxrl_mt.rewards.judge_rules_asked import (
     main_value,
     sentences,
     stem,
+    talks_about,
     terms,
     values,
 )
@@ -40,12 +41,16 @@ _STATE_RE = re.compile(  # a quantity's value stated as a state: "has 12", "is 1
     r"|\b(?:is|are|was|were)\b(?!\s+\w+ing\b)",
     re.IGNORECASE,
 )
+_POSSIBLE_RE = re.compile(  # a possibility, not a state: "can be transformed into 100 shells"
+    r"\b(?:can|could|may|might)\s+(?:be|become|have|get|reach)\b", re.IGNORECASE)
 _EVENT_RE = re.compile(  # an event that changes a quantity: what happens, not how much there is
     r"\b(?:los[et]|loses|losing|give[sn]?|gave|giving|finds?|found|receive[sd]?|buys?|bought|sells?|sold|"
     r"eats?|ate|gets?|got|adds?|added|takes?|took|spends?|spent|uses?|used|donate[sd]?|wins?|won|"
     r"picks?|picked|collects?|collected|throws?|threw|present(?:s|ed|ing)?)\b",
     re.IGNORECASE,
 )
+_ORDINALS = frozenset("first second third fourth fifth sixth next following previous".split())
+_ORDINAL_RE = re.compile(r"\b(?:" + "|".join(sorted(_ORDINALS)) + r")\b", re.IGNORECASE)
 _START_RE = re.compile(  # the starting amount, a given, not the asked (final) quantity
     r"\bstart(?:s|ed)?\s+(?:off\s+)?with\b|\binitially\b|\bat\s+first\b|\bto\s+begin\s+with\b",
     re.IGNORECASE,
@@ -72,11 +77,10 @@ _STEP_RE = re.compile(  # opens another step of the work
 _UNFINISHED_RE = re.compile(r"[-+*/=\u00d7\u00f7(]\s*$|\b(?:x|times|plus|minus|by)\s*$")  # cut off mid-expression
 _ADDRESS_RE = re.compile(r"\byou\b|\byour\b", re.IGNORECASE)  # "you said 12": the user's fact, not a claim
 _ENDS_ON_VALUE_RE = re.compile(  # a cut-off sentence that got to its value: "... = 448", "... is 108 beads left"
-    r"(?:=|\b(?:is|are|was|were|has|have|had|gives?|equals?|of|total)|:)\s*[$\u00a3\u20ac]?\d[\d,.]*(?:\s?%)?"
-    r"(?:\s+[A-Za-z'-]+){0,3}\W*$", re.IGNORECASE)
+    r"(?:=|\b(?:is|are|was|were|has|have|had|gives?|equals?|total\s+of)|:)\s*[$\u00a3\u20ac]?\d[\d,.]*(?:\s?%)?"
+    r"(?:\s+[A-Za-z'-]+){0,4}\W*$", re.IGNORECASE)
 _TOTAL_SAID_RE = re.compile(  # a value presented as a total
     r"\b(?:total|in\s+all|altogether|together|combined|overall|sum|whole)\b", re.IGNORECASE)
-_STRONG_MATCH = 0.75  # share of the asking sentence's content words that makes a sentence an explicit answer
 
 
 def cut_off(text: str) -> bool:
@@ -101,12 +105,21 @@ def _is_event(sentence: str, asked: Asked) -> bool:
     return any(stem(e) not in asked.words for e in events) and not _STATE_RE.search(sentence)
 
 
-def _strongly_matches(sentence: str, asked: Asked) -> bool:
-    """Pattern: the sentence restates the asking sentence ("Chloe has 27 pencils at the end of the
-    first day"): an explicit answer to that question, not a step."""
-    if not asked.terms or len(asked.terms) < 3:
+def _other_step(sentence: str, asked: Asked) -> bool:
+    """Pattern: the question asks for the quantity at one step of a process ("at the end of the
+    first day") and the sentence narrates another step ("On the next day, ... 27 shells"): an
+    intermediate value, not the asked one. (A direct statement for another step, "Ben has 2
+    pencils left after the first day.", is an answer to a misread question: it commits.)"""
+    if not _STEP_RE.match(sentence) or _strongly_matches(sentence, asked):
         return False
-    return len(asked.terms & terms(sentence)) >= _STRONG_MATCH * len(asked.terms)
+    named = {w.lower() for w in _ORDINAL_RE.findall(sentence)}
+    return bool(asked.words & _ORDINALS) and bool(named - asked.words)
+
+
+def _strongly_matches(sentence: str, asked: Asked) -> bool:
+    """Pattern: the sentence restates the asking sentence, every content word of it ("Chloe has 27
+    pencils at the end of the first day"): an explicit answer to that question, not a step."""
+    return bool(asked.terms) and len(asked.terms) >= 3 and asked.terms <= terms(sentence)
 
 
 def _statement_commits(sentence: str, value: Value, computed: set[float], asked: Asked) -> bool:
@@ -117,7 +130,8 @@ def _statement_commits(sentence: str, value: Value, computed: set[float], asked:
         return False
     if _CONCLUSION_START_RE.match(sentence) or value.value in computed:
         return True
-    if not (_STATE_RE.search(sentence) or (start_asked and _START_RE.search(sentence))):
+    if not (_STATE_RE.search(sentence) or (start_asked and _START_RE.search(sentence))) \
+            or _POSSIBLE_RE.search(sentence):
         return False
     numbers = {v.value for v in values(sentence)}
     if len(numbers) > 1 and asked.given is not None and numbers <= asked.given:
@@ -140,8 +154,9 @@ def _commits(sentence: str, n_words: int, computed: set[float], asked: Asked) ->
     found = values(sentence)
     if not found:
         return False
-    value = main_value(found)
-    if asked.known and (not fits_asked(sentence, value, asked) or _is_event(sentence, asked)):
+    value = main_value(sentence, found, asked)
+    if asked.known and (not fits_asked(sentence, value, asked) or _is_event(sentence, asked)
+                        or _other_step(sentence, asked)):
         return False
     if n_words <= _SHORT_ANSWER_WORDS or _KEY_VALUE_RE.match(sentence):
         return True
@@ -157,39 +172,49 @@ def _candidates(sents: list[str], text: str, asked: Asked) -> tuple[list[int], b
 
     Pattern: a reply cut off by the token budget ends in a fragment; the fragment counts as a
     sentence only when it got to its value ("... = 448", "... is 108 beads left") or is short
-    ("18"); otherwise the
-    reply was cut off mid-work and the complete sentences before decide. With the question
-    known, only sentences talking about what was asked count; when none does, the last one
-    counts, unless the reply never names the asked thing (the counted noun) at all. The result the
-    reply ends on ("... divide the distance by the speed: 240 / 30 = 8") always counts.
+    ("18"); otherwise the reply was cut off mid-work and the complete sentences before decide.
+    With the question known, only sentences talking about what was asked count
+    (:func:`talks_about`); when none does, the last one counts, unless the reply never names the
+    counted noun at all. The result the reply ends on ("... divide the distance by the speed:
+    240 / 30 = 8") always counts.
     """
     fragment = cut_off(text) and bool(sents)
     idx = [i for i, s in enumerate(sents) if values(s)]
     if fragment and idx and idx[-1] == len(sents) - 1 and not _ENDS_ON_VALUE_RE.search(sents[-1]) \
             and len(WORD_RE.findall(sents[-1])) > _SHORT_ANSWER_WORDS:
         idx.pop()
-    if asked.known:
-        about = [i for i in idx if asked.terms & terms(sents[i])]
-        if idx and idx[-1] == len(sents) - 1 and idx[-1] not in about and values(sents[-1])[-1].result:
-            about.append(idx[-1])  # the value the reply ends on, a computed result
-        if about:
-            return about, fragment
-        names_unit = asked.unit is None or asked.unit in {stem(w) for w in WORD_RE.findall(text)}
-        return (idx[-1:] if names_unit or len(WORD_RE.findall(text)) <= _SHORT_ANSWER_WORDS else []), fragment
-    return idx, fragment
+    if not asked.known:
+        return idx, fragment
+    about = [i for i in idx if talks_about(sents[i], asked)]
+    if idx and idx[-1] == len(sents) - 1 and idx[-1] not in about and values(sents[-1])[-1].result:
+        about.append(idx[-1])  # the value the reply ends on, a computed result
+    if about:
+        return about, fragment
+    names_unit = asked.unit is None or asked.unit in {stem(w) for w in WORD_RE.findall(text)}
+    return (idx[-1:] if names_unit or len(WORD_RE.findall(text)) <= _SHORT_ANSWER_WORDS else []), fragment
 
 
-def _work_goes_on(after: list[str], fragment: bool) -> bool:
+def _norm(sentence: str) -> str:
+    return " ".join(WORD_RE.findall(sentence.lower()))
+
+
+def _work_goes_on(after: list[str], open_tail: bool, earlier: list[str], asked: Asked) -> bool:
     """Pattern: a later sentence starts more work on the question ("To find out how many ...,
-    we need to ..."), or the reply is cut off while still at work: opening another step ("On
-    the second day,"), in the middle of an expression ("Jonas has 90 - ") or after a number
-    that is not a value reached ("... which means 20")."""
+    we need to ..."), or the reply is cut off while still at work on it: opening another step
+    ("On the second day,") or the conclusion ("So, the"), in the middle of an expression ("Jonas has 90 - ") or after a number
+    that is not a value reached ("The file is downloaded 20% ..., which means 20"). A cut-off
+    fragment that repeats an earlier sentence (a degenerate loop) or is about something else (a
+    tangent) is no work on the question."""
     if any(_REOPEN_RE.search(s) for s in after):
         return True
-    if not (fragment and after):
+    if not (open_tail and after):
         return False
     tail = after[-1]
-    return bool(_STEP_RE.match(tail) or _UNFINISHED_RE.search(tail) or re.search(r"\d", tail))
+    if _STEP_RE.match(tail) or _CONCLUSION_START_RE.match(tail) or _UNFINISHED_RE.search(tail):
+        return True  # cut off opening a step, or the conclusion ("So, the"), or mid-expression
+    if any(_norm(s).startswith(_norm(tail)) for s in earlier):
+        return False
+    return bool(re.search(r"\d", tail)) and (not asked.known or talks_about(tail, asked))
 
 
 def _lists_parts(sents: list[str], idx: list[int], asked: Asked) -> bool:
@@ -202,33 +227,41 @@ def _lists_parts(sents: list[str], idx: list[int], asked: Asked) -> bool:
     return opening[0] == opening[1] and not _CONCLUSION_START_RE.match(sents[idx[-1]])
 
 
+def _restates(sents: list[str], i: int, asked: Asked) -> bool:
+    """Pattern: a sentence that computes nothing and only states values already known (given by
+    the user or stated earlier in the reply): a remark ("This is a simplified calculation, but
+    we need to consider the rate of 5 euros."), not a new conclusion."""
+    found = values(sents[i])
+    known = set(asked.given or ()) | {v.value for s in sents[:i] for v in values(s)}
+    return not any(v.result for v in found) and {v.value for v in found} <= known
+
+
 def commits_to_value(sents: list[str], text: str, asked: Asked) -> bool:
     """Whether the reply's conclusion commits to a value of the asked quantity.
 
     The conclusion is the last sentence stating a value that talks about what was asked (a
-    closing remark such as "This is a classic example ... ratio 3" is skipped). Number-free
-    sentences after it do not undo it unless the work goes on (:func:`_work_goes_on`); an
-    explicit answer that restates the question ("So, Chloe has 27 pencils at the end of the first
-    day.") is undone only by later work on that same question. A fragment that fails (cut off
-    inside the concluding sentence: "The profit is 150%") leaves the decision to the sentence
-    before.
+    closing remark such as "This is a classic example ... ratio 3" is skipped). Sentences after
+    it do not undo it unless the work goes on (:func:`_work_goes_on`); an explicit answer that
+    restates the question ("So, Chloe has 27 pencils at the end of the first day.") is undone
+    only by later work on that same question. A last candidate that fails to commit gives way
+    to the one before when it is a fragment cut off inside the concluding sentence ("The profit
+    is 150%") or a restatement of known values (:func:`_restates`).
     """
     n_words = len(WORD_RE.findall(text))
     idx, fragment = _candidates(sents, text, asked)
-    if not idx:
-        return False
     computed = {v.value for s in sents for v in values(s) if v.result}
-    last = idx[-1]
-    after = sents[last + 1:]
-    explicit = _strongly_matches(sents[last], asked) and not any(_strongly_matches(s, asked) for s in after)
-    if _work_goes_on(after, fragment) and not explicit:
-        return False
-    if _commits(sents[last], n_words, computed, asked):
-        return not _lists_parts(sents, idx, asked)
-    if not (fragment and last == len(sents) - 1 and len(idx) > 1):
-        return False
-    prev = idx[-2]
-    return not _work_goes_on(sents[prev + 1:-1], False) and _commits(sents[prev], n_words, computed, asked)
+    open_tail = fragment and len(sents) - 1 not in idx
+    for pos in range(len(idx) - 1, -1, -1):
+        i = idx[pos]
+        after = sents[i + 1:]
+        explicit = _strongly_matches(sents[i], asked) and not any(_strongly_matches(s, asked) for s in after)
+        if _work_goes_on(after, open_tail, sents[:-1], asked) and not explicit:
+            return False
+        if _commits(sents[i], n_words, computed, asked):
+            return not _lists_parts(sents, idx[:pos + 1], asked)
+        if not ((fragment and i == len(sents) - 1) or _restates(sents, i, asked)):
+            return False
+    return False
 
 
 def is_alternative_of_asked(span: str, asked: Asked) -> bool:
