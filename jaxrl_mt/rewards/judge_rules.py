@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from jaxrl_mt.rewards.judge_rules_asked import Asked, asked_quantity, is_question, sentences
+from jaxrl_mt.rewards.judge_rules_asked import Asked, asked_quantity, is_question, sentences, terms
 from jaxrl_mt.rewards.judge_rules_math import commits_to_value, is_alternative_of_asked
 from jaxrl_mt.rewards.verifier import extract_marked_answer, find_numbers
 
@@ -138,6 +138,25 @@ def _is_missing(text: str) -> bool:
     return len(words) >= _MIN_REPEAT_WORDS and len(set(words)) / len(words) <= _MAX_DISTINCT_RATIO
 
 
+_FOREIGN_NAME_SHARE = 0.06  # word salad: at least this share of words are capitalised names foreign to the task
+_TASK_WORD_SHARE = 0.10  # ... and at most this share of its content words are the question's
+
+
+def _is_word_salad(text: str, question: str | None) -> bool:
+    """Pattern: sampled word salad (T = 1) that has left the task: names and capitalised words
+    the question never uses, in the middle of sentences, and almost none of the question's
+    content words ("Karen arrived at El's breeder 3 hours ago ..."). Nothing usable: missing."""
+    if not question:
+        return False
+    words = _WORD_RE.findall(text)
+    known = {w.lower() for w in _WORD_RE.findall(question)}
+    names = [m.group(0) for m in re.finditer(r"(?<=[a-z,;'\u2019]\s)[A-Z][\w'\u2019]*", text)
+             if m.group(0).lower() not in known and not re.fullmatch(r"I(?:['\u2019]\w+)?", m.group(0))]
+    own = terms(text)
+    shared = len(own & terms(question)) / len(own) if own else 0.0
+    return len(names) >= _FOREIGN_NAME_SHARE * len(words) and shared <= _TASK_WORD_SHARE
+
+
 def _sentence_at(text: str, pos: int) -> str:
     """The sentence of ``text`` around position ``pos``."""
     start = max(text.rfind(c, 0, pos) for c in ".!?\n") + 1
@@ -227,6 +246,9 @@ def classify_rule_based(text: str, domain: str = "math", *, question: str | None
         return "hedging"
     if domain == "math" and (extract_marked_answer(text) is not None or _SPELLED_ANSWER_RE.search(text)):
         return "answer_attempt"
+    commits = domain == "math" and commits_to_value(_substantive(sentences(text)), text, asked)
+    if domain == "math" and not commits and _is_word_salad(text, question) and not _REFUSAL_RE.search(text):
+        return "missing"
     lines = [" ".join(_substantive(sentences(line))) for line in text.splitlines()]
     lines = [line for line in lines if line]
     n_asks = _n_asks(_count_asks(lines))
@@ -241,7 +263,7 @@ def classify_rule_based(text: str, domain: str = "math", *, question: str | None
             return "answer_attempt"
         return "discussion"
     # A committed value outranks a refusal phrase ("We cannot split a marble, so she has 12 left.").
-    if commits_to_value(_substantive(sentences(text)), text, asked):
+    if commits:
         return "answer_attempt"
     return "refusal" if _REFUSAL_RE.search(text) else "discussion"
 

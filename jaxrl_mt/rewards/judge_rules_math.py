@@ -34,6 +34,8 @@ _CONCLUSION_START_RE = re.compile(  # the sentence presents itself as the conclu
     r"that\s+means|this\s+means|which\s+means|the\s+total\s+is|in\s+all)\b",
     re.IGNORECASE,
 )
+_SO_CLAUSE_RE = re.compile(  # a concluding clause inside a sentence: "..., so she has 12"
+    r"[,;]\s*(?:so|therefore|thus|hence|which\s+means|that\s+means)\b", re.IGNORECASE)
 _KEY_VALUE_RE = re.compile(r"^[^:\d]{1,40}:\s*\$?\d[\d,.]*(?:\s+[A-Za-z]+)?\W*$")  # "Total: 20 books"
 _STATE_RE = re.compile(  # a quantity's value stated as a state: "has 12", "is 12" (not "is giving"), "12 left"
     r"\b(?:has|have|had|holds?|held|contains?|costs?|owns?|makes?|left|remain(?:s|ing)?|"
@@ -123,12 +125,18 @@ def _strongly_matches(sentence: str, asked: Asked) -> bool:
 
 
 def _statement_commits(sentence: str, value: Value, computed: set[float], asked: Asked) -> bool:
-    """The last checks of :func:`_commits`, for a sentence that is neither short nor a result."""
+    """The last checks of :func:`_commits`, for a sentence that is neither short nor a result.
+
+    Pattern: a value in a concluding clause ("The tree costs $3 a year, so it will take 3 years
+    ...") is judged on that clause, as a conclusion."""
     start_asked = asked.terms is not None and "start" in asked.terms
+    clause = [m.start() for m in _SO_CLAUSE_RE.finditer(sentence, 0, value.start)]
+    concludes = bool(clause) or bool(_CONCLUSION_START_RE.match(sentence))
+    sentence = sentence[clause[-1]:] if clause else sentence
     if _PLAN_RE.search(sentence) or _ADDRESS_RE.search(sentence) or _GIVEN_RE.search(sentence) \
             or (_START_RE.search(sentence) and not start_asked) or _is_echo(sentence, asked):
         return False
-    if _CONCLUSION_START_RE.match(sentence) or value.value in computed:
+    if concludes or value.value in computed:
         return True
     if not (_STATE_RE.search(sentence) or (start_asked and _START_RE.search(sentence))) \
             or _POSSIBLE_RE.search(sentence):
