@@ -153,17 +153,20 @@ class Value:
     result: bool  # stated as the result of a computation ("= 17", "gives 17")
 
 
-def values(sentence: str) -> list[Value]:
+def values(sentence: str, unit: str | None = None) -> list[Value]:
     """The values a sentence states, in order.
 
     An operand of an expression ("3 * 4", "45 hours * $10") is not a value, unless a result
-    follows it ("3 * 4 = 12": 12 is); a number in a compound modifier ("a 5-year-old tree", "a
-    30-meter circuit") is not a value either.
+    follows it ("3 * 4 = 12": 12 is); a number in a compound modifier ("a 5-year-old tree") is
+    not a value either, unless it counts ``unit``, the asked noun ("a 30-meter circuit" for
+    "How many meters ...").
     """
     found = []
     for m in _TOKEN_RE.finditer(sentence):
         before, after = sentence[: m.start()], sentence[m.end():]
-        if _OP_BEFORE_RE.search(before) or _OP_AFTER_RE.match(after) or re.match(r"-[A-Za-z]", after):
+        compound = re.match(r"-([A-Za-z]+)", after)
+        if _OP_BEFORE_RE.search(before) or _OP_AFTER_RE.match(after) \
+                or (compound and stem(compound.group(1)) != unit):
             continue
         numbers = find_numbers(m.group(0))
         if numbers:

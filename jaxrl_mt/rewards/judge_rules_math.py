@@ -159,7 +159,7 @@ def _commits(sentence: str, n_words: int, computed: set[float], asked: Asked) ->
     """
     if is_question(sentence) or _VARIABLE_RE.search(sentence) or _UNFINISHED_RE.search(sentence):
         return False
-    found = values(sentence)
+    found = values(sentence, asked.unit)
     if not found:
         return False
     value = main_value(sentence, found, asked)
