@@ -46,10 +46,10 @@ from jaxrl_mt.rewards.judge_rules import (
 __all__ = [
     "HELDOUT2_FILE",
     "JUDGE_PROMPT",
-    "LLMVerdict",
     "NON_ANSWER_TYPES",
     "RESPONSE_TYPES",
     "TUNE_V2_FILES",
+    "LLMVerdict",
     "TypeScores",
     "answer_attempt_by",
     "classify_llm",

@@ -126,6 +126,7 @@ def macro_f1(scores: Sequence[TypeScores]) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI (see the module docstring); returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eval", required=True, nargs="+", metavar="FILE", help="labelled JSONL file(s)")
     parser.add_argument("--split", default=None, help="only records of this split (tune | heldout)")

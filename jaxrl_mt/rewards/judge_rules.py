@@ -19,7 +19,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from jaxrl_mt.rewards.judge_rules_asked import Asked, asked_quantity, is_question, sentences, terms
+from jaxrl_mt.rewards.judge_rules_asked import (
+    Asked,
+    asked_quantity,
+    is_question,
+    sentences,
+    terms,
+)
 from jaxrl_mt.rewards.judge_rules_math import commits_to_value, is_alternative_of_asked
 from jaxrl_mt.rewards.verifier import extract_marked_answer, find_numbers
 
@@ -132,6 +138,7 @@ def clean_reply(text: str) -> str:
 
 
 def _is_missing(text: str) -> bool:
+    """Empty, only punctuation, a bare marker ("Answer:"), or degenerate repetition of few words."""
     if not re.search(r"[A-Za-z0-9]", text) or _MARKER_ONLY_RE.match(text):
         return True
     words = [w.lower() for w in _WORD_RE.findall(text)]
@@ -216,6 +223,7 @@ def _count_asks(lines: list[str]) -> _Asks:
 
 
 def _n_asks(asks: _Asks) -> int:
+    """How many things the reply asks the user (a list after a request counts its items)."""
     if asks.n_list_items >= 2:
         return max(asks.n_list_items, asks.n_questions)
     return asks.n_questions if asks.n_questions else asks.n_requests

@@ -21,10 +21,7 @@ SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
 WORD_RE = re.compile(r"[\w']+")
 
 _STOPWORDS = frozenset(
-    "a an the of in on at to for from by with and or but is are was were be been do does did has have had "
-    "how many much what which who whom whose when where why will would can could should shall may might "
-    "it its he she they them their his her him i you we our your this that these those there then than "
-    "now left after before each every all total number amount more less need needs".split())
+    ["a", "an", "the", "of", "in", "on", "at", "to", "for", "from", "by", "with", "and", "or", "but", "is", "are", "was", "were", "be", "been", "do", "does", "did", "has", "have", "had", "how", "many", "much", "what", "which", "who", "whom", "whose", "when", "where", "why", "will", "would", "can", "could", "should", "shall", "may", "might", "it", "its", "he", "she", "they", "them", "their", "his", "her", "him", "i", "you", "we", "our", "your", "this", "that", "these", "those", "there", "then", "than", "now", "left", "after", "before", "each", "every", "all", "total", "number", "amount", "more", "less", "need", "needs"])
 
 # The question's asking sentence: ends with "?", or (an instruction) names the work to do.
 _ASK_CUE_RE = re.compile(r"\b(?:how\s+(?:many|much|far|long|old|fast)|what\s+(?:is|was|are|were|will)|calculate"
@@ -32,7 +29,7 @@ _ASK_CUE_RE = re.compile(r"\b(?:how\s+(?:many|much|far|long|old|fast)|what\s+(?:
 _COUNTED_RE = re.compile(  # the counted noun: "How many (more) X", "the (total) number of X"
     r"\bhow\s+many\s+(?:(?:more|fewer|less|total|extra|additional|different)\s+)?([a-z]+)"
     r"|\bnumber\s+of\s+([a-z]+)", re.IGNORECASE)
-_AUX = frozenset("do does did is are was were will would can could has have had should".split())
+_AUX = frozenset(["do", "does", "did", "is", "are", "was", "were", "will", "would", "can", "could", "has", "have", "had", "should"])
 _MONEY_ASK_RE = re.compile(  # the question asks for an amount of money
     r"\b(?:dollars?|money|cost|costs|spend|spent|pay|paid|earn|earns|earned|earnings|profit|price|worth|"
     r"salary|wage|wages|income|revenue|savings|charge|charged)\b|[$\u00a3\u20ac]", re.IGNORECASE)
@@ -75,6 +72,7 @@ def is_question(sentence: str) -> bool:
 
 
 def _base(word: str) -> str:
+    """A word lower-cased, without a possessive ``'s`` or a trailing apostrophe."""
     w = word.lower()
     return w[:-2] if w.endswith(("'s", "\u2019s")) else w.rstrip("'\u2019")
 
@@ -119,6 +117,7 @@ class Asked:
 
 
 def _asking_sentence(question: str) -> str | None:
+    """The question's last sentence ending with "?", else its last instruction ("calculate ...")."""
     parts = [x.strip() for x in SENTENCE_SPLIT_RE.split(question) if x.strip()]
     asks = [x for x in parts if x.endswith("?")] or [x for x in parts if _ASK_CUE_RE.search(x)]
     return asks[-1] if asks else None
@@ -217,7 +216,5 @@ def fits_asked(sentence: str, value: Value, asked: Asked) -> bool:
     if asked.unit is not None and not bare and asked.unit not in _counted_nouns(after) \
             and not value.text.endswith("%"):
         return False
-    if asked.money and not (value.text[0] in "$\u00a3\u20ac" or _MONEY_AFTER_RE.match(after)
-                            or (bare and _MONEY_TALK_RE.search(sentence))):
-        return False
-    return True
+    return not asked.money or value.text[0] in "$\u00a3\u20ac" or bool(_MONEY_AFTER_RE.match(after)) \
+        or (bare and bool(_MONEY_TALK_RE.search(sentence)))

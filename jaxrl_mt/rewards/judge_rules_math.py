@@ -51,7 +51,7 @@ _EVENT_RE = re.compile(  # an event that changes a quantity: what happens, not h
     r"picks?|picked|collects?|collected|throws?|threw|present(?:s|ed|ing)?)\b",
     re.IGNORECASE,
 )
-_ORDINALS = frozenset("first second third fourth fifth sixth next following previous".split())
+_ORDINALS = frozenset(["first", "second", "third", "fourth", "fifth", "sixth", "next", "following", "previous"])
 _ORDINAL_RE = re.compile(r"\b(?:" + "|".join(sorted(_ORDINALS)) + r")\b", re.IGNORECASE)
 _START_RE = re.compile(  # the starting amount, a given, not the asked (final) quantity
     r"\bstart(?:s|ed)?\s+(?:off\s+)?with\b|\binitially\b|\bat\s+first\b|\bto\s+begin\s+with\b",
@@ -203,6 +203,7 @@ def _candidates(sents: list[str], text: str, asked: Asked) -> tuple[list[int], b
 
 
 def _norm(sentence: str) -> str:
+    """A sentence's words, lower-cased, joined by single spaces."""
     return " ".join(WORD_RE.findall(sentence.lower()))
 
 
