@@ -147,21 +147,23 @@ def _is_missing(text: str) -> bool:
 
 _FOREIGN_NAME_SHARE = 0.06  # word salad: at least this share of words are capitalised names foreign to the task
 _TASK_WORD_SHARE = 0.10  # ... and at most this share of its content words are the question's
+_MIN_SALAD_WORDS = 12  # shorter replies are never called word salad
+_MIN_TASK_TERMS = 3  # nor when the question is too short to tell what belongs to the task
 
 
 def _is_word_salad(text: str, question: str | None) -> bool:
     """Pattern: sampled word salad (T = 1) that has left the task: names and capitalised words
     the question never uses, in the middle of sentences, and almost none of the question's
     content words ("Karen arrived at El's breeder 3 hours ago ..."). Nothing usable: missing."""
-    if not question:
-        return False
     words = _WORD_RE.findall(text)
+    if len(terms(question or "")) < _MIN_TASK_TERMS or len(words) < _MIN_SALAD_WORDS:
+        return False  # too little to tell salad from a short reply
     known = {w.lower() for w in _WORD_RE.findall(question)}
     names = [m.group(0) for m in re.finditer(r"(?<=[a-z,;'\u2019]\s)[A-Z][\w'\u2019]*", text)
              if m.group(0).lower() not in known and not re.fullmatch(r"I(?:['\u2019]\w+)?", m.group(0))]
     own = terms(text)
     shared = len(own & terms(question)) / len(own) if own else 0.0
-    return len(names) >= _FOREIGN_NAME_SHARE * len(words) and shared <= _TASK_WORD_SHARE
+    return len(names) >= max(1.0, _FOREIGN_NAME_SHARE * len(words)) and shared <= _TASK_WORD_SHARE
 
 
 def _sentence_at(text: str, pos: int) -> str:
