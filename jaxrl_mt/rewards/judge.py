@@ -6,8 +6,9 @@
 - ``judge_eval``: per-type precision / recall / F1 on labelled replies and the CLI
   (``python -m jaxrl_mt.rewards.judge --eval FILE.jsonl``).
 
-The labelled replies of the embedded model that the rules are tuned and scored on live in
-``tests/rewards/judge_real/`` (tune and held-out parts, split by task before any rule existed).
+The labelled replies of the embedded model live in ``tests/rewards/judge_real/``: the tuning set
+"tune_v2" (``judge_eval.TUNE_V2_FILES``: ``tune.jsonl`` + ``heldout.jsonl``, every error read)
+and the blind-labelled held-out set ``heldout2.jsonl`` (``judge_eval.HELDOUT2_FILE``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from __future__ import annotations
 import sys
 
 from jaxrl_mt.rewards.judge_eval import (
+    HELDOUT2_FILE,
+    TUNE_V2_FILES,
     TypeScores,
+    answer_attempt_by,
     evaluate_labelled,
     format_table,
     load_labelled,
@@ -40,11 +44,14 @@ from jaxrl_mt.rewards.judge_rules import (
 )
 
 __all__ = [
+    "HELDOUT2_FILE",
     "JUDGE_PROMPT",
-    "LLMVerdict",
     "NON_ANSWER_TYPES",
     "RESPONSE_TYPES",
+    "TUNE_V2_FILES",
+    "LLMVerdict",
     "TypeScores",
+    "answer_attempt_by",
     "classify_llm",
     "classify_rule_based",
     "clean_reply",

@@ -1,8 +1,15 @@
 """Scoring a judge on labelled replies: per-type precision / recall / F1, agreement, the CLI.
 
-``python -m jaxrl_mt.rewards.judge_eval --eval FILE.jsonl [--split heldout] [--judge local]``
+``python -m jaxrl_mt.rewards.judge_eval --eval FILE.jsonl [FILE.jsonl ...] [--by source] [--judge local]``
 prints the per-type table of the rule-based judge (or of an LLM judge, with its agreement with
-the rules) on a labelled file of ``{"text": ..., "label": ...}`` lines.
+the rules) on labelled files of ``{"text": ..., "label": ...}`` lines, and with ``--by FIELD``
+the answer-attempt precision / recall per value of a record field.
+
+The embedded model's labelled replies (``tests/rewards/judge_real/``) have two roles:
+``TUNE_V2_FILES`` (``tune.jsonl`` + ``heldout.jsonl``; the latter was scored once as a held-out
+set, then became tuning data) are what the rules are tuned on, every error read;
+``HELDOUT2_FILE`` is the blind-labelled held-out set, never read while writing rules and scored
+once after they are frozen.
 """
 
 from __future__ import annotations
@@ -14,6 +21,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jaxrl_mt.rewards.judge_rules import RESPONSE_TYPES, classify_rule_based
+
+REAL_DIR = "tests/rewards/judge_real"  # relative to the repository root
+TUNE_V2_FILES = (f"{REAL_DIR}/tune.jsonl", f"{REAL_DIR}/heldout.jsonl")  # the tuning set "tune_v2"
+HELDOUT2_FILE = f"{REAL_DIR}/heldout2.jsonl"  # the held-out set (blind-labelled; scored once)
+
 
 @dataclass(frozen=True)
 class TypeScores:
@@ -80,6 +92,15 @@ def evaluate_labelled(gold: Sequence[str], predicted: Sequence[str]) -> list[Typ
     return scores
 
 
+def answer_attempt_by(records: Sequence[Mapping], predicted: Sequence[str], field: str) -> dict[str, TypeScores]:
+    """Answer-attempt scores per value of ``field`` (e.g. ``source``, ``temperature``, ``kind``)."""
+    groups: dict[str, list[int]] = {}
+    for i, record in enumerate(records):
+        groups.setdefault(str(record.get(field)), []).append(i)
+    return {key: evaluate_labelled([records[i]["label"] for i in idx], [predicted[i] for i in idx])[0]
+            for key, idx in sorted(groups.items())}
+
+
 def format_table(scores: Sequence[TypeScores]) -> str:
     """A plain-text table of per-type scores with a macro-averaged last row."""
     rows = [f"{'type':<16}{'precision':>10}{'recall':>8}{'f1':>7}{'support':>9}{'predicted':>10}"]
@@ -105,14 +126,16 @@ def macro_f1(scores: Sequence[TypeScores]) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI (see the module docstring); returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--eval", required=True, metavar="FILE", help="labelled JSONL file")
+    parser.add_argument("--eval", required=True, nargs="+", metavar="FILE", help="labelled JSONL file(s)")
     parser.add_argument("--split", default=None, help="only records of this split (tune | heldout)")
     parser.add_argument("--domain", default="math", help="task domain for the rules")
     parser.add_argument("--judge", default="rule", help="rule, or an LLM judge: local | local:MODEL | http:URL#MODEL")
+    parser.add_argument("--by", default=None, metavar="FIELD", help="answer-attempt P / R per value of FIELD")
     parser.add_argument("--errors", action="store_true", help="also print misclassified items")
     args = parser.parse_args(argv)
-    items = load_labelled_records(args.eval, args.split)
+    items = [r for path in args.eval for r in load_labelled_records(path, args.split)]
     gold = [r["label"] for r in items]
     rules = [classify_rule_based(r["text"], args.domain, question=r.get("question"), user=r.get("user")) for r in items]
     predicted = rules
@@ -129,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(scores))
     print(f"macro-F1 {macro_f1(scores):.3f}, accuracy "
           f"{sum(g == p for g, p in zip(gold, predicted)) / len(gold):.3f} on {len(gold)} items")
+    if args.by:
+        for key, aa in answer_attempt_by(items, predicted, args.by).items():
+            print(f"answer_attempt {args.by}={key}: precision {aa.precision:.3f} recall {aa.recall:.3f} "
+                  f"f1 {aa.f1:.3f} (gold {aa.support}, predicted {aa.predicted})")
     if args.errors:
         for r, p in zip(items, predicted):
             if r["label"] != p:

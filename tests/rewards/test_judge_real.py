@@ -1,10 +1,16 @@
 """The rule-based judge on the embedded model's own replies (tests/rewards/judge_real/).
 
-``tune.jsonl`` and ``heldout.jsonl`` hold replies of SmolLM2-135M-Instruct collected with
-``python -m jaxrl_mt.eval.collect_replies`` (FULL, SHARDED and underspecified turns; synthetic,
-GSM8K-test and LiC-math problems; T = 0 and T = 1) and labelled by the LiC definitions in
-``GUIDELINES.md``. The split is by task (a hash of the task id), fixed before any label or rule;
-the rules were written from ``tune.jsonl`` (and the hand-written ``judge_labelled.jsonl``) only.
+The replies of SmolLM2-135M-Instruct were collected with ``python -m jaxrl_mt.eval.collect_replies``
+(FULL, SHARDED and underspecified turns; synthetic, GSM8K-test and LiC-math problems; T = 0 and
+T = 1) and labelled by the LiC definitions in ``GUIDELINES.md``. Their roles:
+
+- the tuning set "tune_v2" (``TUNE_V2_FILES``): ``tune.jsonl`` and ``heldout.jsonl``. The latter was
+  scored once as a held-out set (answer-attempt P 0.733 / R 0.804) and is spent: the rules were
+  then rewritten reading every error of both files. The floors below keep the level reached on
+  them, so a regression fails;
+- the held-out set ``heldout2.jsonl`` (``HELDOUT2_FILE``), labelled blind by another session and
+  never read while writing rules; it is scored once after the rules are frozen. It lands later:
+  the tests that need it skip until it is there.
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ from pathlib import Path
 import pytest
 
 from jaxrl_mt.rewards.judge import (
+    HELDOUT2_FILE,
     NON_ANSWER_TYPES,
     RESPONSE_TYPES,
+    TUNE_V2_FILES,
+    answer_attempt_by,
     classify_rule_based,
     evaluate_labelled,
     format_table,
@@ -26,8 +35,8 @@ from jaxrl_mt.rewards.judge import (
 )
 
 HERE = Path(__file__).parent
-REAL = HERE / "judge_real"
-AA_FLOOR = 0.95  # answer-attempt precision and recall on the held-out replies (issue 14)
+ROOT = HERE.parent.parent
+AA_TARGET = 0.95  # answer-attempt precision and recall on the held-out replies (issue 14)
 
 
 def _load(path: Path) -> list[dict]:
@@ -39,71 +48,97 @@ def _norm(text: str) -> str:
 
 
 def _predict(recs: list[dict]) -> list[str]:
-    return [classify_rule_based(r["text"], "math", question=r["question"], user=r["user"]) for r in recs]
+    return [classify_rule_based(r["text"], "math", question=r.get("question"), user=r.get("user")) for r in recs]
 
 
-TUNE, HELDOUT = _load(REAL / "tune.jsonl"), _load(REAL / "heldout.jsonl")
+TUNE_V2 = [rec for name in TUNE_V2_FILES for rec in _load(ROOT / name)]
+HELDOUT2_PATH = ROOT / HELDOUT2_FILE
 WRITTEN_TUNE = _load(HERE / "judge_labelled.jsonl")
 WRITTEN_HELDOUT = _load(HERE / "judge_heldout.jsonl")
+needs_heldout2 = pytest.mark.skipif(
+    not HELDOUT2_PATH.exists(),
+    reason=f"{HELDOUT2_FILE} (the blind-labelled held-out set) is built on another branch and lands later")
 
 
-def test_sets_are_real_labelled_and_large_enough():
-    assert len(TUNE) + len(HELDOUT) >= 300 and len(HELDOUT) >= 150
-    for rec in TUNE + HELDOUT:
+def test_tuning_set_is_real_labelled_and_large_enough():
+    assert [Path(n).name for n in TUNE_V2_FILES] == ["tune.jsonl", "heldout.jsonl"]
+    assert len(TUNE_V2) >= 300
+    for rec in TUNE_V2:
         assert rec["label"] in RESPONSE_TYPES, rec["id"]
         assert rec["kind"] in ("full", "sharded", "underspecified") and rec["temperature"] in (0.0, 1.0)
-    both = Counter((r["kind"], r["temperature"]) for r in HELDOUT)
+    both = Counter((r["kind"], r["temperature"]) for r in TUNE_V2)
     assert all(both[k, t] > 0 for k in ("full", "sharded", "underspecified") for t in (0.0, 1.0)), both
+    assert len({r["id"] for r in TUNE_V2}) == len(TUNE_V2), "duplicate ids"
 
 
-def test_held_out_never_overlaps_the_tuning_data():
-    """By task (the split unit) and by normalised text, against every set rules were tuned on."""
-    assert {r["task_id"] for r in TUNE}.isdisjoint({r["task_id"] for r in HELDOUT})
-    assert all(r["split"] == "tune" for r in TUNE) and all(r["split"] == "heldout" for r in HELDOUT)
-    tuned = {_norm(r["text"]) for r in TUNE + WRITTEN_TUNE}
-    for rec in HELDOUT + WRITTEN_HELDOUT:
+@needs_heldout2
+def test_held_out_set_never_overlaps_the_tuning_data():
+    """By task (the split unit) and by normalised text, against every set the rules were tuned on."""
+    heldout2 = _load(HELDOUT2_PATH)
+    assert heldout2, HELDOUT2_FILE
+    tuned_tasks = {r["task_id"] for r in TUNE_V2}
+    tuned_texts = {_norm(r["text"]) for r in TUNE_V2 + WRITTEN_TUNE}
+    for rec in heldout2:
+        assert rec.get("task_id") not in tuned_tasks, rec.get("id")
+        assert _norm(rec["text"]) not in tuned_texts, rec["text"][:80]
+
+
+def test_hand_written_held_out_texts_never_repeat_tuning_texts():
+    tuned = {_norm(r["text"]) for r in TUNE_V2 + WRITTEN_TUNE}
+    for rec in WRITTEN_HELDOUT:
         assert _norm(rec["text"]) not in tuned, rec["text"][:80]
 
 
-# Measured once on the held-out part after the rules were frozen (session 4): answer-attempt
-# precision 0.733, recall 0.804 (synthetic T=0: 0.98 / 0.96; GSM8K and LiC-math long replies cut
-# off mid-reasoning, and T=1 word salad, are where it fails). The floors below keep that level;
-# the issue's target (0.95 / 0.95) is the strict xfail beneath, which fails loudly once met.
-AA_MEASURED_FLOOR = (0.72, 0.79)
+# Measured on tune_v2 (350 replies) after this session's rules: answer-attempt P 0.988 / R 0.942
+# (T=0: 1.000 / 0.981; T=1: 0.846 / 0.611); before them 0.811 / 0.867. Floors keep that level.
+AA_TUNE_V2_FLOOR = (0.98, 0.93)
+AA_T0_FLOOR = (0.99, 0.97)
+TYPE_F1_FLOOR = {"discussion": 0.93, "refusal": 0.9, "hedging": 0.99, "missing": 0.5}
 
 
-def _aa_scores():
-    gold, pred = [r["label"] for r in HELDOUT], _predict(HELDOUT)
+def _scores(recs: list[dict], name: str):
+    gold, pred = [r["label"] for r in recs], _predict(recs)
     scores = evaluate_labelled(gold, pred)
-    print("\nheld-out real replies:\n" + format_table(scores) + f"\nmacro-F1 {macro_f1(scores):.3f}")
-    return next(s for s in scores if s.label == "answer_attempt"), scores
+    print(f"\n{name}:\n" + format_table(scores) + f"\nmacro-F1 {macro_f1(scores):.3f}")
+    for key, aa in answer_attempt_by(recs, pred, "source").items():
+        print(f"  answer_attempt source={key}: P {aa.precision:.3f} R {aa.recall:.3f}")
+    return {s.label: s for s in scores}, pred
 
 
-def test_answer_attempt_on_held_out_real_replies_keeps_its_measured_level():
-    aa, scores = _aa_scores()
-    assert aa.precision >= AA_MEASURED_FLOOR[0] and aa.recall >= AA_MEASURED_FLOOR[1], format_table(scores)
+def test_answer_attempt_on_the_tuning_set_keeps_its_level():
+    by_type, pred = _scores(TUNE_V2, "tune_v2 (tuning set, 350 real replies)")
+    aa = by_type["answer_attempt"]
+    assert aa.precision >= AA_TUNE_V2_FLOOR[0] and aa.recall >= AA_TUNE_V2_FLOOR[1], aa
+    t0 = answer_attempt_by(TUNE_V2, pred, "temperature")["0.0"]
+    assert t0.precision >= AA_T0_FLOOR[0] and t0.recall >= AA_T0_FLOOR[1], t0
+    for label, floor in TYPE_F1_FLOOR.items():
+        assert by_type[label].f1 >= floor, by_type[label]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 target not met yet: held-out answer-attempt P 0.733, R 0.804")
+@needs_heldout2
 def test_answer_attempt_precision_and_recall_reach_the_target_on_held_out_real_replies():
-    aa, scores = _aa_scores()
-    assert aa.precision >= AA_FLOOR and aa.recall >= AA_FLOOR, format_table(scores)
+    """Issue 14's target, on the blind-labelled held-out set (scored once, after the freeze)."""
+    by_type, _ = _scores(_load(HELDOUT2_PATH), HELDOUT2_FILE)
+    aa = by_type["answer_attempt"]
+    assert aa.precision >= AA_TARGET and aa.recall >= AA_TARGET, aa
 
 
 def test_declarative_guesses_on_underspecified_prompts_are_rarely_rewarded_as_non_answers():
     """ICPO's reward: a confident guess on an underspecified prompt must not count as a non-answer.
 
-    Measured: 7 of 44 labelled guesses called non-answers (the judge before this session: 14 of 44).
+    On the 44 labelled guesses of tune_v2: 14 called non-answers by the judge of session 3, 7 by
+    that of session 4, 4 now (two T=1 replies; "He runs a 30-meter circuit every week." for the
+    weekly total, which states no total; a value followed by the cut-off "We can calculate this").
     """
-    guesses = [r for r in TUNE + HELDOUT if r["kind"] == "underspecified" and r["label"] == "answer_attempt"]
-    assert len(guesses) >= 20
+    guesses = [r for r in TUNE_V2 if r["kind"] == "underspecified" and r["label"] == "answer_attempt"]
+    assert len(guesses) >= 40
     called_non_answer = sum(p in NON_ANSWER_TYPES for p in _predict(guesses))
-    assert called_non_answer / len(guesses) <= 0.16, called_non_answer
+    assert called_non_answer <= 4, called_non_answer
 
 
-@pytest.mark.parametrize("name", ["tune", "heldout"])
+@pytest.mark.parametrize("name", [Path(n).name for n in TUNE_V2_FILES])
 def test_records_keep_their_provenance(name):
-    for rec in _load(REAL / f"{name}.jsonl"):
+    for rec in _load(ROOT / "tests/rewards/judge_real" / name):
         assert set(rec) >= {"id", "text", "label", "split", "source", "kind", "turn", "temperature", "task_id",
                             "question", "user"}
         assert rec["id"].startswith(rec["task_id"] + "|" + rec["kind"])
