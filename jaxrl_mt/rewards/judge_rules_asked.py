@@ -14,14 +14,18 @@ from dataclasses import dataclass
 
 from jaxrl_mt.rewards.verifier import find_numbers
 
-__all__ = ["Asked", "Value", "asked_quantity", "fits_asked", "is_question", "main_value", "sentences", "stem", "talks_about", "terms",
-           "values"]
+__all__ = ["Asked", "Value", "asked_quantity", "fits_asked", "is_question", "main_value", "sentences", "stem",
+           "talks_about", "terms", "values"]
 
 SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
 WORD_RE = re.compile(r"[\w']+")
 
-_STOPWORDS = frozenset(
-    ["a", "an", "the", "of", "in", "on", "at", "to", "for", "from", "by", "with", "and", "or", "but", "is", "are", "was", "were", "be", "been", "do", "does", "did", "has", "have", "had", "how", "many", "much", "what", "which", "who", "whom", "whose", "when", "where", "why", "will", "would", "can", "could", "should", "shall", "may", "might", "it", "its", "he", "she", "they", "them", "their", "his", "her", "him", "i", "you", "we", "our", "your", "this", "that", "these", "those", "there", "then", "than", "now", "left", "after", "before", "each", "every", "all", "total", "number", "amount", "more", "less", "need", "needs"])
+_STOPWORDS = frozenset("""
+a an the of in on at to for from by with and or but is are was were be been do does did has have
+had how many much what which who whom whose when where why will would can could should shall may
+might it its he she they them their his her him i you we our your this that these those there
+then than now left after before each every all total number amount more less need needs
+""".split())
 
 # The question's asking sentence: ends with "?", or (an instruction) names the work to do.
 _ASK_CUE_RE = re.compile(r"\b(?:how\s+(?:many|much|far|long|old|fast)|what\s+(?:is|was|are|were|will)|calculate"
@@ -29,7 +33,7 @@ _ASK_CUE_RE = re.compile(r"\b(?:how\s+(?:many|much|far|long|old|fast)|what\s+(?:
 _COUNTED_RE = re.compile(  # the counted noun: "How many (more) X", "the (total) number of X"
     r"\bhow\s+many\s+(?:(?:more|fewer|less|total|extra|additional|different)\s+)?([a-z]+)"
     r"|\bnumber\s+of\s+([a-z]+)", re.IGNORECASE)
-_AUX = frozenset(["do", "does", "did", "is", "are", "was", "were", "will", "would", "can", "could", "has", "have", "had", "should"])
+_AUX = frozenset("do does did is are was were will would can could has have had should".split())
 _MONEY_ASK_RE = re.compile(  # the question asks for an amount of money
     r"\b(?:dollars?|money|cost|costs|spend|spent|pay|paid|earn|earns|earned|earnings|profit|price|worth|"
     r"salary|wage|wages|income|revenue|savings|charge|charged)\b|[$\u00a3\u20ac]", re.IGNORECASE)

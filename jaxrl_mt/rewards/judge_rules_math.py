@@ -210,7 +210,8 @@ def _norm(sentence: str) -> str:
 def _work_goes_on(after: list[str], open_tail: bool, earlier: list[str], asked: Asked) -> bool:
     """Pattern: a later sentence starts more work on the question ("To find out how many ...,
     we need to ..."), or the reply is cut off while still at work on it: opening another step
-    ("On the second day,") or the conclusion ("So, the"), in the middle of an expression ("Jonas has 90 - ") or after a number
+    ("On the second day,") or the conclusion ("So, the"), in the middle of an expression ("Jonas has 90 - ")
+    or after a number
     that is not a value reached ("The file is downloaded 20% ..., which means 20"). A cut-off
     fragment that repeats an earlier sentence (a degenerate loop) or is about something else (a
     tangent) is no work on the question."""
