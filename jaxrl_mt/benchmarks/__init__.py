@@ -3,6 +3,7 @@
     python -m jaxrl_mt.benchmarks sampling|scoring [...]   # engine.py: sampler / scorer vs transformers
     python -m jaxrl_mt.benchmarks grpo [...]               # grpo.py: one GRPO step vs TRL's GRPOTrainer
     python -m jaxrl_mt.benchmarks simulator [...]          # simulator.py: LiC simulator vs plain generation
+    python -m jaxrl_mt.benchmarks accel [...]              # accel.py: GPU/TPU rates vs the chip's peaks
 
 Each module also runs alone (``python -m jaxrl_mt.benchmarks.engine sampling``, ...);
 ``python -m jaxrl_mt.bench sampling|scoring`` is kept as the engine benchmark's old name.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = "usage: python -m jaxrl_mt.benchmarks {sampling,scoring,grpo,simulator} [ARGS]"
+USAGE = "usage: python -m jaxrl_mt.benchmarks {sampling,scoring,grpo,simulator,accel} [ARGS]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -18,6 +18,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(run(args) or 0)
     if name == "grpo":
         from jaxrl_mt.benchmarks.grpo import main as run
+
+        return int(run(args[1:]) or 0)
+    if name == "accel":
+        from jaxrl_mt.benchmarks.accel import main as run
 
         return int(run(args[1:]) or 0)
     if name == "simulator":
