@@ -22,7 +22,7 @@ def dry(script: str, *args: str, env: dict[str, str] | None = None) -> list[str]
 def test_scripts_exist_and_use_strict_mode() -> None:
     names = {p.name for p in SCRIPTS}
     assert {"create_tpu_vm.sh", "install_tpu_vm.sh", "install.sh", "launch_tpu.sh", "launch_gpu.sh",
-            "launch_multinode_gpu.sh", "lib.sh"} <= names
+            "launch_multinode_gpu.sh", "lib.sh", "bench_accel.sh"} <= names
     for p in SCRIPTS:
         if p.name != "lib.sh":
             assert "set -euo pipefail" in p.read_text(), p
@@ -89,11 +89,37 @@ def test_multi_node_gpu_over_ssh_and_slurm() -> None:
         ".venv/bin/python -m jaxrl_mt.train --config configs/rlsta.py:paper --config.mesh_shape=auto"]
 
 
+def test_accelerator_benchmark_runs_the_whole_set() -> None:
+    assert dry("bench_accel.sh") == [
+        "env XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 .venv/bin/python -m jaxrl_mt.benchmarks accel "
+        "--shape qwen2.5-0.5b,qwen2.5-1.5b --batch 1,2,4,8,16,32,64,128,256 --dtype bfloat16 --new-tokens 128 "
+        "--prompt-len 128 --markdown 'docs/results/accel_{device}.md' --json 'docs/results/accel_{device}.json'"]
+    assert dry("bench_accel.sh", "--out", "/tmp/h100.md", "--shapes", "qwen2.5-1.5b", "--batches", "8,16", "--remat",
+               "--python", "python3", "--", "--repeats", "5") == [
+        "env XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 python3 -m jaxrl_mt.benchmarks accel --shape qwen2.5-1.5b "
+        "--batch 8,16 --dtype bfloat16 --new-tokens 128 --prompt-len 128 --markdown /tmp/h100.md "
+        "--json /tmp/h100.json --remat --repeats 5"]
+
+
+def test_accelerator_benchmark_command_parses() -> None:
+    """The exact command the script runs is accepted by the benchmark's own parser (its --help exits 0)."""
+    import os
+    import shlex
+    import sys
+
+    cmd = shlex.split(dry("bench_accel.sh", "--python", sys.executable, "--", "--help")[0])
+    assert cmd[:2] == ["env", "XLA_PYTHON_CLIENT_MEM_FRACTION=0.9"]
+    r = subprocess.run(cmd[2:], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0 and "--markdown OUT" in r.stdout, r.stderr
+
+
 @pytest.mark.parametrize("script, args, msg", [
     ("create_tpu_vm.sh", ["--zone", "z"], "error: --name is required"),
     ("launch_tpu.sh", ["--name", "p", "--zone", "z", "--bogus"], "error: unknown argument --bogus (see --help)"),
     ("launch_multinode_gpu.sh", [], "error: give --hosts h0,h1,... or --slurm NODES"),
     ("install.sh", ["--accelerator", "rocm"], "error: --accelerator must be tpu, cuda12 or cpu, got rocm"),
+    ("bench_accel.sh", ["--out", "table.txt"], "error: --out must end in .md, got table.txt"),
 ])
 def test_bad_arguments_fail_with_one_line(script: str, args: list[str], msg: str) -> None:
     r = subprocess.run(["bash", str(ROOT / "tpu" / script), *args, "--dry-run"], cwd=ROOT, capture_output=True,
