@@ -6,14 +6,17 @@ from typing import Any
 
 COLUMNS = (("decode", "tokens_per_s", "decode tok/s"), ("decode", "gb_per_s", "decode GB/s"),
            ("decode", "roofline_fraction", "of HBM roofline"),
-           ("score", "tokens_per_s", "score tok/s"), ("score", "tflops", "score TFLOP/s"), ("score", "mfu", "score MFU"),
-           ("train", "tokens_per_s", "train tok/s"), ("train", "tflops", "train TFLOP/s"), ("train", "mfu", "train MFU"))
+           ("score", "tokens_per_s", "score tok/s"), ("score", "tflops", "score TFLOP/s"),
+           ("score", "mfu", "score MFU"),
+           ("train", "tokens_per_s", "train tok/s"), ("train", "tflops", "train TFLOP/s"),
+           ("train", "mfu", "train MFU"))
 FRACTIONS = ("roofline_fraction", "mfu")
-FORMULAS = """Formulas (`jaxrl_mt/benchmarks/roofline.py`): N = L*(D*(Hq+2*Hkv)*K + Hq*K*D + 3*D*F) + V*D (matrix-product
-parameters, LM head included); scoring MFU = B*T*(2*N + 4*L*Hq*K*T) / s / peak, train MFU = B*T*(6*N + 12*L*Hq*K*T)
-/ s / peak, T = P + N_new; decode bytes/step = weights + 2*L*B*Hkv*K*(P + N_new/2)*bytes (the K/V cache at the mean
-attended length), HBM roofline fraction = bytes/step * decode steps/s / peak HBM bytes/s. Decode tokens/s is the
-decode loop alone: (call with N_new tokens - call with 1 token), greedy, every row generating N_new tokens."""
+FORMULAS = """Formulas (`jaxrl_mt/benchmarks/roofline.py`): N = L*(D*(Hq+2*Hkv)*K + Hq*K*D + 3*D*F) + V*D
+(matrix-product parameters, LM head included); scoring MFU = B*T*(2*N + 4*L*Hq*K*T) / s / peak, train MFU =
+B*T*(6*N + 12*L*Hq*K*T) / s / peak, T = P + N_new; decode bytes/step = weights + 2*L*B*Hkv*K*(P + N_new/2)*bytes
+(the K/V cache at the mean attended length), HBM roofline fraction = bytes/step * decode steps/s / peak HBM
+bytes/s. Decode tokens/s is the decode loop alone: (call with N_new tokens - call with 1 token), greedy, every
+row generating N_new tokens."""
 
 
 def fmt_number(x: float) -> str:

@@ -130,4 +130,5 @@ def test_dispatch_and_device_slug(capsys) -> None:
     with pytest.raises(SystemExit) as e:
         dispatch(["accel", "--shape", "nope"])
     assert e.value.code == 2 and "python -m jaxrl_mt.benchmarks accel" in capsys.readouterr().err
-    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3" and device_slug("TPU v5 lite") == "tpu_v5_lite"
+    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
+    assert device_slug("TPU v5 lite") == "tpu_v5_lite" and device_slug("") == "device"
