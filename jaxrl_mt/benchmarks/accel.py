@@ -154,9 +154,9 @@ class ShapeBench:
             return jax.block_until_ready((new_params, metrics))[1]
 
         timing, metrics = time_calls(one, self.repeats)
-        if float(metrics["finite"]) != 1.0:
-            raise RuntimeError(f"train step: non-finite loss or gradient (loss {float(metrics['loss'])})")
-        return self._compute_rates(timing, batch * (p + c), rf.train_flops_per_token(self.cfg, p + c))
+        out = self._compute_rates(timing, batch * (p + c), rf.train_flops_per_token(self.cfg, p + c))
+        out["finite"] = bool(float(metrics["finite"]) == 1.0)  # False: noted in the report, the timing kept
+        return out
 
     def _compute_rates(self, timing: Any, tokens: int, flops_per_token: int) -> dict[str, Any]:
         s = timing.steady_s

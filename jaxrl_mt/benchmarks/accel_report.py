@@ -58,8 +58,11 @@ def shape_table(shape: dict[str, Any], phases: list[str]) -> list[str]:
     for row in shape["rows"]:
         lines.append(f"| {row['batch']} | " + " | ".join(fmt_cell(row[p], k) for p, k, _ in cols) + " |")
         notes += [f"- batch {row['batch']} {p}: {row[p]['skipped']}" for p in phases if "skipped" in row[p]]
+        if row.get("train", {}).get("finite") is False:
+            notes.append(f"- batch {row['batch']} train: non-finite loss or gradient (the step kept the old "
+                         "parameters; its timing is shown)")
     if notes:
-        lines += ["", "Skipped:", *notes]
+        lines += ["", "Notes:", *notes]
     return lines
 
 

@@ -54,13 +54,14 @@ def test_tiny_run_has_every_row_and_na_fractions_on_cpu(tiny_run) -> None:
             assert s["mfu"] is None and s["flops_per_token"] == per_token
             assert s["tokens_per_s"] == pytest.approx(b * 12 / s["seconds"])
             assert s["tflops"] == pytest.approx(s["tokens_per_s"] * per_token / 1e12)
+        assert row["train"]["finite"] is True  # random weights, real GRPO loss: a finite step
     table = [line for line in md.splitlines() if line.startswith("| ")]
     assert len(table) == 3 and table[1].startswith("| 1 |") and table[2].startswith("| 2 |")
     for line in table[1:]:  # 9 value cells: the 3 fractions n/a, the 6 rates numbers
         cells = [c.strip() for c in line.strip("|").split("|")][1:]
         assert len(cells) == 9 and [i for i, c in enumerate(cells) if c == "n/a"] == [2, 5, 8]
         assert all(float(c.replace(",", "")) > 0 for i, c in enumerate(cells) if i not in (2, 5, 8))
-    assert "Skipped" not in md and "2*N + 4*L*Hq*K*T" in md
+    assert "Notes:" not in md and "2*N + 4*L*Hq*K*T" in md
 
 
 def test_report_with_a_known_peak_shows_percentages(tiny_run) -> None:
@@ -68,7 +69,9 @@ def test_report_with_a_known_peak_shows_percentages(tiny_run) -> None:
     r["peak"] = {"name": "TPU v5e", "bf16_tflops": 197.0, "hbm_gb_s": 819.0}
     row = r["shapes"][0]["rows"][0]
     row["decode"]["roofline_fraction"], row["score"]["mfu"], row["train"]["mfu"] = 0.5, 0.123, 0.0456
+    row["train"]["finite"] = False
     md = format_markdown(r)
+    assert "- batch 1 train: non-finite loss or gradient" in md
     assert "197 TFLOP/s bf16 dense, 819 GB/s HBM" in md and "peak unknown" not in md
     line = next(x for x in md.splitlines() if x.startswith("| 1 |"))
     cells = [c.strip() for c in line.strip("|").split("|")][1:]
