@@ -12,7 +12,13 @@ import json
 import pytest
 
 from jaxrl_mt.data.records import DataError
-from jaxrl_mt.eval.collect_replies import KINDS, excluded_task_ids, main, parse_source, plan
+from jaxrl_mt.eval.collect_replies import (
+    KINDS,
+    excluded_task_ids,
+    main,
+    parse_source,
+    plan,
+)
 
 
 def test_parse_source_seeded_synthetic_and_slices():
