@@ -6,9 +6,10 @@
 - ``judge_eval``: per-type precision / recall / F1 on labelled replies and the CLI
   (``python -m jaxrl_mt.rewards.judge --eval FILE.jsonl``).
 
-The labelled replies of the embedded model live in ``tests/rewards/judge_real/``: the tuning set
-"tune_v2" (``judge_eval.TUNE_V2_FILES``: ``tune.jsonl`` + ``heldout.jsonl``, every error read)
-and the blind-labelled held-out set ``heldout2.jsonl`` (``judge_eval.HELDOUT2_FILE``).
+The labelled replies of the embedded model live in ``tests/rewards/judge_real/``: since round 3
+all three files are tuning data (``judge_eval.TUNING_FILES``: ``tune.jsonl``, ``heldout.jsonl``,
+``heldout2.jsonl``; cross-validated by problem, ``judge_eval.fold_of``); the next blind set is
+``heldout3.jsonl`` (``judge_eval.HELDOUT3_FILE``, not collected yet).
 """
 
 from __future__ import annotations
@@ -17,15 +18,20 @@ import sys
 
 from jaxrl_mt.rewards.judge_eval import (
     HELDOUT2_FILE,
+    HELDOUT3_FILE,
+    N_FOLDS,
     TUNE_V2_FILES,
+    TUNING_FILES,
     TypeScores,
     answer_attempt_by,
+    answer_attempt_by_fold,
     evaluate_labelled,
     format_table,
     load_labelled,
     load_labelled_records,
     macro_f1,
     main,
+    mean_over_folds,
 )
 from jaxrl_mt.rewards.judge_llm import (
     JUDGE_PROMPT,
@@ -45,13 +51,17 @@ from jaxrl_mt.rewards.judge_rules import (
 
 __all__ = [
     "HELDOUT2_FILE",
+    "HELDOUT3_FILE",
     "JUDGE_PROMPT",
     "NON_ANSWER_TYPES",
     "RESPONSE_TYPES",
+    "N_FOLDS",
     "TUNE_V2_FILES",
+    "TUNING_FILES",
     "LLMVerdict",
     "TypeScores",
     "answer_attempt_by",
+    "answer_attempt_by_fold",
     "classify_llm",
     "classify_rule_based",
     "clean_reply",
@@ -62,6 +72,7 @@ __all__ = [
     "load_labelled",
     "load_labelled_records",
     "macro_f1",
+    "mean_over_folds",
     "parse_judge_answer",
     "parse_judge_reply",
 ]

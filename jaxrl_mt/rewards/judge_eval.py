@@ -5,16 +5,17 @@ prints the per-type table of the rule-based judge (or of an LLM judge, with its 
 the rules) on labelled files of ``{"text": ..., "label": ...}`` lines, and with ``--by FIELD``
 the answer-attempt precision / recall per value of a record field.
 
-The embedded model's labelled replies (``tests/rewards/judge_real/``) have two roles:
-``TUNE_V2_FILES`` (``tune.jsonl`` + ``heldout.jsonl``; the latter was scored once as a held-out
-set, then became tuning data) are what the rules are tuned on, every error read;
-``HELDOUT2_FILE`` is the blind-labelled held-out set, never read while writing rules and scored
-once after they are frozen.
+The embedded model's labelled replies (``tests/rewards/judge_real/``): ``TUNING_FILES``
+(``tune.jsonl``, ``heldout.jsonl``, ``heldout2.jsonl``; each of the last two was scored once as a
+held-out set, then became tuning data) are what the rules are tuned on, cross-validated in 5
+folds by problem (:func:`fold_of`); ``HELDOUT3_FILE`` is the next blind-labelled held-out set
+(not collected yet), to be scored once after the rules are frozen.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,10 @@ from jaxrl_mt.rewards.judge_rules import RESPONSE_TYPES, classify_rule_based
 
 REAL_DIR = "tests/rewards/judge_real"  # relative to the repository root
 TUNE_V2_FILES = (f"{REAL_DIR}/tune.jsonl", f"{REAL_DIR}/heldout.jsonl")  # the tuning set "tune_v2"
-HELDOUT2_FILE = f"{REAL_DIR}/heldout2.jsonl"  # the held-out set (blind-labelled; scored once)
+HELDOUT2_FILE = f"{REAL_DIR}/heldout2.jsonl"  # blind-labelled, scored once (round 2); tuning data since round 3
+TUNING_FILES = (*TUNE_V2_FILES, HELDOUT2_FILE)  # round 3: every labelled reply is tuning data (785)
+HELDOUT3_FILE = f"{REAL_DIR}/heldout3.jsonl"  # the next blind held-out set (not collected yet)
+N_FOLDS = 5  # cross-validation folds, grouped by problem (task_id)
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,28 @@ def answer_attempt_by(records: Sequence[Mapping], predicted: Sequence[str], fiel
         groups.setdefault(str(record.get(field)), []).append(i)
     return {key: evaluate_labelled([records[i]["label"] for i in idx], [predicted[i] for i in idx])[0]
             for key, idx in sorted(groups.items())}
+
+
+def fold_of(task_id: str, n_folds: int = N_FOLDS) -> int:
+    """The cross-validation fold of a problem: sha256 of its ``task_id`` modulo ``n_folds`` (every
+    reply of one problem falls in one fold; fixed before any error was read)."""
+    return int(hashlib.sha256(task_id.encode("utf-8")).hexdigest(), 16) % n_folds
+
+
+def answer_attempt_by_fold(records: Sequence[Mapping], predicted: Sequence[str],
+                           n_folds: int = N_FOLDS) -> list[TypeScores]:
+    """Answer-attempt scores on each fold (:func:`fold_of` of the record's ``task_id``)."""
+    folds = [fold_of(str(r["task_id"]), n_folds) for r in records]
+    return [evaluate_labelled([r["label"] for r, f in zip(records, folds) if f == k],
+                              [p for p, f in zip(predicted, folds) if f == k])[0] for k in range(n_folds)]
+
+
+def mean_over_folds(per_fold: Sequence[TypeScores]) -> tuple[float, float]:
+    """The mean answer-attempt precision and recall over folds (a fold without predictions or gold
+    answer attempts is left out of that mean)."""
+    ps = [s.precision for s in per_fold if s.precision == s.precision]
+    rs = [s.recall for s in per_fold if s.recall == s.recall]
+    return sum(ps) / len(ps), sum(rs) / len(rs)
 
 
 def format_table(scores: Sequence[TypeScores]) -> str:

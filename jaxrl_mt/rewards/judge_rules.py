@@ -112,9 +112,6 @@ _REFUSAL_RE = re.compile(
     r"|\bunable\s+to\s+(?:help|assist|answer|solve|provide|determine|calculate)\b",
     re.IGNORECASE,
 )
-_SPELLED_ANSWER_RE = re.compile(  # an answer marker followed by a value in words: "the answer is infinity"
-    r"\banswer\s+is\s+(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|"
-    r"forty|fifty|hundred|thousand|million|infinity|infinite)\b", re.IGNORECASE)
 _CODE_RE = re.compile(r"```|^\s*(?:def|class|SELECT|import)\b", re.MULTILINE)
 _DISCUSSION_RE = re.compile(
     r"\b(?:we\s+need\s+to|let's|let\s+us|to\s+solve\s+this|first,?\s+we|we\s+would|we\s+will|"
@@ -254,7 +251,7 @@ def classify_rule_based(text: str, domain: str = "math", *, question: str | None
     asked = asked_quantity(question, user) if domain == "math" else Asked()
     if _is_hedging(text, asked):
         return "hedging"
-    if domain == "math" and (extract_marked_answer(text) is not None or _SPELLED_ANSWER_RE.search(text)):
+    if domain == "math" and extract_marked_answer(text) is not None:
         return "answer_attempt"
     commits = domain == "math" and commits_to_value(_substantive(sentences(text)), text, asked)
     if domain == "math" and not commits and _is_word_salad(text, question) and not _REFUSAL_RE.search(text):

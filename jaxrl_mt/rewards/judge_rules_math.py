@@ -40,19 +40,18 @@ _KEY_VALUE_RE = re.compile(r"^[^:\d]{1,40}:\s*\$?\d[\d,.]*(?:\s+[A-Za-z]+)?\W*$"
 _STATE_RE = re.compile(  # a quantity's value stated as a state: "has 12", "is 12" (not "is giving"), "12 left"
     r"\b(?:has|have|had|holds?|held|contains?|costs?|owns?|makes?|left|remain(?:s|ing)?|"
     r"now|total|altogether|in\s+all|at\s+the\s+end|end(?:s|ed)?\s+(?:up\s+)?with|there\s+(?:are|is|were|was))\b"
-    r"|\b(?:is|are|was|were)\b(?!\s+\w+ing\b)",
+    r"|\b(?:is|are|was|were)\b(?!\s+\w+ing\b)"
+    r"|\b(?:it|there|that|he|she|here)['\u2019]s\b|\b(?:they|we|there)['\u2019]re\b",  # "It's 22,200 shells."
     re.IGNORECASE,
 )
-_POSSIBLE_RE = re.compile(  # a possibility, not a state: "can be transformed into 100 shells"
-    r"\b(?:can|could|may|might)\s+(?:be|become|have|get|reach)\b", re.IGNORECASE)
 _EVENT_RE = re.compile(  # an event that changes a quantity: what happens, not how much there is
     r"\b(?:los[et]|loses|losing|give[sn]?|gave|giving|finds?|found|receive[sd]?|buys?|bought|sells?|sold|"
     r"eats?|ate|gets?|got|adds?|added|takes?|took|spends?|spent|uses?|used|donate[sd]?|wins?|won|"
     r"picks?|picked|collects?|collected|throws?|threw|present(?:s|ed|ing)?)\b",
     re.IGNORECASE,
 )
-_ORDINALS = frozenset(["first", "second", "third", "fourth", "fifth", "sixth", "next", "following", "previous"])
-_ORDINAL_RE = re.compile(r"\b(?:" + "|".join(sorted(_ORDINALS)) + r")\b", re.IGNORECASE)
+_VALUE_LEAD_RE = re.compile(  # the word right before a value: "cover 10", "spent $100", "grew a total of 12"
+    r"\b([A-Za-z]+)\s+(?:(?:a\s+total\s+of|about|around|approximately|exactly|only)\s+)?$", re.IGNORECASE)
 _START_RE = re.compile(  # the starting amount, a given, not the asked (final) quantity
     r"\bstart(?:s|ed)?\s+(?:off\s+)?with\b|\binitially\b|\bat\s+first\b|\bto\s+begin\s+with\b",
     re.IGNORECASE,
@@ -63,11 +62,6 @@ _PLAN_RE = re.compile(  # announces work still to do: "we need to", "to find out
     r"|\bwants?\s+to\b|\blet\s+\w\s+be\b|\bwill\s+(?:determine|depend|decide|affect)\b|\bdepends?\s+on\b",
     re.IGNORECASE,
 )
-_GIVEN_RE = re.compile(  # restates what the problem gives: "we know that", "is given as", "so far"
-    r"\bgiven\b|\bwe\s+know\b|\bso\s+far\b|\bthe\s+(?:question|problem)\b|\btells?\s+us\b",
-    re.IGNORECASE,
-)
-_VARIABLE_RE = re.compile(r"\d(?!s\b)[a-z]\b")  # "3x": an expression in a variable ("2s" is a plural)
 _REOPEN_RE = re.compile(  # a sentence that starts more work on the question: "To find out how many ..."
     r"^\W*(?:(?:now|next|then|so),?\s+)?(?:to\s+(?:find|calculate|determine|figure|solve|get)|let's|let\s+us"
     r"|we\s+(?:need|have|will|can|must|should))\b"
@@ -79,7 +73,8 @@ _STEP_RE = re.compile(  # opens another step of the work
 _UNFINISHED_RE = re.compile(r"[-+*/=\u00d7\u00f7(]\s*$|\b(?:x|times|plus|minus|by)\s*$")  # cut off mid-expression
 _ADDRESS_RE = re.compile(r"\byou\b|\byour\b", re.IGNORECASE)  # "you said 12": the user's fact, not a claim
 _ENDS_ON_VALUE_RE = re.compile(  # a cut-off sentence that got to its value: "... = 448", "... is 108 beads left"
-    r"(?:=|\b(?:is|are|was|were|has|have|had|gives?|equals?|total\s+of)|:)\s*[$\u00a3\u20ac]?\d[\d,.]*(?:\s?%)?"
+    r"(?:=|\b(?:is|are|was|were|has|have|had|gives?|equals?|total\s+of)|:)"
+    r"(?:\s+(?:now|then|still|only|just|about|around|approximately|exactly))?\s*[$\u00a3\u20ac]?\d[\d,.]*(?:\s?%)?"
     r"(?:\s+[A-Za-z'-]+){0,4}\W*$", re.IGNORECASE)
 _TOTAL_SAID_RE = re.compile(  # a value presented as a total
     r"\b(?:total|in\s+all|altogether|together|combined|overall|sum|whole)\b", re.IGNORECASE)
@@ -99,23 +94,36 @@ def _is_echo(sentence: str, asked: Asked) -> bool:
     return bool(words) and sum(w in asked.user for w in words) >= 0.85 * len(words)
 
 
+def _is_asked_verb(word: str, asked: Asked) -> bool:
+    """Whether ``word`` is a content word of the asking sentence, in any inflection: the same
+    first four letters ("spent" for "spend", "ordered" for "order", "traveled" for "travel")."""
+    w = word.lower()
+    return len(w) >= 4 and any(len(t) >= 4 and t[:4] == w[:4] for t in asked.terms or ())
+
+
+def _answers_in_asked_verb(sentence: str, value: Value, asked: Asked) -> bool:
+    """Pattern: a declarative answer in the question's own verb, the value right after it ("How
+    many miles will he cover?" -> "Felix will cover 10 miles."; "How many dollars did Mishka
+    spend?" -> "Mishka spent $100 on ..."): a statement of the asked quantity, like a state."""
+    m = _VALUE_LEAD_RE.search(sentence[:value.start])
+    return bool(m) and _is_asked_verb(m.group(1), asked)
+
+
+def _labels_asked_value(sentence: str, asked: Asked) -> bool:
+    """Pattern: a ``label: value`` line ("Total: 20 books", "Chloe's beads: 47") whose label or
+    unit names the asked quantity or a total; an unrelated label ("Día de la Consciencia: 12")
+    is not an answer."""
+    if not _KEY_VALUE_RE.match(sentence):
+        return False
+    return not asked.known or talks_about(sentence, asked) or bool(_TOTAL_SAID_RE.search(sentence))
+
+
 def _is_event(sentence: str, asked: Asked) -> bool:
     """Pattern: a sentence that tells what happens to the quantity ("Jonas loses 3 beads", "Gary
     bought 3 marbles") and states no state of it; the question's own verb ("How much did he
     spend") is not an event."""
     events = [m.group(0) for m in _EVENT_RE.finditer(sentence)]
-    return any(stem(e) not in asked.words for e in events) and not _STATE_RE.search(sentence)
-
-
-def _other_step(sentence: str, asked: Asked) -> bool:
-    """Pattern: the question asks for the quantity at one step of a process ("at the end of the
-    first day") and the sentence narrates another step ("On the next day, ... 27 shells"): an
-    intermediate value, not the asked one. (A direct statement for another step, "Ben has 2
-    pencils left after the first day.", is an answer to a misread question: it commits.)"""
-    if not _STEP_RE.match(sentence) or _strongly_matches(sentence, asked):
-        return False
-    named = {w.lower() for w in _ORDINAL_RE.findall(sentence)}
-    return bool(asked.words & _ORDINALS) and bool(named - asked.words)
+    return any(not _is_asked_verb(e, asked) for e in events) and not _STATE_RE.search(sentence)
 
 
 def _strongly_matches(sentence: str, asked: Asked) -> bool:
@@ -133,13 +141,13 @@ def _statement_commits(sentence: str, value: Value, computed: set[float], asked:
     clause = [m.start() for m in _SO_CLAUSE_RE.finditer(sentence, 0, value.start)]
     concludes = bool(clause) or bool(_CONCLUSION_START_RE.match(sentence))
     sentence = sentence[clause[-1]:] if clause else sentence
-    if _PLAN_RE.search(sentence) or _ADDRESS_RE.search(sentence) or _GIVEN_RE.search(sentence) \
+    if _PLAN_RE.search(sentence) or _ADDRESS_RE.search(sentence) \
             or (_START_RE.search(sentence) and not start_asked) or _is_echo(sentence, asked):
         return False
     if concludes or value.value in computed:
         return True
-    if not (_STATE_RE.search(sentence) or (start_asked and _START_RE.search(sentence))) \
-            or _POSSIBLE_RE.search(sentence):
+    if not (_STATE_RE.search(sentence) or (start_asked and _START_RE.search(sentence))
+            or _answers_in_asked_verb(sentence, value, asked)):
         return False
     numbers = {v.value for v in values(sentence)}
     if len(numbers) > 1 and asked.given is not None and numbers <= asked.given:
@@ -152,21 +160,20 @@ def _commits(sentence: str, n_words: int, computed: set[float], asked: Asked) ->
     a state of the asked quantity.
 
     An event ("Ava gives away 14 marbles"), the starting amount ("Ava starts with 12", unless the
-    question asks for it), a plan ("we need to add 5"), a restated given ("we know that ..."), a
-    repetition of the user's message, an expression in a variable ("3x") or a question does not;
+    question asks for it), a plan ("we need to add 5"), a repetition of the user's message or a
+    question does not;
     nor does a value of another quantity than the asked one (:func:`fits_asked`), nor, when a
     total is asked, a value not presented as a total or as the conclusion (a part).
     """
-    if is_question(sentence) or _VARIABLE_RE.search(sentence) or _UNFINISHED_RE.search(sentence):
+    if is_question(sentence) or _UNFINISHED_RE.search(sentence):
         return False
     found = values(sentence, asked.unit)
     if not found:
         return False
     value = main_value(sentence, found, asked)
-    if asked.known and (not fits_asked(sentence, value, asked) or _is_event(sentence, asked)
-                        or _other_step(sentence, asked)):
+    if asked.known and (not fits_asked(sentence, value, asked) or _is_event(sentence, asked)):
         return False
-    if n_words <= _SHORT_ANSWER_WORDS or _KEY_VALUE_RE.match(sentence):
+    if n_words <= _SHORT_ANSWER_WORDS or _labels_asked_value(sentence, asked):
         return True
     if asked.total and not _CONCLUSION_START_RE.match(sentence) and not _TOTAL_SAID_RE.search(sentence):
         return False  # pattern: a part of the total ("it produces 15 fruits at age 6")
@@ -227,16 +234,6 @@ def _work_goes_on(after: list[str], open_tail: bool, earlier: list[str], asked: 
     return bool(re.search(r"\d", tail)) and (not asked.known or talks_about(tail, asked))
 
 
-def _lists_parts(sents: list[str], idx: list[int], asked: Asked) -> bool:
-    """Pattern: with a total asked, the conclusion is the last of parallel sentences giving the
-    parts ("The total cost of the donuts was $154. ... The total cost of the cheesecakes was
-    $32."), none of which combines them."""
-    if not asked.total or len(idx) < 2:
-        return False
-    opening = [" ".join(WORD_RE.findall(sents[i].lower())[:3]) for i in idx[-2:]]
-    return opening[0] == opening[1] and not _CONCLUSION_START_RE.match(sents[idx[-1]])
-
-
 def _restates(sents: list[str], i: int, asked: Asked) -> bool:
     """Pattern: a sentence that computes nothing and only states values already known (given by
     the user or stated earlier in the reply): a remark ("This is a simplified calculation, but
@@ -268,7 +265,7 @@ def commits_to_value(sents: list[str], text: str, asked: Asked) -> bool:
         if _work_goes_on(after, open_tail, sents[:-1], asked) and not explicit:
             return False
         if _commits(sents[i], n_words, computed, asked):
-            return not _lists_parts(sents, idx[:pos + 1], asked)
+            return True
         if not ((fragment and i == len(sents) - 1) or _restates(sents, i, asked)):
             return False
     return False

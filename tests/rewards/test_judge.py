@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -401,3 +402,15 @@ def test_held_out_responses_keep_their_untuned_score():
     pred = [classify_rule_based(t) for t, _ in items]
     hits = sum(p == g for p, (_, g) in zip(pred, items))
     assert hits >= 28, hits
+
+
+def test_folds_group_replies_by_problem_with_a_fixed_hash():
+    """The cross-validation folds (round 3): sha256 of the task id mod 5, the same on every run."""
+    from jaxrl_mt.rewards.judge_eval import N_FOLDS, answer_attempt_by_fold, fold_of, mean_over_folds
+
+    assert N_FOLDS == 5 and fold_of("gsm8k/0") == int(hashlib.sha256(b"gsm8k/0").hexdigest(), 16) % 5
+    recs = [{"task_id": f"t{i}", "label": "answer_attempt"} for i in range(40)]
+    per_fold = answer_attempt_by_fold(recs, ["answer_attempt"] * 20 + ["discussion"] * 20)
+    assert len(per_fold) == 5 and sum(s.support for s in per_fold) == 40
+    p, r = mean_over_folds(per_fold)
+    assert p == 1.0 and 0.0 < r < 1.0

@@ -1,18 +1,16 @@
 """The rule-based judge on the embedded model's own replies (tests/rewards/judge_real/).
 
 The replies of SmolLM2-135M-Instruct were collected with ``python -m jaxrl_mt.eval.collect_replies``
-(FULL, SHARDED and underspecified turns; synthetic, GSM8K-test and LiC-math problems; T = 0 and
-T = 1) and labelled by the LiC definitions in ``GUIDELINES.md``. Their roles:
+(FULL, SHARDED and underspecified turns; synthetic, GSM8K-test, LiC-math and RLSTA MT-Add
+problems; T = 0 and T = 1) and labelled by the LiC definitions in ``GUIDELINES.md``. Their roles
+since round 3 (docs/judge.md):
 
-- the tuning set "tune_v2" (``TUNE_V2_FILES``): ``tune.jsonl`` and ``heldout.jsonl``. The latter was
-  scored once as a held-out set (answer-attempt P 0.733 / R 0.804) and is spent: the rules were
-  then rewritten reading every error of both files. The floors below keep the level reached on
-  them, so a regression fails;
-- the held-out set ``heldout2.jsonl`` (``HELDOUT2_FILE``), labelled blind by another session and
-  never read while writing rules; scored once after the rules were frozen: answer-attempt
-  P 0.870 / R 0.823 (the rules before this round: 0.764 / 0.798). The floor below keeps that
-  level; the issue's target (0.95 / 0.95) is a strict xfail. heldout2 is now spent as well: a
-  further round of rules may tune on it, and needs a fresh blind-labelled set to be judged.
+- tuning data (``TUNING_FILES``, 785 replies): ``tune.jsonl``, ``heldout.jsonl`` (scored once as a
+  held-out set in round 1) and ``heldout2.jsonl`` (scored once in round 2: answer-attempt
+  P 0.870 / R 0.823; then spent). The floors below keep the level reached on all of them;
+- the next blind held-out set ``heldout3.jsonl`` (``HELDOUT3_FILE``), not collected yet: the
+  tests that read it skip until it lands. The expected held-out level is the leave-one-fold-out
+  estimate of round 3 (folds by problem, ``judge_eval.fold_of``): P 0.918 / R 0.882.
 """
 
 from __future__ import annotations
@@ -26,14 +24,18 @@ import pytest
 
 from jaxrl_mt.rewards.judge import (
     HELDOUT2_FILE,
+    HELDOUT3_FILE,
+    TUNING_FILES,
     NON_ANSWER_TYPES,
     RESPONSE_TYPES,
     TUNE_V2_FILES,
     answer_attempt_by,
+    answer_attempt_by_fold,
     classify_rule_based,
     evaluate_labelled,
     format_table,
     macro_f1,
+    mean_over_folds,
 )
 
 HERE = Path(__file__).parent
@@ -58,7 +60,10 @@ HELDOUT2_PATH = ROOT / HELDOUT2_FILE
 WRITTEN_TUNE = _load(HERE / "judge_labelled.jsonl")
 WRITTEN_HELDOUT = _load(HERE / "judge_heldout.jsonl")
 HELDOUT2 = _load(HELDOUT2_PATH)
-AA_HELDOUT2_FLOOR = (0.865, 0.82)  # measured once after the freeze: P 0.870 (167/192), R 0.823 (167/203)
+ALL_TUNING = [rec for name in TUNING_FILES for rec in _load(ROOT / name)]
+HELDOUT3_PATH = ROOT / HELDOUT3_FILE
+# Measured once after the round-2 freeze: P 0.870 (167/192), R 0.823 (167/203); round 3: 0.886 / 0.882.
+AA_HELDOUT2_FLOOR = (0.865, 0.82)
 
 
 def test_tuning_set_is_real_labelled_and_large_enough():
@@ -72,13 +77,24 @@ def test_tuning_set_is_real_labelled_and_large_enough():
     assert len({r["id"] for r in TUNE_V2}) == len(TUNE_V2), "duplicate ids"
 
 
-def test_held_out_set_never_overlaps_the_tuning_data():
-    """By task (the split unit) and by normalised text, against every set the rules were tuned on."""
-    heldout2 = HELDOUT2
-    assert len(heldout2) >= 300, HELDOUT2_FILE
+def test_heldout2_stays_disjoint_from_the_older_sets():
+    """heldout2 was collected on other problems than tune_v2 (by task and normalised text)."""
+    assert len(HELDOUT2) >= 300, HELDOUT2_FILE
     tuned_tasks = {r["task_id"] for r in TUNE_V2}
     tuned_texts = {_norm(r["text"]) for r in TUNE_V2 + WRITTEN_TUNE}
-    for rec in heldout2:
+    for rec in HELDOUT2:
+        assert rec.get("task_id") not in tuned_tasks, rec.get("id")
+        assert _norm(rec["text"]) not in tuned_texts, rec["text"][:80]
+
+
+@pytest.mark.skipif(not HELDOUT3_PATH.exists(), reason=f"{HELDOUT3_FILE} is not collected yet (round 3 judges on it)")
+def test_heldout3_never_overlaps_the_tuning_data():
+    """By task (the split unit) and by normalised text, against all three tuning files."""
+    heldout3 = _load(HELDOUT3_PATH)
+    assert len(heldout3) >= 300, HELDOUT3_FILE
+    tuned_tasks = {r["task_id"] for r in ALL_TUNING}
+    tuned_texts = {_norm(r["text"]) for r in ALL_TUNING + WRITTEN_TUNE}
+    for rec in heldout3:
         assert rec.get("task_id") not in tuned_tasks, rec.get("id")
         assert _norm(rec["text"]) not in tuned_texts, rec["text"][:80]
 
@@ -89,11 +105,12 @@ def test_hand_written_held_out_texts_never_repeat_tuning_texts():
         assert _norm(rec["text"]) not in tuned, rec["text"][:80]
 
 
-# Measured on tune_v2 (350 replies) after this session's rules: answer-attempt P 0.988 / R 0.942
-# (T=0: 1.000 / 0.981; T=1: 0.846 / 0.611); before them 0.811 / 0.867. Floors keep that level.
-AA_TUNE_V2_FLOOR = (0.98, 0.93)
-AA_T0_FLOOR = (0.99, 0.97)
-TYPE_F1_FLOOR = {"discussion": 0.93, "refusal": 0.9, "hedging": 0.99, "missing": 0.5}
+# Round 3, on all 785 tuning replies: answer-attempt P 0.922 / R 0.910 (T=0: 0.941 / 0.936;
+# T=1: 0.700 / 0.636); before round 3 0.924 / 0.878. Floors keep that level.
+AA_TUNING_FLOOR = (0.915, 0.90)
+AA_T0_FLOOR = (0.935, 0.93)
+TYPE_F1_FLOOR = {"discussion": 0.86, "refusal": 0.85, "missing": 0.55}
+AA_CV_FLOOR = (0.91, 0.875)  # leave-one-fold-out with every rule on: mean over folds 0.926 / 0.913
 
 
 def _scores(recs: list[dict], name: str):
@@ -106,26 +123,33 @@ def _scores(recs: list[dict], name: str):
 
 
 def test_answer_attempt_on_the_tuning_set_keeps_its_level():
-    by_type, pred = _scores(TUNE_V2, "tune_v2 (tuning set, 350 real replies)")
+    by_type, pred = _scores(ALL_TUNING, "all tuning data (785 real replies)")
     aa = by_type["answer_attempt"]
-    assert aa.precision >= AA_TUNE_V2_FLOOR[0] and aa.recall >= AA_TUNE_V2_FLOOR[1], aa
-    t0 = answer_attempt_by(TUNE_V2, pred, "temperature")["0.0"]
+    assert aa.precision >= AA_TUNING_FLOOR[0] and aa.recall >= AA_TUNING_FLOOR[1], aa
+    t0 = answer_attempt_by(ALL_TUNING, pred, "temperature")["0.0"]
     assert t0.precision >= AA_T0_FLOOR[0] and t0.recall >= AA_T0_FLOOR[1], t0
     for label, floor in TYPE_F1_FLOOR.items():
         assert by_type[label].f1 >= floor, by_type[label]
+    p, r = mean_over_folds(answer_attempt_by_fold(ALL_TUNING, pred))
+    assert p >= AA_CV_FLOOR[0] and r >= AA_CV_FLOOR[1], (p, r)
 
 
-def test_answer_attempt_on_held_out_real_replies_keeps_its_measured_level():
-    """The level measured once on the blind-labelled held-out set after the freeze (a regression fails)."""
+def test_answer_attempt_on_heldout2_keeps_its_measured_level():
+    """A regression floor at the level measured once on heldout2 after the round-2 freeze.
+
+    heldout2 is no longer held out: round 3 tuned on it (folds by problem), so this is a
+    regression floor, not a held-out estimate."""
     by_type, _ = _scores(HELDOUT2, HELDOUT2_FILE)
     aa = by_type["answer_attempt"]
     assert aa.precision >= AA_HELDOUT2_FLOOR[0] and aa.recall >= AA_HELDOUT2_FLOOR[1], aa
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14's target is not reached: held-out answer-attempt P 0.870 / R 0.823")
+@pytest.mark.skipif(not HELDOUT3_PATH.exists(), reason=f"{HELDOUT3_FILE} is not collected yet: "
+                    "a fresh blind-labelled set judges round 3")
+@pytest.mark.xfail(strict=True, reason="issue 14's target is not expected: round-3 CV estimate P 0.918 / R 0.882")
 def test_answer_attempt_precision_and_recall_reach_the_target_on_held_out_real_replies():
-    """Issue 14's target, on the blind-labelled held-out set (scored once, after the freeze)."""
-    by_type, _ = _scores(HELDOUT2, HELDOUT2_FILE)
+    """Issue 14's target, on the next blind-labelled held-out set (scored once, after the freeze)."""
+    by_type, _ = _scores(_load(HELDOUT3_PATH), HELDOUT3_FILE)
     aa = by_type["answer_attempt"]
     assert aa.precision >= AA_TARGET and aa.recall >= AA_TARGET, aa
 
@@ -134,16 +158,16 @@ def test_declarative_guesses_on_underspecified_prompts_are_rarely_rewarded_as_no
     """ICPO's reward: a confident guess on an underspecified prompt must not count as a non-answer.
 
     On the 44 labelled guesses of tune_v2: 14 called non-answers by the judge of session 3, 7 by
-    that of session 4, 4 now (two T=1 replies; "He runs a 30-meter circuit every week." for the
-    weekly total, which states no total; a value followed by the cut-off "We can calculate this").
+    that of session 4, 4 by session 5, 5 by round 3; on all 86 guesses of the three files, 12
+    by round 3 (7 of the 42 of heldout2).
     """
-    guesses = [r for r in TUNE_V2 if r["kind"] == "underspecified" and r["label"] == "answer_attempt"]
-    assert len(guesses) >= 40
+    guesses = [r for r in ALL_TUNING if r["kind"] == "underspecified" and r["label"] == "answer_attempt"]
+    assert len(guesses) >= 80
     called_non_answer = sum(p in NON_ANSWER_TYPES for p in _predict(guesses))
-    assert called_non_answer <= 4, called_non_answer
+    assert called_non_answer <= 12, called_non_answer
 
 
-@pytest.mark.parametrize("name", [Path(n).name for n in TUNE_V2_FILES])
+@pytest.mark.parametrize("name", [Path(n).name for n in TUNING_FILES])
 def test_records_keep_their_provenance(name):
     for rec in _load(ROOT / "tests/rewards/judge_real" / name):
         assert set(rec) >= {"id", "text", "label", "split", "source", "kind", "turn", "temperature", "task_id",

@@ -55,17 +55,9 @@ GLASSES = "One glass costs $5. Kylar wants to buy 16 glasses. How much does he n
         ("The total cost of 16 glasses is 16 * 5 = 80 euros. This is a simplified calculation, but we need to "
          "consider the current market rate of 5 euros.\n\nThe total cost of 16 glasses is", GLASSES, None,
          "answer_attempt"),
-        # Parallel parts of a total, none combining them.
-        ("The total cost of the donuts was $204. The total cost of the cupcakes was $160.",
-         "She bought donuts and cupcakes. How much was the total cost?", None, "discussion"),
-        # A possibility is not a state.
-        ("That shows how Liam's 23 shells can be transformed into a total of 100 shells.",
-         "How many shells does Liam have at the end of the first day?", None, "discussion"),
         # A committed value outranks a refusal phrase; a refusal without one is a refusal.
         ("We cannot split a card, so Chloe has 8 + 17 = 25 cards.", FIRST_DAY, None, "answer_attempt"),
         ("If 17 is not an integer, we cannot provide an exact answer.", FIRST_DAY, None, "refusal"),
-        # An answer marker followed by a value in words.
-        ("Therefore, the answer is infinity since the combinations never end.", FIRST_DAY, None, "answer_attempt"),
         # T = 1 word salad that has left the task.
         ("Correct, that's the bosun's wife...yours. She helps you, your wife. Not my Calif. No abos.",
          FIRST_DAY, "Chloe starts with 8 cards.", "missing"),
@@ -76,7 +68,33 @@ def test_commitment_patterns(text, question, user, label):
 
 
 def test_a_misread_step_stated_directly_still_commits():
-    """Guidelines: a value for a misread question is an answer attempt (not a step of the work)."""
+    """Guidelines: a value for a misread question is an answer attempt, also when the reply ends on
+    another day's value (round 3 dropped the "narrated other step" rule: it fired on 2 problems,
+    once right in tuning and once wrong on heldout2)."""
     assert classify_rule_based("Ben has 2 beads left after the first day.", question=SECOND_DAY) == "answer_attempt"
     narrated = "Jonas starts with 33 beads.\nOn the first day, he has 33 - 3 = 30 beads."
-    assert classify_rule_based(narrated, question=SECOND_DAY) == "discussion"
+    assert classify_rule_based(narrated, question=SECOND_DAY) == "answer_attempt"
+
+
+@pytest.mark.parametrize(
+    "text, question, label",
+    [
+        # Round 3: a declarative answer in the question's own verb, in any inflection.
+        ("Felix will cover 10 miles.", "If Felix drives for 4 hours, how many miles will he cover?", "answer_attempt"),
+        ("Marie ordered 20 boxes of pizza.", "How many boxes of pizza did Marie order?", "answer_attempt"),
+        # ... but an event verb the question does not ask about stays an event.
+        ("Marie paid $50.", "Marie paid a total of $50. How many boxes of pizza did Marie order?", "discussion"),
+        # A reply that stops (no final period) on a value after a state verb and an adverb.
+        ("The lettuce changed price.\n\nIan's new bill is now $1.25", "How much is his new bill now?",
+         "answer_attempt"),
+        # A contracted state ("It's") states the value.
+        ("It's currently 22,200 shells.", "How many shells does Hiro have at the end of the first day?",
+         "answer_attempt"),
+        # A `label: value` line counts only when its label or unit names the asked quantity.
+        ("Total: 20 books", "How many books does Emma have at the end of the second day?", "answer_attempt"),
+        ("Fiesta de la Luna: 12\n\nThis is a special card that is only available for a limited time.",
+         "How many cards does Diego have at the end of the first day?", "discussion"),
+    ],
+)
+def test_round3_patterns(text, question, label):
+    assert classify_rule_based(text, question=question) == label
