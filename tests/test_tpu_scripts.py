@@ -93,7 +93,8 @@ def test_accelerator_benchmark_runs_the_whole_set() -> None:
     assert dry("bench_accel.sh") == [
         "env XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 .venv/bin/python -m jaxrl_mt.benchmarks accel "
         "--shape qwen2.5-0.5b,qwen2.5-1.5b --batch 1,2,4,8,16,32,64,128,256 --dtype bfloat16 --new-tokens 128 "
-        "--prompt-len 128 --markdown 'docs/results/accel_{device}.md' --json 'docs/results/accel_{device}.json' --remat"]
+        "--prompt-len 128 --markdown 'docs/results/accel_{device}.md' --json 'docs/results/accel_{device}.json' "
+        "--remat"]
     assert "--remat" not in dry("bench_accel.sh", "--no-remat")[0]
     assert dry("bench_accel.sh", "--out", "/tmp/h100.md", "--shapes", "qwen2.5-1.5b", "--batches", "8,16", "--remat",
                "--python", "python3", "--", "--repeats", "5") == [

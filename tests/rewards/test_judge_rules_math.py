@@ -83,7 +83,8 @@ def test_a_misread_step_stated_directly_still_commits():
         ("Felix will cover 10 miles.", "If Felix drives for 4 hours, how many miles will he cover?", "answer_attempt"),
         ("Marie ordered 20 boxes of pizza.", "How many boxes of pizza did Marie order?", "answer_attempt"),
         # ... but an event verb the question does not ask about stays an event.
-        ("Marie paid $50 for the pizza and the meal.", "Marie paid a total of $50. How many boxes of pizza did Marie order?", "discussion"),
+        ("Marie paid $50 for the pizza and the meal.",
+         "Marie paid a total of $50. How many boxes of pizza did Marie order?", "discussion"),
         # A reply that stops (no final period) on a value after a state verb and an adverb.
         ("The lettuce changed price.\n\nIan's new bill is now $1.25", "How much is his new bill now?",
          "answer_attempt"),
