@@ -16,6 +16,7 @@ Writes ``OUT/calibration.json`` and ``OUT/calibration.md``; ``--recompute`` rebu
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,16 @@ def summarize(out: Path, families: dict[str, str], temps: list[float]) -> dict[s
     return {"families": families, "temps": temps, "table": table}
 
 
+def stored_settings(workdir: Path) -> dict[str, Any]:
+    """Model, reply budget and system prompt an evaluation folder was run with (its ``eval_config.json``),
+    so a ``--recompute`` reports the setting of the transcripts, not of its own flags; {} when absent."""
+    path = workdir / "eval_config.json"
+    if not path.is_file():
+        return {}
+    c = json.loads(path.read_text(encoding="utf-8"))
+    return {k: c.get(k) for k in ("model", "max_new_tokens", "system_prompt")}
+
+
 def _ci(x: Any) -> str:
     """``mean [lo, hi]`` in % of a bootstrap_mean result, "-" for None."""
     return "-" if x is None else f"{100 * x['mean']:.0f} [{100 * x['lo']:.0f}, {100 * x['hi']:.0f}]"
@@ -156,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                               plots=False, bootstrap=200, reuse_cache=False)  # caches of all rows: GBs
             evaluate(cfg, model=model)
     summary = summarize(out, families, temps)
-    summary["settings"] = {"model": a.model, "max_new_tokens": a.max_new_tokens, "system": a.system,
-                           "runs": a.runs}
+    summary["settings"] = {f"T{t:g}": stored_settings(out / f"T{t:g}") or {
+        "model": a.model, "max_new_tokens": a.max_new_tokens, "system_prompt": a.system} for t in temps}
     write_json(out / "calibration.json", summary)
     md = markdown(summary, "python -m jaxrl_mt.experiments.calibrate " + " ".join(
         f"'{x}'" if " " in x else x for x in (argv if argv is not None else sys.argv[1:])))

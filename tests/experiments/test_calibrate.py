@@ -46,10 +46,15 @@ def test_recompute_builds_pass_at_k_tables_from_transcripts(tmp_path: Path, caps
     d = tmp_path / "T1"
     d.mkdir()
     (d / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    (d / "eval_config.json").write_text(json.dumps({"model": "m", "max_new_tokens": 128, "system_prompt": "Be brief.",
+                                                    "temperature": 1.0}), encoding="utf-8")
 
     assert main(["--out", str(tmp_path), "--families", f"tr={spec}", "--temps", "1", "--runs", "4",
                  "--recompute"]) == 0
-    row = json.loads((tmp_path / "calibration.json").read_text())["table"]["T1/tr"]
+    summary = json.loads((tmp_path / "calibration.json").read_text())
+    # the setting the transcripts were made with, not --recompute's default flags
+    assert summary["settings"] == {"T1": {"model": "m", "max_new_tokens": 128, "system_prompt": "Be brief."}}
+    row = summary["table"]["T1/tr"]
     assert row["runs"] == 4
     assert row["full_strict"]["mean"] == pytest.approx(0.25) and row["full_strict"]["n"] == 2
     assert row["sharded_strict"]["mean"] == pytest.approx(0.125)
