@@ -42,4 +42,5 @@ def test_one_measured_setting_for_training_probe_and_comparison() -> None:
     budgets = {c["history.max_new_tokens"], c["rl.max_new_tokens"], c["eval.max_new_tokens"]}
     assert budgets == {compare.MAX_NEW_TOKENS} == {64}  # calibration.md: 64 tokens, template default prompt
     assert c["system_prompt"] == compare.SYSTEM == ""
+    assert c["filter.temperature"] == c["rl.temperature"] == 0.5  # calibration.md: T = 1 samples rarely solve
     assert c["eval.probe_every"] and c["rl.steps"] % c["eval.probe_every"] == 0  # the last probe is the final one
