@@ -5,15 +5,18 @@
 
 Each family is a LABEL=SOURCE_SPEC pair (``jaxrl_mt.data.load_source``). For every temperature the
 base model answers FULL, SHARDED (MT-Add) and MT-Refine conversations of every problem through
-``jaxrl_mt.evaluate`` (``final_turn`` protocol, one run per problem and scenario), into
-``OUT/T<temp>/``; the accuracy of each family and scenario is the strict (and lenient) verifier on
-the last reply, recomputed from the transcripts. Writes ``OUT/calibration.json`` and
-``OUT/calibration.md``; ``--recompute`` rebuilds both from the transcripts alone.
+``jaxrl_mt.evaluate`` (``final_turn`` protocol, one run per problem and scenario; ``--runs K``: K
+runs at T > 0), into ``OUT/T<temp>/``; the accuracy of each family and scenario is the strict (and
+lenient) verifier on the last reply, recomputed from the transcripts. With K > 1 runs the tables add
+the share of problems with at least one correct run (pass@K: what the latent-capability filter's k
+samples and GRPO's groups need) and the filter's keep rule (FULL accuracy > multi-turn accuracy).
+Writes ``OUT/calibration.json`` and ``OUT/calibration.md``; ``--recompute`` rebuilds both from the transcripts alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,8 +38,33 @@ def parse_families(text: str) -> dict[str, str]:
     return out
 
 
+def any_correct(scores: dict[str, float]) -> dict[str, float]:
+    """Per task: 1.0 when at least one of its runs was correct (its mean score is > 0), else 0.0."""
+    return {t: float(v > 0) for t, v in scores.items()}
+
+
+def more_correct(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """Per task both hold: 1.0 when ``a``'s mean score beats ``b``'s (the latent-capability filter's
+    keep rule, single-turn accuracy > multi-turn accuracy), else 0.0."""
+    return {t: float(a[t] > b[t]) for t in sorted(set(a) & set(b))}
+
+
+def runs_per_task(records: list[dict[str, Any]], kind: str, keep: Any) -> int:
+    """The largest number of ``kind`` conversations of one task among ``records`` (0 when none)."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if r["kind"] == kind and keep(r["task_id"]):
+            counts[r["task_id"]] = counts.get(r["task_id"], 0) + 1
+    return max(counts.values(), default=0)
+
+
 def summarize(out: Path, families: dict[str, str], temps: list[float]) -> dict[str, Any]:
-    """Per temperature, family and scenario: strict and lenient accuracy of the last reply."""
+    """Per temperature, family and scenario: strict and lenient accuracy of the last reply.
+
+    With several runs per problem (sampled temperatures), also ``<kind>_strict_any`` (share of
+    problems with at least one correct run: pass@k, k = ``runs``) and ``full_gt_<kind>`` (share of
+    problems whose single-turn accuracy over the k runs beats their multi-turn accuracy).
+    """
     from jaxrl_mt.data.loaders import load_source
 
     ids = {label: {t.task_id for t in load_source(spec)} for label, spec in families.items()}
@@ -44,31 +72,68 @@ def summarize(out: Path, families: dict[str, str], temps: list[float]) -> dict[s
     for temp in temps:
         recs = load_records(out / f"T{temp:g}")
         for label, tids in ids.items():
-            row = {}
+            row: dict[str, Any] = {"runs": runs_per_task(recs, "full", tids.__contains__)}
+            strict = {}
             for kind in SCENARIOS:
                 for mode in ("strict", "lenient"):
                     s = last_reply_scores(recs, kind, mode, keep=tids.__contains__)
                     row[f"{kind}_{mode}"] = bootstrap_mean(s) if s else None
+                    if mode == "strict":
+                        strict[kind] = s
+                        row[f"{kind}_strict_any"] = bootstrap_mean(any_correct(s)) if s else None
+            for kind in SCENARIOS[1:]:
+                both = strict["full"] and strict[kind]
+                row[f"full_gt_{kind}"] = bootstrap_mean(more_correct(strict["full"], strict[kind])) if both else None
             table[f"T{temp:g}/{label}"] = row
     return {"families": families, "temps": temps, "table": table}
 
 
-def markdown(summary: dict[str, Any], command: str) -> str:
-    """The calibration table (strict accuracy, lenient in parentheses, n problems)."""
-    def cell(x: Any, y: Any) -> str:
-        return "-" if x is None else f"{100 * x['mean']:.0f} ({100 * y['mean']:.0f})"
+def stored_settings(workdir: Path) -> dict[str, Any]:
+    """Model, reply budget and system prompt an evaluation folder was run with (its ``eval_config.json``),
+    so a ``--recompute`` reports the setting of the transcripts, not of its own flags; {} when absent."""
+    path = workdir / "eval_config.json"
+    if not path.is_file():
+        return {}
+    c = json.loads(path.read_text(encoding="utf-8"))
+    return {k: c.get(k) for k in ("model", "max_new_tokens", "system_prompt")}
 
-    lines = ["| T | family | n | FULL | MT-Add | MT-Refine | MT-Add / FULL |", "|---|---|---:|---:|---:|---:|---:|"]
+
+def _ci(x: Any) -> str:
+    """``mean [lo, hi]`` in % of a bootstrap_mean result, "-" for None."""
+    return "-" if x is None else f"{100 * x['mean']:.0f} [{100 * x['lo']:.0f}, {100 * x['hi']:.0f}]"
+
+
+def markdown(summary: dict[str, Any], command: str) -> str:
+    """The calibration table (strict accuracy with 95% CI, lenient in parentheses, n problems) and,
+    for rows with several runs per problem, the pass@k table."""
+    def cell(x: Any, y: Any) -> str:
+        return "-" if x is None else f"{_ci(x)} ({100 * y['mean']:.0f})"
+
+    lines = ["| T | family | n | runs | FULL | MT-Add | MT-Refine | MT-Add / FULL |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    multi = []
     for key, row in summary["table"].items():
         temp, label = key.split("/", 1)
         f, a = row["full_strict"], row["sharded_strict"]
         ratio = "-" if not f or not a or f["mean"] == 0 else f"{a['mean'] / f['mean']:.2f}"
-        lines.append(f"| {temp[1:]} | {label} | {f['n'] if f else 0} | {cell(f, row['full_lenient'])} | "
-                     f"{cell(a, row['sharded_lenient'])} | {cell(row['mt_refine_strict'], row['mt_refine_lenient'])} "
-                     f"| {ratio} |")
+        lines.append(f"| {temp[1:]} | {label} | {f['n'] if f else 0} | {row.get('runs', 1)} | "
+                     f"{cell(f, row['full_lenient'])} | {cell(a, row['sharded_lenient'])} | "
+                     f"{cell(row['mt_refine_strict'], row['mt_refine_lenient'])} | {ratio} |")
+        if row.get("runs", 1) > 1:
+            multi.append(f"| {temp[1:]} | {label} | {f['n'] if f else 0} | {row['runs']} | "
+                         + " | ".join(_ci(row.get(k)) for k in ("full_strict_any", "sharded_strict_any",
+                                                                  "mt_refine_strict_any", "full_gt_sharded",
+                                                                  "full_gt_mt_refine")) + " |")
     src = ", ".join(f"`{k}` = `{v}`" for k, v in summary["families"].items())
-    return "\n".join(["Strict accuracy of the last reply in % (lenient in parentheses).", "", *lines, "",
-                      f"Families: {src}.", "", f"Command: `{command}`", ""])
+    parts = ["Strict accuracy of the last reply in %, 95% bootstrap CI over problems in brackets (lenient "
+             "in parentheses); with several runs, the mean over a problem's runs.", "", *lines, ""]
+    if multi:
+        parts += ["Several runs per problem: share of problems (%) with at least one strictly correct run "
+                  "(pass@k, k = runs), and share whose FULL accuracy over the runs beats MT-Add's / "
+                  "MT-Refine's (the latent-capability filter's keep rule).", "",
+                  "| T | family | n | k | FULL pass@k | MT-Add pass@k | MT-Refine pass@k | FULL > MT-Add | "
+                  "FULL > MT-Refine |", "|---|---|---:|---:|---:|---:|---:|---:|---:|", *multi, ""]
+    return "\n".join([*parts, f"Families: {src}.", "", f"Command: `{command}`", ""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,23 +146,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system", default="", help="system prompt ('' = the template's default)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=1,
+                    help="conversations per problem and scenario at T > 0 (T = 0 always 1): pass@k, k = runs")
     ap.add_argument("--recompute", action="store_true", help="only rebuild the summary from the transcripts")
     a = ap.parse_args(argv)
     out = Path(a.out)
     families = parse_families(a.families)
     temps = [float(t) for t in a.temps.split(",")]
+    if a.runs < 1:
+        raise SystemExit(f"--runs must be >= 1, got {a.runs}")
     if not a.recompute:
         from jaxrl_mt.evaluate import evaluate, load_eval_model
 
         model = load_eval_model(a.model)
         for temp in temps:
             cfg = eval_config(model=a.model, dataset=tuple(families.values()), limit=0, scenarios=a.scenarios,
-                              runs=1, temperature=temp, max_new_tokens=a.max_new_tokens, protocol="final_turn",
+                              runs=a.runs if temp > 0 else 1, temperature=temp, max_new_tokens=a.max_new_tokens,
+                              protocol="final_turn",
                               system_prompt=a.system, max_batch=a.max_batch, workdir=str(out / f"T{temp:g}"),
                               plots=False, bootstrap=200, reuse_cache=False)  # caches of all rows: GBs
             evaluate(cfg, model=model)
     summary = summarize(out, families, temps)
-    summary["settings"] = {"model": a.model, "max_new_tokens": a.max_new_tokens, "system": a.system}
+    summary["settings"] = {f"T{t:g}": stored_settings(out / f"T{t:g}") or {
+        "model": a.model, "max_new_tokens": a.max_new_tokens, "system_prompt": a.system} for t in temps}
     write_json(out / "calibration.json", summary)
     md = markdown(summary, "python -m jaxrl_mt.experiments.calibrate " + " ".join(
         f"'{x}'" if " " in x else x for x in (argv if argv is not None else sys.argv[1:])))

@@ -32,6 +32,10 @@ from jaxrl_mt.experiments.report import RUN_FILES, build, write
 __all__ = ["main", "resolve_models"]
 
 BASE = "builtin:smollm2-135m-instruct"
+# The experiment presets' reply budget and system prompt (configs/rlsta.py:experiment, eval.max_new_tokens and
+# system_prompt; measured in docs/results/calibration.md): every model is compared with these unless overridden.
+MAX_NEW_TOKENS = 64
+SYSTEM = ""
 
 
 def resolve_models(names: str, base: str) -> list[dict[str, Any]]:
@@ -104,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="evaluate the first N held-out problems (0: all)")
     ap.add_argument("--lic-runs", type=int, default=4, help="LiC runs per problem at T=1 (0: skip LiC)")
     ap.add_argument("--lic-every", type=int, default=4, help="LiC on every k-th evaluated problem")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--system", default="", help="system prompt ('': the template's default)")
+    ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="reply budget per turn, every model")
+    ap.add_argument("--system", default=SYSTEM, help="system prompt, every model ('': the template's default)")
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (kept in manifest.json)")

@@ -1,0 +1,46 @@
+"""The issue-15 experiment presets: the arms differ only in the compared thing, and they, the probe and
+``experiments.compare`` use the one measured setting (system prompt, reply budgets; calibration.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxrl_mt.experiments import compare
+from jaxrl_mt.runtime import load_config_file
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _preset(name: str) -> dict:
+    return _flat(load_config_file(CONFIGS / f"{name}.py", "experiment").to_dict())
+
+
+def test_grpo_arm_differs_from_rlsta_only_in_alpha() -> None:
+    rlsta, grpo = _preset("rlsta"), _preset("grpo")
+    diff = {k for k in rlsta.keys() | grpo.keys() if rlsta.get(k) != grpo.get(k)}
+    assert diff == {"method", "reward", "rl.alpha", "workdir"}
+    assert (rlsta["rl.alpha"], grpo["rl.alpha"], grpo["workdir"]) == (1.0, 0.0, "runs/grpo_exp")
+
+
+def test_icpo_arm_shares_budget_problems_and_probe() -> None:
+    rlsta, icpo = _preset("rlsta"), _preset("icpo")
+    shared = ["model", "system_prompt", "seed", "data.add_source", "rl.steps", "rl.batch_size", "rl.group_size",
+              "rl.lr", "rl.beta", "rl.temperature", "rl.max_new_tokens", "rl.verifier_mode", "eval.max_new_tokens",
+              "eval.probe_source", "eval.probe_limit", "eval.probe_kinds", "eval.probe_every"]
+    assert {k: icpo[k] for k in shared} == {k: rlsta[k] for k in shared}
+
+
+def test_one_measured_setting_for_training_probe_and_comparison() -> None:
+    c = _preset("rlsta")
+    budgets = {c["history.max_new_tokens"], c["rl.max_new_tokens"], c["eval.max_new_tokens"]}
+    assert budgets == {compare.MAX_NEW_TOKENS} == {64}  # calibration.md: 64 tokens, template default prompt
+    assert c["system_prompt"] == compare.SYSTEM == ""
+    assert c["filter.temperature"] == c["rl.temperature"] == 0.5  # calibration.md: T = 1 samples rarely solve
+    assert c["eval.probe_every"] and c["rl.steps"] % c["eval.probe_every"] == 0  # the last probe is the final one
