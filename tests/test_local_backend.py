@@ -1,0 +1,32 @@
+"""The local model as a chat backend: memory-bounded chunks that do not change what it answers."""
+
+from __future__ import annotations
+
+from jaxrl_mt.local_backend import LocalBackend
+from jaxrl_mt.models.registry import load_model
+
+
+class _Counting:
+    """A real sampler that counts the rows of every call it answers."""
+
+    def __init__(self, sampler):
+        self.sampler, self.rows = sampler, []
+
+    def __getattr__(self, name):
+        return getattr(self.sampler, name)
+
+    def generate_ids(self, prompts, sampling, **kw):
+        self.rows.append(len(prompts))
+        return self.sampler.generate_ids(prompts, sampling, **kw)
+
+
+def test_long_prompts_are_answered_in_bounded_chunks_with_the_same_replies(tiny_chat_model_dir):
+    model = load_model(str(tiny_chat_model_dir))
+    convs = [[{"role": "user", "content": "word " * n}] for n in (3, 400, 5, 380, 2, 390)]
+    whole = LocalBackend(model, max_cells=10**12)  # one call for all rows
+    small = LocalBackend(model, max_cells=2 * 512 * (512 + 16))  # at most 2 rows of the 512-token bucket
+    counted = _Counting(small.sampler)
+    small._chunked.sampler = counted
+    got = small.chat(convs, max_new_tokens=8)
+    assert got == whole.chat(convs, max_new_tokens=8)  # greedy: chunking changes nothing
+    assert len(got) == 6 and max(counted.rows) < 6 and sum(counted.rows) == 6, counted.rows
