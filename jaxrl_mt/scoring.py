@@ -19,6 +19,7 @@ import numpy as np
 from jaxrl_mt.batching import bucket, pack_rows
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params, forward, lm_head, positions_from_mask
+from jaxrl_mt.models.grouped import forward_grouped
 
 
 def token_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, *,
@@ -42,9 +43,23 @@ def token_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array, token_ma
     b, t = tokens.shape
     positions = positions_from_mask(token_mask)
     _, hidden, _ = forward(params, cfg, tokens, positions, token_mask, logits="none", remat=remat)
-    h = hidden[:, :-1]  # [B, T-1, D] predicts tokens[:, 1:]
-    tgt = tokens[:, 1:]  # [B, T-1]
-    n = t - 1
+    lp, ent = head_logprobs(params, cfg, hidden[:, :-1], tokens[:, 1:], temperature=temperature, chunk=chunk,
+                            with_entropy=with_entropy)  # hidden[:, :-1] predicts tokens[:, 1:]
+    valid = token_mask[:, 1:] & token_mask[:, :-1]
+    lp = jnp.concatenate([jnp.zeros((b, 1)), jnp.where(valid, lp, 0.0)], axis=1)
+    ent = jnp.concatenate([jnp.zeros((b, 1)), jnp.where(valid, ent, 0.0)], axis=1)
+    return lp, hidden, (ent if with_entropy else None)
+
+
+def head_logprobs(params: Params, cfg: ModelConfig, h: jax.Array, tgt: jax.Array, *,
+                  temperature: float | jax.Array = 1.0, chunk: int = 128, with_entropy: bool = False
+                  ) -> tuple[jax.Array, jax.Array]:
+    """Log-probs [B, n] of targets [B, n] under the head at hidden states h [B, n, D], and entropies.
+
+    The vocabulary projection runs over time chunks of `chunk`, each rematerialised, so [B, n, V]
+    logits never exist at once. The entropy is zeros unless `with_entropy`.
+    """
+    b, n = tgt.shape
     c = max(1, min(chunk, n))
     pad = (-n) % c
     h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
@@ -66,12 +81,31 @@ def token_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array, token_ma
         return lp, ent
 
     lp, ent = jax.lax.map(one, (hc, tc))  # [C, B, c]
-    lp = lp.swapaxes(0, 1).reshape(b, -1)[:, :n]
-    ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
-    valid = token_mask[:, 1:] & token_mask[:, :-1]
-    lp = jnp.concatenate([jnp.zeros((b, 1)), jnp.where(valid, lp, 0.0)], axis=1)
-    ent = jnp.concatenate([jnp.zeros((b, 1)), jnp.where(valid, ent, 0.0)], axis=1)
-    return lp, hidden, (ent if with_entropy else None)
+    return lp.swapaxes(0, 1).reshape(b, -1)[:, :n], ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
+
+
+def grouped_logprobs(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_mask: jax.Array,
+                     suffix: jax.Array, suffix_mask: jax.Array, *, temperature: float | jax.Array = 1.0,
+                     chunk: int = 128, remat: bool = False, with_entropy: bool = False
+                     ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """Log-probs of continuations that share prefixes (`models.grouped.forward_grouped`).
+
+    Args:
+      prefix: [Bp, P] left-padded ids; suffix: [Bp * G, C] right-padded ids, G rows per prefix.
+      prefix_mask, suffix_mask: their real tokens.
+
+    Returns:
+      logp [Bp * G, C] of every suffix token given its prefix and the suffix before it (0 on pads
+      and where the prefix is empty), the suffix's hidden states [Bp * G, C, D], entropy or None.
+      Equal to `token_logprobs` of the rows [prefix | suffix] at the suffix positions.
+    """
+    hp, hs = forward_grouped(params, cfg, prefix, prefix_mask, suffix, suffix_mask, remat=remat)
+    g = suffix.shape[0] // prefix.shape[0]
+    h = jnp.concatenate([jnp.repeat(hp[:, None], g, axis=0), hs[:, :-1]], axis=1)  # [B, C, D]
+    lp, ent = head_logprobs(params, cfg, h, suffix, temperature=temperature, chunk=chunk, with_entropy=with_entropy)
+    prev = jnp.concatenate([jnp.repeat(prefix_mask[:, -1:], g, axis=0), suffix_mask[:, :-1]], axis=1)
+    valid = suffix_mask & prev
+    return jnp.where(valid, lp, 0.0), hs, (jnp.where(valid, ent, 0.0) if with_entropy else None)
 
 
 def masked_mean(x: jax.Array, mask: jax.Array, axis: int | None = None) -> jax.Array:
