@@ -143,6 +143,36 @@ def score_batch(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask:
             "pooled": pooled}
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "chunk"))
+def score_grouped(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_mask: jax.Array, suffix: jax.Array,
+                  suffix_mask: jax.Array, chunk: int = 128) -> dict[str, jax.Array]:
+    """`score_batch` of completions sharing contexts (`grouped_logprobs`), pooled over the completion.
+
+    Returns:
+      logprobs [B, C] (of the suffix tokens), sum, count, mean, geo_mean [B], pooled [B, D].
+    """
+    lp, hs, _ = grouped_logprobs(params, cfg, prefix, prefix_mask, suffix, suffix_mask, chunk=chunk)
+    count = jnp.sum(suffix_mask, axis=-1)
+    s = jnp.sum(lp, axis=-1)
+    mean = s / jnp.maximum(count, 1)
+    w = suffix_mask.astype(jnp.float32)
+    pooled = jnp.einsum("btd,bt->bd", hs.astype(jnp.float32), w) / jnp.maximum(jnp.sum(w, -1, keepdims=True), 1)
+    return {"logprobs": lp, "sum": s, "count": count, "mean": mean, "geo_mean": jnp.exp(mean), "pooled": pooled}
+
+
+def context_groups(contexts: Sequence[Sequence[int]]) -> int:
+    """G when the contexts come in runs of exactly G > 1 identical non-empty ones (consecutive rows), else 1."""
+    runs: list[int] = []
+    for i, c in enumerate(contexts):
+        if len(c) == 0:
+            return 1
+        if i and list(c) == list(contexts[i - 1]):
+            runs[-1] += 1
+        else:
+            runs.append(1)
+    return runs[0] if runs and runs[0] > 1 and all(r == runs[0] for r in runs) else 1
+
+
 @dataclasses.dataclass
 class ScoreResult:
     """Host-side scores of a list of (context, completion) pairs."""
@@ -169,6 +199,18 @@ class Scorer:
         self.params, self.cfg, self.pad_id = params, cfg, pad_id
         self.batch_size, self.chunk = batch_size, chunk
         self.mesh = mesh  # the params' mesh: rows are split over its (data, fsdp) axes
+        self._last: dict[tuple[tuple[int, ...], tuple[int, ...]], np.ndarray] = {}  # the last call's log-probs
+
+    def cached_logprobs(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+                        ) -> list[np.ndarray] | None:
+        """The log-probs of these pairs from the last `score` call, or None unless it scored all of them.
+
+        Lets a second pass over the same pairs under the same model (e.g. the KL term's reference
+        log-probs after the anchor reward, when the anchor prompt is the policy's prompt) reuse
+        the first instead of running the model again.
+        """
+        out = [self._last.get((tuple(a), tuple(b))) for a, b in zip(contexts, completions)]
+        return None if any(x is None for x in out) else [np.array(x) for x in out]
 
     def _shape(self, lens: Sequence[int], n: int, multi: bool) -> tuple[int, int]:
         """(rows, tokens) of one batch of pairs of total lengths `lens` (n pairs in the whole call)."""
@@ -229,6 +271,9 @@ class Scorer:
             raise ValueError(f"unknown pool {pool!r}")
         multi = spans_processes(self.mesh)
         n = len(contexts)
+        g = context_groups(contexts) if self.mesh is None and pool == "completion" else 1
+        if g > 1 and (n <= self.batch_size or self.batch_size % g == 0):
+            return self._remember(contexts, completions, self._score_grouped(contexts, completions, g))
         n_batches = -(-n // self.batch_size)
         if multi:  # every process runs the same number of batches (some may be all padding)
             n_batches = agree_max(n_batches)
@@ -245,6 +290,37 @@ class Scorer:
         if not parts["sum"]:  # no rows (only on a process of a multi-process call)
             zero = np.zeros(0, np.float32)
             return ScoreResult([], zero, zero, zero, np.zeros((0, self.cfg.hidden_size), np.float32))
+        res = ScoreResult(out_lp, *(np.concatenate(parts[k]) for k in ("sum", "mean", "geo_mean", "pooled")))
+        return res if multi else self._remember(contexts, completions, res)
+
+    def _remember(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                  res: ScoreResult) -> ScoreResult:
+        self._last = {(tuple(a), tuple(b)): lp for a, b, lp in zip(contexts, completions, res.logprobs)}
+        return res
+
+    def _score_grouped(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], g: int
+                       ) -> ScoreResult:
+        """`score` of contexts in runs of g (`context_groups`): each context runs once (`score_grouped`)."""
+        n = len(contexts)
+        rows = n if n <= self.batch_size else self.batch_size  # a multiple of g
+        max_ctx = self.cfg.max_position_embeddings
+        p = bucket(max(len(c) for c in contexts), 16)
+        c = bucket(max(max((len(x) for x in completions), default=1), 1), 16)
+        if max(len(a) + len(b) for a, b in zip(contexts, completions)) > max_ctx:
+            raise ValueError(f"a context+completion exceeds the model context {max_ctx}")
+        out_lp: list[np.ndarray] = []
+        parts: dict[str, list[np.ndarray]] = {"sum": [], "mean": [], "geo_mean": [], "pooled": []}
+        for start in range(0, n, rows):
+            ctx = [list(x) for x in contexts[start:start + rows:g]]
+            comp = [list(x) for x in completions[start:start + rows]]
+            bp = bucket(len(ctx), 1)
+            pt, pm = pack_rows(ctx, self.pad_id, p, align="left", n_rows=bp)
+            pm[len(ctx):, -1] = True  # padding groups: one real token, so no row attends to nothing
+            st, sm = pack_rows(comp, self.pad_id, c, align="right", n_rows=bp * g)
+            r = jax.device_get(score_grouped(self.params, self.cfg, pt, pm, st, sm, chunk=self.chunk))
+            out_lp += [np.asarray(r["logprobs"][i, :len(x)]) for i, x in enumerate(comp)]
+            for k, v in parts.items():
+                v.append(r[k][: len(comp)])
         return ScoreResult(out_lp, *(np.concatenate(parts[k]) for k in ("sum", "mean", "geo_mean", "pooled")))
 
 
