@@ -1,21 +1,24 @@
 """Wall time and peak memory of one GRPO step: our JAX stack against TRL's ``GRPOTrainer``.
 
-    python -m jaxrl_mt.benchmarks.grpo [--model SPEC] [--prompts 4] [--group 4] [--new-tokens 128]
-        [--beta 1e-4] [--steps 2] [--threads N] [--no-remat] [--only ours|trl] [--json OUT]
+    python -m jaxrl_mt.benchmarks grpo [--model SPEC] [--prompts 4] [--group 4] [--new-tokens 128]
+        [--beta 1e-4] [--steps 3] [--threads N] [--remat auto|on|off] [--only ours|trl] [--json OUT]
 
 Both sides run the same configuration: the same chat-formatted GSM8K questions (the shipped
 sample), ``G`` generations per prompt, exactly ``--new-tokens`` new tokens per completion (no stop
 ids on our side, ``min_new_tokens`` on TRL's), temperature 1, the KL coefficient ``beta`` (so both
 do a reference forward), AdamW at lr 1e-6 with global-norm clipping at 1 and a constant schedule,
 the "grpo" loss, one optimizer update per step (no gradient accumulation, ``num_iterations = 1``),
-fp32, and gradient checkpointing on both sides (TRL's default; ours: ``LossConfig.remat``).
-``--no-remat`` turns it off on both: ours then needs about 9.3 GiB of XLA temporaries for
-16 x 256 tokens of the 135M model, which can exhaust a small machine.
+fp32. Gradient checkpointing: TRL's default (on) for TRL; ours chosen by `rl.step.remat_needed`
+from an estimate of the step's activations against the free memory (``--remat on|off`` forces
+both sides; ``--no-remat`` = ``--remat off``).
 
-One step is generation -> rewards -> advantages -> (reference log-probs) -> loss, backward and the
-optimizer update. Ours: ``Sampler.generate_ids`` -> ``verify`` + ``anchor_reward`` (a reference
-forward of each completion under its anchor prompt) -> ``group_advantages`` -> ``assemble_rollouts``
--> ``completion_logprobs`` (reference, for the KL term) -> the jitted ``make_train_step`` step.
+One step is tokenisation (the chat template, inside the timed step on both sides) -> generation
+-> rewards -> advantages -> (reference log-probs) -> loss, backward and the optimizer update.
+Ours: ``encode_prompt`` -> ``Sampler.generate_ids`` -> ``verify`` + ``anchor_reward`` (the
+reference model's log-probs of each completion under its anchor prompt, here the policy's own
+prompt) -> ``group_advantages`` -> ``assemble_grouped`` (each prompt once for its G completions)
+-> ``reference_logprobs`` (the KL term's; the anchor pass scored the same pairs, so they are
+reused) -> the jitted ``make_train_step`` step, which donates the train state.
 TRL: ``GRPOTrainer`` with a reward function that calls the same verifier (it has no anchor reward).
 
 Each side runs in its own subprocess, so peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) is that
@@ -24,10 +27,10 @@ pool and torch's ``set_num_threads`` alike. On a machine shared with other jobs,
 threads spin at every barrier while another process holds a core, so fewer threads than cores can
 be much faster there; the driver prints ``uptime`` before and after, and each step's process CPU
 time (``time.process_time``) is reported beside its wall time, as the figure that other jobs on
-the machine distort least. The first step includes XLA
-compilation (ours) or torch warm-up (TRL); steady state is the mean of the later steps. Per-phase
-times come from our own timers and, for TRL, from timers wrapped around ``GRPOTrainer._generate``
-and ``_generate_and_score_completions``.
+the machine distort least. The first step includes XLA compilation (ours) or torch warm-up (TRL);
+steady state is the mean of the later steps (``--steps 3``: two). Per-phase times come from our
+own timers and, for TRL, from timers wrapped around ``GRPOTrainer._generate`` and
+``_generate_and_score_completions``.
 """
 
 from __future__ import annotations
