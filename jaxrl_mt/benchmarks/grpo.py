@@ -8,7 +8,7 @@ sample), ``G`` generations per prompt, exactly ``--new-tokens`` new tokens per c
 ids on our side, ``min_new_tokens`` on TRL's), temperature 1, the KL coefficient ``beta`` (so both
 do a reference forward), AdamW at lr 1e-6 with global-norm clipping at 1 and a constant schedule,
 the "grpo" loss, one optimizer update per step (no gradient accumulation, ``num_iterations = 1``),
-fp32. Gradient checkpointing: TRL's default (on) for TRL; ours chosen by `rl.step.remat_needed`
+fp32. Gradient checkpointing: TRL's default (on) for TRL; ours chosen by `rl.step.choose_remat`
 from an estimate of the step's activations against the free memory (``--remat on|off`` forces
 both sides; ``--no-remat`` = ``--remat off``).
 
@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 SIDES = ("ours", "trl")
 LR = 1e-6
 MAX_GRAD_NORM = 1.0
+HEAD_CHUNK = 32  # time chunk of the loss's vocabulary projection: 16 x 32 x 49152 fp32 logits at a time
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -117,14 +118,15 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     G, T = spec["group"], spec["new_tokens"]
     sampler = Sampler.from_model(model)
     # the reference is a copy: the train step donates (updates in place) the policy's parameters
+    remat = spec["remat"]
+    if remat == "auto":  # before the reference copy and the optimizer state exist (see `choose_remat`)
+        remat = choose_remat(model, spec["prompts"], G, T)
     ref_params = jax.tree_util.tree_map(lambda x: x.copy(), model.params)
     n_rows = len(spec["prompts"]) * G
     ref_scorer = Scorer(ref_params, model.cfg, pad_id=model.pad_id, batch_size=min(16, n_rows))
     optimizer = make_optimizer(LR, max_grad_norm=MAX_GRAD_NORM)
-    remat = spec["remat"]
-    if remat == "auto":
-        remat = choose_remat(model, spec["prompts"], G, T)
-    lc = LossConfig(beta=spec["beta"], loss_type="grpo", temperature=1.0, max_completion_length=T, remat=remat)
+    lc = LossConfig(beta=spec["beta"], loss_type="grpo", temperature=1.0, max_completion_length=T, remat=remat,
+                    chunk=HEAD_CHUNK)
     params, opt_state = model.params, optimizer.init(model.params)
     jax.block_until_ready(opt_state)
     setup_s = time.perf_counter() - t0
@@ -162,14 +164,14 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
             "peak_rss_mb": peak_rss_mb()}
 
 
-def choose_remat(model: Any, items: Sequence[dict[str, str]], group: int, new_tokens: int) -> bool:
-    """Rematerialise only when the grouped step's activations would not fit (`rl.step.remat_needed`)."""
+def choose_remat(model: Any, items: Sequence[dict[str, str]], group: int, new_tokens: int) -> bool | str:
+    """The rematerialisation of the grouped step chosen from its activation estimate (`rl.step.choose_remat`)."""
     from jaxrl_mt.chat import encode_prompt
-    from jaxrl_mt.rl.step import remat_needed
+    from jaxrl_mt.rl.step import choose_remat as choose
     from jaxrl_mt.sampling import bucket
 
     longest = max(len(encode_prompt(model.tokenizer, [{"role": "user", "content": p["question"]}])) for p in items)
-    return remat_needed(model.cfg, len(items), group, bucket(longest, 32), bucket(new_tokens, 16))
+    return choose(model.cfg, len(items), group, bucket(longest, 32), bucket(new_tokens, 16), chunk=HEAD_CHUNK)
 
 
 def _generate(model: Any, sampler: Any, items: Sequence[dict[str, str]], G: int, T: int, step: int) -> Any:

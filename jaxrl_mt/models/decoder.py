@@ -250,9 +250,20 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
     return layer_out(cfg, lp, x, att), k, v
 
 
+def remat_layer(body: Any, remat: bool | str) -> Any:
+    """A scanned layer `body` wrapped for the backward pass: True keeps only the layer inputs,
+    "dots" also the outputs of the weight matmuls (norms, RoPE, attention and activations are
+    recomputed), False keeps everything."""
+    if remat == "dots":
+        return jax.checkpoint(body, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    if remat not in (True, False):
+        raise ValueError(f"remat must be True, False or 'dots', got {remat!r}")
+    return jax.checkpoint(body) if remat else body
+
+
 def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
             token_mask: jax.Array, cache: KVCache | None = None, *, logits: str = "all",
-            remat: bool = False) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
+            remat: bool | str = False) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
     """Runs the decoder.
 
     Args:
@@ -263,7 +274,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
       token_mask: [B, T] bool, False on padding (pads are never attended to).
       cache: optional KVCache; the T new tokens are written at slots cache.index..index+T-1.
       logits: "all" for [B, T, V] logits, "last" for [B, 1, V] of the last position, "none".
-      remat: rematerialise each layer in the backward pass (saves activation memory).
+      remat: rematerialise each layer in the backward pass (saves activation memory): True, "dots"
+        or False (`remat_layer`).
 
     Returns:
       (logits fp32 or None, final hidden states [B, T, D] after the final norm, updated cache).
@@ -282,8 +294,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
             x, _, _ = _layer(cfg, lp, x, cos, sin, None, None, None, mask)
             return x, None
 
-        body_fn = jax.checkpoint(body) if remat else body
-        x, _ = jax.lax.scan(body_fn, x, layers)
+        x, _ = jax.lax.scan(remat_layer(body, remat), x, layers)
         new_cache = None
     else:
         s = cache.k.shape[3]

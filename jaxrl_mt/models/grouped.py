@@ -17,11 +17,11 @@ import jax.numpy as jnp
 
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import (Params, attention, cached_attention, layer_out, layer_qkv, positions_from_mask,
-                                     rms_norm, rope_cos_sin)
+                                     remat_layer, rms_norm, rope_cos_sin)
 
 
 def forward_grouped(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_mask: jax.Array,
-                    suffix: jax.Array, suffix_mask: jax.Array, *, remat: bool = False
+                    suffix: jax.Array, suffix_mask: jax.Array, *, remat: bool | str = False
                     ) -> tuple[jax.Array, jax.Array]:
     """Runs the decoder over prefixes and the continuations that share them.
 
@@ -30,7 +30,9 @@ def forward_grouped(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_
       prefix: [Bp, P] left-padded prefix ids; prefix_mask: [Bp, P] real tokens.
       suffix: [Bp * G, C] right-padded continuation ids, G consecutive rows per prefix (row i
         continues prefix i // G); suffix_mask: [Bp * G, C] real tokens.
-      remat: rematerialise each layer in the backward pass.
+      remat: rematerialise each layer in the backward pass: True (keep only the layer inputs),
+        "dots" (keep the outputs of the weight matmuls too, recompute the rest: norms, RoPE,
+        attention, activations), False (keep everything).
 
     Returns:
       (final hidden state of each prefix's last position [Bp, D], final hidden states of the
@@ -61,7 +63,7 @@ def forward_grouped(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_
         att_s = cached_attention(qs, kc, vc, cache_mask, ks, vs, new_mask)
         return (layer_out(cfg, lp, xp, att_p), layer_out(cfg, lp, xs, att_s)), None
 
-    body_fn = jax.checkpoint(body) if remat else body
+    body_fn = remat_layer(body, remat)
     (xp, xs), _ = jax.lax.scan(body_fn, (xp, xs), params["layers"])
     eps = cfg.rms_norm_eps
     return rms_norm(xp[:, -1], params["final_norm"], eps), rms_norm(xs, params["final_norm"], eps)

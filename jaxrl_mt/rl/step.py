@@ -41,7 +41,7 @@ class LossConfig:
     loss_type: str = "grpo"  # "grpo" (seq-mean-token-mean) | "token_mean" | "dr_grpo"
     temperature: float = 1.0  # logits are divided by it, as at sampling time
     max_completion_length: int = 128  # Dr. GRPO's constant denominator
-    remat: bool = False  # rematerialise decoder layers in the backward pass
+    remat: bool | str = False  # rematerialise decoder layers in the backward pass (grouped layout: or "dots")
     chunk: int = 128  # time-chunk of the vocabulary projection
 
 
@@ -147,21 +147,24 @@ def reference_logprobs(scorer: Scorer | None, ref_params: Params, ref_cfg: Model
 
 
 def activation_bytes_grouped(cfg: ModelConfig, n_prompts: int, group: int, prompt_len: int,
-                             completion_len: int, *, remat: bool) -> int:
+                             completion_len: int, *, remat: bool | str, chunk: int = 128) -> int:
     """Estimated activation bytes of a grouped GRPO backward pass (docs/scaling.md's formula, per token).
 
     Prompts count once per group (Bp * P tokens), completions N * C; attention scores are
-    Bp * Hq * P^2 for the prompts and N * Hq * C * (P + C) for the completions.
+    Bp * Hq * P^2 for the prompts and N * Hq * C * (P + C) for the completions. "dots" keeps
+    the weight matmuls' outputs of every layer (q, k, v, o, gate, up, down) and one layer's rest.
     """
     b = jnp.dtype(cfg.jnp_dtype).itemsize
     d, f, k = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    hq, hkv = cfg.num_heads * k, cfg.num_kv_heads * k
     n = n_prompts * group
     tokens = n_prompts * prompt_len + n * completion_len
-    per_token = b * (4 * d + 3 * cfg.num_heads * k + 3 * cfg.num_kv_heads * k + 4 * f)
+    per_token = b * (4 * d + 3 * hq + 3 * hkv + 4 * f)
     pairs = n_prompts * prompt_len ** 2 + n * completion_len * (prompt_len + completion_len)
-    scores = cfg.num_heads * (4 + b) * pairs
-    layer = tokens * per_token + scores
-    head = 3 * n * min(128, completion_len) * cfg.vocab_size * 4
+    layer = tokens * per_token + cfg.num_heads * (4 + b) * pairs
+    head = 3 * n * min(chunk, completion_len) * cfg.vocab_size * 4  # one chunk of fp32 logits
+    if remat == "dots":
+        return cfg.num_layers * tokens * b * (2 * d + hq + 2 * hkv + 2 * f) + layer + head
     if remat:
         return cfg.num_layers * tokens * d * b + layer + head
     return cfg.num_layers * layer + head
@@ -182,12 +185,24 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def remat_needed(cfg: ModelConfig, n_prompts: int, group: int, prompt_len: int, completion_len: int, *,
-                 budget: int | None = None) -> bool:
-    """Whether to rematerialise: the grouped step's activations without it exceed `budget`
-    (default: half of `available_memory()`, leaving room for XLA's temporaries)."""
+XLA_TEMP_FACTOR = 2  # XLA:CPU's measured temporaries of the 135M step were ~2x the estimate
+
+
+def choose_remat(cfg: ModelConfig, n_prompts: int, group: int, prompt_len: int, completion_len: int, *,
+                 budget: int | None = None, chunk: int = 128) -> bool | str:
+    """The cheapest rematerialisation whose estimated activations (x XLA_TEMP_FACTOR) fit `budget`.
+
+    False (none) if it fits, else "dots" (recompute everything but the weight matmuls), else True
+    (keep only layer inputs). Default budget: half of `available_memory()` (measured before the
+    optimizer state exists), leaving room for the parameters, gradients and optimizer state.
+    `chunk`: the time chunk of the vocabulary projection (`LossConfig.chunk`).
+    """
     budget = available_memory() // 2 if budget is None else budget
-    return activation_bytes_grouped(cfg, n_prompts, group, prompt_len, completion_len, remat=False) > budget
+    for remat in (False, "dots"):
+        est = activation_bytes_grouped(cfg, n_prompts, group, prompt_len, completion_len, remat=remat, chunk=chunk)
+        if est * XLA_TEMP_FACTOR <= budget:
+            return remat
+    return True
 
 
 def loss_fn(params: Params, cfg: ModelConfig, lc: LossConfig, prompt_len: int, batch: dict[str, jax.Array]

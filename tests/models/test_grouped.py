@@ -24,7 +24,7 @@ def _layouts():
     return (jnp.asarray(pt), jnp.asarray(pm), jnp.asarray(st), jnp.asarray(sm)), (jnp.asarray(ft), jnp.asarray(fm))
 
 
-@pytest.mark.parametrize("cfg,remat", [(LLAMA, False), (FEATURES, True)], ids=["llama", "all-features-remat"])
+@pytest.mark.parametrize("cfg,remat", [(LLAMA, "dots"), (FEATURES, True)], ids=["llama-dots", "all-features-remat"])
 def test_grouped_logprobs_equal_full_rows(cfg, remat):
     params = init_params(cfg, jax.random.PRNGKey(3), scale=0.2)
     (pt, pm, st, sm), (ft, fm) = _layouts()

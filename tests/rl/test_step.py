@@ -9,7 +9,7 @@ import pytest
 from jaxrl_mt.models.decoder import init_params
 from jaxrl_mt.rl.optim import make_optimizer
 from jaxrl_mt.rl.step import (LossConfig, activation_bytes_grouped, assemble_grouped, assemble_rollouts,
-                              completion_logprobs, make_train_step, reference_logprobs, remat_needed)
+                              choose_remat, completion_logprobs, make_train_step, reference_logprobs)
 from jaxrl_mt.scoring import Scorer
 from tests.models.test_decoder import LLAMA
 
@@ -74,8 +74,11 @@ def test_remat_is_chosen_from_the_activation_estimate():
     grouped = activation_bytes_grouped(LLAMA, 4, 4, 128, 128, remat=False)
     assert activation_bytes_grouped(LLAMA, 4, 4, 128, 128, remat=True) < grouped
     assert activation_bytes_grouped(LLAMA, 16, 1, 128, 128, remat=False) > grouped  # no sharing: more
-    assert remat_needed(LLAMA, 4, 4, 128, 128, budget=grouped - 1)
-    assert not remat_needed(LLAMA, 4, 4, 128, 128, budget=grouped)
+    dots = activation_bytes_grouped(LLAMA, 4, 4, 128, 128, remat="dots")
+    assert activation_bytes_grouped(LLAMA, 4, 4, 128, 128, remat=True) < dots < grouped
+    assert choose_remat(LLAMA, 4, 4, 128, 128, budget=2 * grouped) is False
+    assert choose_remat(LLAMA, 4, 4, 128, 128, budget=2 * grouped - 1) == "dots"
+    assert choose_remat(LLAMA, 4, 4, 128, 128, budget=2 * dots - 1) is True
 
 
 def test_assemble_grouped_checks_rows():
