@@ -19,6 +19,7 @@ import numpy as np
 from jaxrl_mt.batching import bucket, pack_rows
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params, forward, lm_head, positions_from_mask
+from jaxrl_mt.models.grouped import forward_grouped
 
 
 def token_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, *,
@@ -42,9 +43,23 @@ def token_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array, token_ma
     b, t = tokens.shape
     positions = positions_from_mask(token_mask)
     _, hidden, _ = forward(params, cfg, tokens, positions, token_mask, logits="none", remat=remat)
-    h = hidden[:, :-1]  # [B, T-1, D] predicts tokens[:, 1:]
-    tgt = tokens[:, 1:]  # [B, T-1]
-    n = t - 1
+    lp, ent = head_logprobs(params, cfg, hidden[:, :-1], tokens[:, 1:], temperature=temperature, chunk=chunk,
+                            with_entropy=with_entropy)  # hidden[:, :-1] predicts tokens[:, 1:]
+    valid = token_mask[:, 1:] & token_mask[:, :-1]
+    lp = jnp.concatenate([jnp.zeros((b, 1)), jnp.where(valid, lp, 0.0)], axis=1)
+    ent = jnp.concatenate([jnp.zeros((b, 1)), jnp.where(valid, ent, 0.0)], axis=1)
+    return lp, hidden, (ent if with_entropy else None)
+
+
+def head_logprobs(params: Params, cfg: ModelConfig, h: jax.Array, tgt: jax.Array, *,
+                  temperature: float | jax.Array = 1.0, chunk: int = 128, with_entropy: bool = False
+                  ) -> tuple[jax.Array, jax.Array]:
+    """Log-probs [B, n] of targets [B, n] under the head at hidden states h [B, n, D], and entropies.
+
+    The vocabulary projection runs over time chunks of `chunk`, each rematerialised, so [B, n, V]
+    logits never exist at once. The entropy is zeros unless `with_entropy`.
+    """
+    b, n = tgt.shape
     c = max(1, min(chunk, n))
     pad = (-n) % c
     h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
@@ -66,12 +81,31 @@ def token_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array, token_ma
         return lp, ent
 
     lp, ent = jax.lax.map(one, (hc, tc))  # [C, B, c]
-    lp = lp.swapaxes(0, 1).reshape(b, -1)[:, :n]
-    ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
-    valid = token_mask[:, 1:] & token_mask[:, :-1]
-    lp = jnp.concatenate([jnp.zeros((b, 1)), jnp.where(valid, lp, 0.0)], axis=1)
-    ent = jnp.concatenate([jnp.zeros((b, 1)), jnp.where(valid, ent, 0.0)], axis=1)
-    return lp, hidden, (ent if with_entropy else None)
+    return lp.swapaxes(0, 1).reshape(b, -1)[:, :n], ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
+
+
+def grouped_logprobs(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_mask: jax.Array,
+                     suffix: jax.Array, suffix_mask: jax.Array, *, temperature: float | jax.Array = 1.0,
+                     chunk: int = 128, remat: bool = False, with_entropy: bool = False
+                     ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """Log-probs of continuations that share prefixes (`models.grouped.forward_grouped`).
+
+    Args:
+      prefix: [Bp, P] left-padded ids; suffix: [Bp * G, C] right-padded ids, G rows per prefix.
+      prefix_mask, suffix_mask: their real tokens.
+
+    Returns:
+      logp [Bp * G, C] of every suffix token given its prefix and the suffix before it (0 on pads
+      and where the prefix is empty), the suffix's hidden states [Bp * G, C, D], entropy or None.
+      Equal to `token_logprobs` of the rows [prefix | suffix] at the suffix positions.
+    """
+    hp, hs = forward_grouped(params, cfg, prefix, prefix_mask, suffix, suffix_mask, remat=remat)
+    g = suffix.shape[0] // prefix.shape[0]
+    h = jnp.concatenate([jnp.repeat(hp[:, None], g, axis=0), hs[:, :-1]], axis=1)  # [B, C, D]
+    lp, ent = head_logprobs(params, cfg, h, suffix, temperature=temperature, chunk=chunk, with_entropy=with_entropy)
+    prev = jnp.concatenate([jnp.repeat(prefix_mask[:, -1:], g, axis=0), suffix_mask[:, :-1]], axis=1)
+    valid = suffix_mask & prev
+    return jnp.where(valid, lp, 0.0), hs, (jnp.where(valid, ent, 0.0) if with_entropy else None)
 
 
 def masked_mean(x: jax.Array, mask: jax.Array, axis: int | None = None) -> jax.Array:
@@ -109,6 +143,36 @@ def score_batch(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask:
             "pooled": pooled}
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "chunk"))
+def score_grouped(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_mask: jax.Array, suffix: jax.Array,
+                  suffix_mask: jax.Array, chunk: int = 128) -> dict[str, jax.Array]:
+    """`score_batch` of completions sharing contexts (`grouped_logprobs`), pooled over the completion.
+
+    Returns:
+      logprobs [B, C] (of the suffix tokens), sum, count, mean, geo_mean [B], pooled [B, D].
+    """
+    lp, hs, _ = grouped_logprobs(params, cfg, prefix, prefix_mask, suffix, suffix_mask, chunk=chunk)
+    count = jnp.sum(suffix_mask, axis=-1)
+    s = jnp.sum(lp, axis=-1)
+    mean = s / jnp.maximum(count, 1)
+    w = suffix_mask.astype(jnp.float32)
+    pooled = jnp.einsum("btd,bt->bd", hs.astype(jnp.float32), w) / jnp.maximum(jnp.sum(w, -1, keepdims=True), 1)
+    return {"logprobs": lp, "sum": s, "count": count, "mean": mean, "geo_mean": jnp.exp(mean), "pooled": pooled}
+
+
+def context_groups(contexts: Sequence[Sequence[int]]) -> int:
+    """G when the contexts come in runs of exactly G > 1 identical non-empty ones (consecutive rows), else 1."""
+    runs: list[int] = []
+    for i, c in enumerate(contexts):
+        if len(c) == 0:
+            return 1
+        if i and list(c) == list(contexts[i - 1]):
+            runs[-1] += 1
+        else:
+            runs.append(1)
+    return runs[0] if runs and runs[0] > 1 and all(r == runs[0] for r in runs) else 1
+
+
 @dataclasses.dataclass
 class ScoreResult:
     """Host-side scores of a list of (context, completion) pairs."""
@@ -135,6 +199,18 @@ class Scorer:
         self.params, self.cfg, self.pad_id = params, cfg, pad_id
         self.batch_size, self.chunk = batch_size, chunk
         self.mesh = mesh  # the params' mesh: rows are split over its (data, fsdp) axes
+        self._last: dict[tuple[tuple[int, ...], tuple[int, ...]], np.ndarray] = {}  # the last call's log-probs
+
+    def cached_logprobs(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+                        ) -> list[np.ndarray] | None:
+        """The log-probs of these pairs from the last `score` call, or None unless it scored all of them.
+
+        Lets a second pass over the same pairs under the same model (e.g. the KL term's reference
+        log-probs after the anchor reward, when the anchor prompt is the policy's prompt) reuse
+        the first instead of running the model again.
+        """
+        out = [self._last.get((tuple(a), tuple(b))) for a, b in zip(contexts, completions)]
+        return None if any(x is None for x in out) else [np.array(x) for x in out]
 
     def _shape(self, lens: Sequence[int], n: int, multi: bool) -> tuple[int, int]:
         """(rows, tokens) of one batch of pairs of total lengths `lens` (n pairs in the whole call)."""
@@ -195,6 +271,9 @@ class Scorer:
             raise ValueError(f"unknown pool {pool!r}")
         multi = spans_processes(self.mesh)
         n = len(contexts)
+        g = context_groups(contexts) if self.mesh is None and pool == "completion" else 1
+        if g > 1 and (n <= self.batch_size or self.batch_size % g == 0):
+            return self._remember(contexts, completions, self._score_grouped(contexts, completions, g))
         n_batches = -(-n // self.batch_size)
         if multi:  # every process runs the same number of batches (some may be all padding)
             n_batches = agree_max(n_batches)
@@ -211,6 +290,37 @@ class Scorer:
         if not parts["sum"]:  # no rows (only on a process of a multi-process call)
             zero = np.zeros(0, np.float32)
             return ScoreResult([], zero, zero, zero, np.zeros((0, self.cfg.hidden_size), np.float32))
+        res = ScoreResult(out_lp, *(np.concatenate(parts[k]) for k in ("sum", "mean", "geo_mean", "pooled")))
+        return res if multi else self._remember(contexts, completions, res)
+
+    def _remember(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                  res: ScoreResult) -> ScoreResult:
+        self._last = {(tuple(a), tuple(b)): lp for a, b, lp in zip(contexts, completions, res.logprobs)}
+        return res
+
+    def _score_grouped(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], g: int
+                       ) -> ScoreResult:
+        """`score` of contexts in runs of g (`context_groups`): each context runs once (`score_grouped`)."""
+        n = len(contexts)
+        rows = n if n <= self.batch_size else self.batch_size  # a multiple of g
+        max_ctx = self.cfg.max_position_embeddings
+        p = bucket(max(len(c) for c in contexts), 16)
+        c = bucket(max(max((len(x) for x in completions), default=1), 1), 16)
+        if max(len(a) + len(b) for a, b in zip(contexts, completions)) > max_ctx:
+            raise ValueError(f"a context+completion exceeds the model context {max_ctx}")
+        out_lp: list[np.ndarray] = []
+        parts: dict[str, list[np.ndarray]] = {"sum": [], "mean": [], "geo_mean": [], "pooled": []}
+        for start in range(0, n, rows):
+            ctx = [list(x) for x in contexts[start:start + rows:g]]
+            comp = [list(x) for x in completions[start:start + rows]]
+            bp = bucket(len(ctx), 1)
+            pt, pm = pack_rows(ctx, self.pad_id, p, align="left", n_rows=bp)
+            pm[len(ctx):, -1] = True  # padding groups: one real token, so no row attends to nothing
+            st, sm = pack_rows(comp, self.pad_id, c, align="right", n_rows=bp * g)
+            r = jax.device_get(score_grouped(self.params, self.cfg, pt, pm, st, sm, chunk=self.chunk))
+            out_lp += [np.asarray(r["logprobs"][i, :len(x)]) for i, x in enumerate(comp)]
+            for k, v in parts.items():
+                v.append(r[k][: len(comp)])
         return ScoreResult(out_lp, *(np.concatenate(parts[k]) for k in ("sum", "mean", "geo_mean", "pooled")))
 
 

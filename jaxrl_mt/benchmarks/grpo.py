@@ -1,21 +1,24 @@
 """Wall time and peak memory of one GRPO step: our JAX stack against TRL's ``GRPOTrainer``.
 
-    python -m jaxrl_mt.benchmarks.grpo [--model SPEC] [--prompts 4] [--group 4] [--new-tokens 128]
-        [--beta 1e-4] [--steps 2] [--threads N] [--no-remat] [--only ours|trl] [--json OUT]
+    python -m jaxrl_mt.benchmarks grpo [--model SPEC] [--prompts 4] [--group 4] [--new-tokens 128]
+        [--beta 1e-4] [--steps 3] [--threads N] [--remat auto|on|off] [--only ours|trl] [--json OUT]
 
 Both sides run the same configuration: the same chat-formatted GSM8K questions (the shipped
 sample), ``G`` generations per prompt, exactly ``--new-tokens`` new tokens per completion (no stop
 ids on our side, ``min_new_tokens`` on TRL's), temperature 1, the KL coefficient ``beta`` (so both
 do a reference forward), AdamW at lr 1e-6 with global-norm clipping at 1 and a constant schedule,
 the "grpo" loss, one optimizer update per step (no gradient accumulation, ``num_iterations = 1``),
-fp32, and gradient checkpointing on both sides (TRL's default; ours: ``LossConfig.remat``).
-``--no-remat`` turns it off on both: ours then needs about 9.3 GiB of XLA temporaries for
-16 x 256 tokens of the 135M model, which can exhaust a small machine.
+fp32. Gradient checkpointing: TRL's default (on) for TRL; ours chosen by `rl.step.choose_remat`
+from an estimate of the step's activations against the free memory (``--remat on|off`` forces
+both sides; ``--no-remat`` = ``--remat off``).
 
-One step is generation -> rewards -> advantages -> (reference log-probs) -> loss, backward and the
-optimizer update. Ours: ``Sampler.generate_ids`` -> ``verify`` + ``anchor_reward`` (a reference
-forward of each completion under its anchor prompt) -> ``group_advantages`` -> ``assemble_rollouts``
--> ``completion_logprobs`` (reference, for the KL term) -> the jitted ``make_train_step`` step.
+One step is tokenisation (the chat template, inside the timed step on both sides) -> generation
+-> rewards -> advantages -> (reference log-probs) -> loss, backward and the optimizer update.
+Ours: ``encode_prompt`` -> ``Sampler.generate_ids`` -> ``verify`` + ``anchor_reward`` (the
+reference model's log-probs of each completion under its anchor prompt, here the policy's own
+prompt) -> ``group_advantages`` -> ``assemble_grouped`` (each prompt once for its G completions)
+-> ``reference_logprobs`` (the KL term's; the anchor pass scored the same pairs, so they are
+reused) -> the jitted ``make_train_step`` step, which donates the train state.
 TRL: ``GRPOTrainer`` with a reward function that calls the same verifier (it has no anchor reward).
 
 Each side runs in its own subprocess, so peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) is that
@@ -24,10 +27,10 @@ pool and torch's ``set_num_threads`` alike. On a machine shared with other jobs,
 threads spin at every barrier while another process holds a core, so fewer threads than cores can
 be much faster there; the driver prints ``uptime`` before and after, and each step's process CPU
 time (``time.process_time``) is reported beside its wall time, as the figure that other jobs on
-the machine distort least. The first step includes XLA
-compilation (ours) or torch warm-up (TRL); steady state is the mean of the later steps. Per-phase
-times come from our own timers and, for TRL, from timers wrapped around ``GRPOTrainer._generate``
-and ``_generate_and_score_completions``.
+the machine distort least. The first step includes XLA compilation (ours) or torch warm-up (TRL);
+steady state is the mean of the later steps (``--steps 3``: two). Per-phase times come from our
+own timers and, for TRL, from timers wrapped around ``GRPOTrainer._generate`` and
+``_generate_and_score_completions``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import Any, Callable, Sequence
 SIDES = ("ours", "trl")
 LR = 1e-6
 MAX_GRAD_NORM = 1.0
+HEAD_CHUNK = 32  # time chunk of the loss's vocabulary projection: 16 x 32 x 49152 fp32 logits at a time
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -101,83 +105,115 @@ def _mean_later(xs: Sequence[float]) -> float:
 def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     """Times `spec["steps"]` GRPO steps of our stack; returns times, rewards and peak RSS."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
-    from jaxrl_mt.chat import encode_prompt
     from jaxrl_mt.models.registry import load_model
-    from jaxrl_mt.rewards.anchor import anchor_reward
-    from jaxrl_mt.rewards.verifier import verify
-    from jaxrl_mt.rl.grpo import group_advantages
     from jaxrl_mt.rl.optim import make_optimizer
-    from jaxrl_mt.rl.step import LossConfig, assemble_rollouts, completion_logprobs, make_train_step
-    from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
+    from jaxrl_mt.rl.step import LossConfig, make_train_step
+    from jaxrl_mt.sampling import Sampler
     from jaxrl_mt.scoring import Scorer
 
     t0 = time.perf_counter()
     model = load_model(spec["model_path"])
     G, T = spec["group"], spec["new_tokens"]
     sampler = Sampler.from_model(model)
-    ref_params = model.params  # immutable arrays: the updates never touch them
+    # the reference is a copy: the train step donates (updates in place) the policy's parameters
+    remat = spec["remat"]
+    if remat == "auto":  # before the reference copy and the optimizer state exist (see `choose_remat`)
+        remat = choose_remat(model, spec["prompts"], G, T)
+    ref_params = jax.tree_util.tree_map(lambda x: x.copy(), model.params)
     n_rows = len(spec["prompts"]) * G
     ref_scorer = Scorer(ref_params, model.cfg, pad_id=model.pad_id, batch_size=min(16, n_rows))
     optimizer = make_optimizer(LR, max_grad_norm=MAX_GRAD_NORM)
-    lc = LossConfig(beta=spec["beta"], loss_type="grpo", temperature=1.0, max_completion_length=T,
-                    remat=spec["remat"])
+    lc = LossConfig(beta=spec["beta"], loss_type="grpo", temperature=1.0, max_completion_length=T, remat=remat,
+                    chunk=HEAD_CHUNK)
     params, opt_state = model.params, optimizer.init(model.params)
     jax.block_until_ready(opt_state)
     setup_s = time.perf_counter() - t0
     rss_loaded = peak_rss_mb()
-    prompts = [encode_prompt(model.tokenizer, [{"role": "user", "content": p["question"]}]) for p in spec["prompts"]]
-    rows = [p for p in prompts for _ in range(G)]
     golds = [p["gold"] for p in spec["prompts"] for _ in range(G)]
-    anchors = [p["question"] for p in spec["prompts"] for _ in range(G)]
-    sampling = SamplingConfig(max_new_tokens=T, temperature=1.0)
-    never_stop = [[] for _ in rows]  # no stop ids: every row runs to exactly T tokens
     steps: dict[str, list[float]] = {k: [] for k in ("step_s", "cpu_s", "generate_s", "score_s", "update_s",
                                                      "reward", "loss")}
-    train_steps: dict[int, Any] = {}
+    train_step = make_train_step(model.cfg, optimizer, lc, 0, donate=True)
     for step in range(spec["steps"]):
         t_step, c_step = time.perf_counter(), time.process_time()
         sampler.params = params
-        res = sampler.generate_ids(rows, sampling, seed=jax.random.fold_in(jax.random.PRNGKey(0), step),
-                                   stop_ids=never_stop)
+        prompts, res = _generate(model, sampler, spec["prompts"], G, T, step)  # tokenised inside the step
         t_gen = time.perf_counter()
-        if int(res.lengths.min()) != T or int(res.lengths.max()) != T:
-            raise RuntimeError(f"completions have {res.lengths.min()}..{res.lengths.max()} tokens, expected {T}")
-        rv = np.array([verify(t, g, "lenient") for t, g in zip(res.texts, golds)])
-        rs = anchor_reward(ref_scorer, model.tokenizer, anchors, res.tokens)
-        reward = rv + rs
-        adv = np.asarray(group_advantages(jnp.asarray(reward, jnp.float32), G))
-        P = bucket(max(len(p) for p in rows), 32)
-        C = bucket(T, 16)
-        batch = assemble_rollouts(rows, res.tokens, model.pad_id, P, C)
-        batch["advantages"] = adv.astype(np.float32)
-        if lc.beta > 0:
-            batch["ref_logp"] = np.asarray(completion_logprobs(ref_params, model.cfg, batch["tokens"],
-                                                               batch["token_mask"], prompt_len=P, temperature=1.0))
+        batch, reward = _score(model, ref_scorer, ref_params, lc, spec["prompts"], prompts, res, golds, G, T)
         t_score = time.perf_counter()
-        if P not in train_steps:
-            train_steps[P] = make_train_step(model.cfg, optimizer, lc, P)
-        params, opt_state, m = train_steps[P](params, opt_state, batch)
+        params, opt_state, m = train_step(params, opt_state, batch)
         m = jax.device_get(m)
         jax.block_until_ready(params)
         t_end, c_end = time.perf_counter(), time.process_time()
         if not m["finite"]:
             raise RuntimeError(f"step {step}: non-finite loss or gradient (loss={float(m['loss'])})")
         for k, v in (("step_s", t_end - t_step), ("cpu_s", c_end - c_step), ("generate_s", t_gen - t_step),
-                     ("score_s", t_score - t_gen), ("update_s", t_end - t_score), ("reward", float(reward.mean())),
+                     ("score_s", t_score - t_gen), ("update_s", t_end - t_score), ("reward", float(np.mean(reward))),
                      ("loss", float(m["loss"]))):
             steps[k].append(v)
         print(f"[ours] step {step + 1}: {t_end - t_step:.1f}s (generate {t_gen - t_step:.1f}, "
-              f"score {t_score - t_gen:.1f}, update {t_end - t_score:.1f})", file=sys.stderr, flush=True)
+              f"score {t_score - t_gen:.1f}, update {t_end - t_score:.1f}); CPU {c_end - c_step:.1f}s",
+              file=sys.stderr, flush=True)
     return {"side": "ours", "setup_s": setup_s, "prompt_tokens": [len(p) for p in prompts],
-            "completion_tokens": T, "rss_after_load_mb": rss_loaded,
+            "completion_tokens": T, "rss_after_load_mb": rss_loaded, "remat": remat,
             **summarize(steps["step_s"], steps["cpu_s"]),
             "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
             "phases_first_s": {k: steps[k][0] for k in ("generate_s", "score_s", "update_s")},
             "steps": steps, "backend": f"jax {jax.__version__} {jax.default_backend()}",
             "peak_rss_mb": peak_rss_mb()}
+
+
+def choose_remat(model: Any, items: Sequence[dict[str, str]], group: int, new_tokens: int) -> bool | str:
+    """The rematerialisation of the grouped step chosen from its activation estimate (`rl.step.choose_remat`)."""
+    from jaxrl_mt.chat import encode_prompt
+    from jaxrl_mt.rl.step import choose_remat as choose
+    from jaxrl_mt.sampling import bucket
+
+    longest = max(len(encode_prompt(model.tokenizer, [{"role": "user", "content": p["question"]}])) for p in items)
+    return choose(model.cfg, len(items), group, bucket(longest, 32), bucket(new_tokens, 16), chunk=HEAD_CHUNK)
+
+
+def _generate(model: Any, sampler: Any, items: Sequence[dict[str, str]], G: int, T: int, step: int) -> Any:
+    """Tokenises the step's prompts (chat template) and samples G completions of exactly T tokens each."""
+    import jax
+
+    from jaxrl_mt.chat import encode_prompt
+    from jaxrl_mt.sampling import SamplingConfig
+
+    prompts = [encode_prompt(model.tokenizer, [{"role": "user", "content": p["question"]}]) for p in items]
+    rows = [p for p in prompts for _ in range(G)]
+    res = sampler.generate_ids(rows, SamplingConfig(max_new_tokens=T, temperature=1.0),
+                               seed=jax.random.fold_in(jax.random.PRNGKey(0), step),
+                               stop_ids=[[] for _ in rows])  # no stop ids: every row runs to exactly T tokens
+    if int(res.lengths.min()) != T or int(res.lengths.max()) != T:
+        raise RuntimeError(f"completions have {res.lengths.min()}..{res.lengths.max()} tokens, expected {T}")
+    return prompts, res
+
+
+def _score(model: Any, ref_scorer: Any, ref_params: Any, lc: Any, items: Sequence[dict[str, str]],
+           prompts: list[list[int]], res: Any, golds: list[str], G: int, T: int) -> tuple[dict[str, Any], Any]:
+    """Rewards (verifier + anchor), advantages and the grouped rollout batch with reference log-probs."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxrl_mt.rewards.anchor import anchor_reward
+    from jaxrl_mt.rewards.verifier import verify
+    from jaxrl_mt.rl.grpo import group_advantages
+    from jaxrl_mt.rl.step import assemble_grouped, reference_logprobs
+    from jaxrl_mt.sampling import bucket
+
+    rv = np.array([verify(t, g, "lenient") for t, g in zip(res.texts, golds)])
+    rs = anchor_reward(ref_scorer, model.tokenizer, [p["question"] for p in items for _ in range(G)], res.tokens)
+    reward = rv + rs
+    adv = np.asarray(group_advantages(jnp.asarray(reward, jnp.float32), G))
+    batch = assemble_grouped(prompts, res.tokens, model.pad_id, bucket(max(len(p) for p in prompts), 32),
+                             bucket(T, 16))
+    batch["advantages"] = adv.astype(np.float32)
+    if lc.beta > 0:  # the anchor prompt is the policy's prompt here: the anchor pass already scored these pairs
+        batch["ref_logp"] = reference_logprobs(ref_scorer, ref_params, model.cfg, batch, prompts, res.tokens,
+                                               temperature=lc.temperature)
+    return batch, reward
 
 
 # ----------------------------------------------------------------------------- TRL
@@ -225,7 +261,8 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=MAX_GRAD_NORM, loss_type="grpo",
         num_iterations=1, use_vllm=False, report_to=[], logging_steps=1, max_steps=spec["steps"], bf16=False,
-        fp16=False, gradient_checkpointing=spec["remat"], use_cpu=True, save_strategy="no", shuffle_dataset=False,
+        fp16=False, gradient_checkpointing=spec["remat"] is not False, use_cpu=True, save_strategy="no",
+        shuffle_dataset=False,
         seed=0, dataloader_num_workers=0, model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True,
     )
     step_s: list[float] = []
@@ -328,11 +365,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--group", type=int, default=4, help="G, generations per prompt")
     ap.add_argument("--new-tokens", type=int, default=128, help="new tokens per completion (forced)")
     ap.add_argument("--beta", type=float, default=1e-4, help="KL coefficient (> 0: reference forward)")
-    ap.add_argument("--steps", type=int, default=2, help="timed steps per side (the first includes compilation)")
+    ap.add_argument("--steps", type=int, default=3,
+                    help="timed steps per side (the first includes compilation; steady = mean of the others)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="CPU threads per side (torch threads; both workers are pinned to this many CPUs)")
-    ap.add_argument("--no-remat", dest="remat", action="store_false",
-                    help="no gradient checkpointing (default: on, on both sides)")
+    ap.add_argument("--remat", choices=("auto", "on", "off"), default="auto",
+                    help="gradient checkpointing: TRL on unless off; ours chosen from a memory estimate unless on/off")
+    ap.add_argument("--no-remat", dest="remat", action="store_const", const="off", help="same as --remat off")
     ap.add_argument("--only", choices=SIDES, default=None, help="run one side only")
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
     ap.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
@@ -361,13 +400,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     spec = {"model": a.model, "model_path": str(resolve(a.model)), "prompts": load_prompts(a.prompts),
             "group": a.group, "new_tokens": a.new_tokens, "beta": a.beta, "steps": a.steps,
-            "threads": a.threads, "remat": a.remat}
+            "threads": a.threads, "remat": {"auto": "auto", "on": True, "off": False}[a.remat]}
     load_before = _load()
     results = {side: run_side(side, spec) for side in SIDES if a.only in (None, side)}
     load_after = _load()
     print(f"GRPO step: {a.model}, {a.prompts} prompts x G={a.group}, {a.new_tokens} new tokens, beta={a.beta}, "
           f"{a.steps} steps, {a.threads} threads per side ({os.cpu_count()} CPUs), "
-          f"gradient checkpointing {'on' if a.remat else 'off'}")
+          f"gradient checkpointing: TRL {'off' if a.remat == 'off' else 'on'}, ours {a.remat}")
     print(format_table(results))
     print(f"load before: {load_before}\nload after:  {load_after}")
     if a.json:

@@ -190,15 +190,9 @@ def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, cache
     return out.reshape(b, t, hq, kd)
 
 
-def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
-           k_all: jax.Array | None, v_all: jax.Array | None, write_at: jax.Array | None,
-           mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One decoder block. Returns the new residual [B, T, D] and this layer's keys/values.
-
-    Without a cache (`k_all is None`) the block attends to its own keys/values; with one
-    (k_all/v_all [B, Hkv, S, K], read only) it attends to the cache and its own keys/values.
-    Returns the new tokens' keys/values [B, T, Hkv, K] for the caller to write.
-    """
+def layer_qkv(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The attention half's projections of one block: RoPE'd q [B, T, Hq, K], k, v [B, T, Hkv, K]."""
     b, t, _ = x.shape
     dt = cfg.jnp_dtype
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
@@ -220,12 +214,13 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
     if cfg.qk_norm:
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if k_all is not None:  # mask = (cache_mask [B, T, S], new_mask [B, T, T])
-        att = cached_attention(q, k_all.astype(dt), v_all.astype(dt), mask[0], k, v, mask[1])
-    else:
-        att = attention(q, k, v, mask)
-    k_all, v_all = k, v
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def layer_out(cfg: ModelConfig, lp: Params, x: jax.Array, att: jax.Array) -> jax.Array:
+    """The rest of one block after attention: output projection, residual, MLP, residual."""
+    b, t, _ = x.shape
+    dt = cfg.jnp_dtype
     x = x + att.reshape(b, t, -1) @ lp["o"].astype(dt)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     if "gate_up" in lp:
@@ -234,13 +229,41 @@ def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.
         mlp = jax.nn.silu(gu[..., :f]) * gu[..., f:]
     else:
         mlp = jax.nn.silu(h @ lp["gate"].astype(dt)) * (h @ lp["up"].astype(dt))
-    x = x + mlp @ lp["down"].astype(dt)
-    return x, k_all, v_all
+    return x + mlp @ lp["down"].astype(dt)
+
+
+def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
+           k_all: jax.Array | None, v_all: jax.Array | None, write_at: jax.Array | None,
+           mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One decoder block. Returns the new residual [B, T, D] and this layer's keys/values.
+
+    Without a cache (`k_all is None`) the block attends to its own keys/values; with one
+    (k_all/v_all [B, Hkv, S, K], read only) it attends to the cache and its own keys/values.
+    Returns the new tokens' keys/values [B, T, Hkv, K] for the caller to write.
+    """
+    dt = cfg.jnp_dtype
+    q, k, v = layer_qkv(cfg, lp, x, cos, sin)
+    if k_all is not None:  # mask = (cache_mask [B, T, S], new_mask [B, T, T])
+        att = cached_attention(q, k_all.astype(dt), v_all.astype(dt), mask[0], k, v, mask[1])
+    else:
+        att = attention(q, k, v, mask)
+    return layer_out(cfg, lp, x, att), k, v
+
+
+def remat_layer(body: Any, remat: bool | str) -> Any:
+    """A scanned layer `body` wrapped for the backward pass: True keeps only the layer inputs,
+    "dots" also the outputs of the weight matmuls (norms, RoPE, attention and activations are
+    recomputed), False keeps everything."""
+    if remat == "dots":
+        return jax.checkpoint(body, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    if remat not in (True, False):
+        raise ValueError(f"remat must be True, False or 'dots', got {remat!r}")
+    return jax.checkpoint(body) if remat else body
 
 
 def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
             token_mask: jax.Array, cache: KVCache | None = None, *, logits: str = "all",
-            remat: bool = False) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
+            remat: bool | str = False) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
     """Runs the decoder.
 
     Args:
@@ -251,7 +274,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
       token_mask: [B, T] bool, False on padding (pads are never attended to).
       cache: optional KVCache; the T new tokens are written at slots cache.index..index+T-1.
       logits: "all" for [B, T, V] logits, "last" for [B, 1, V] of the last position, "none".
-      remat: rematerialise each layer in the backward pass (saves activation memory).
+      remat: rematerialise each layer in the backward pass (saves activation memory): True, "dots"
+        or False (`remat_layer`).
 
     Returns:
       (logits fp32 or None, final hidden states [B, T, D] after the final norm, updated cache).
@@ -270,8 +294,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
             x, _, _ = _layer(cfg, lp, x, cos, sin, None, None, None, mask)
             return x, None
 
-        body_fn = jax.checkpoint(body) if remat else body
-        x, _ = jax.lax.scan(body_fn, x, layers)
+        x, _ = jax.lax.scan(remat_layer(body, remat), x, layers)
         new_cache = None
     else:
         s = cache.k.shape[3]

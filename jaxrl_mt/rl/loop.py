@@ -55,7 +55,9 @@ from jaxrl_mt.rl.metrics_log import MetricsLog, held_out_before, plot_curves, re
 from jaxrl_mt.rl.multiturn import MultiTurnData
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.probe import make_probe
-from jaxrl_mt.rl.step import LossConfig, assemble_rollouts, completion_logprobs, make_train_step
+from jaxrl_mt.rl.step import (LossConfig, assemble_grouped, assemble_rollouts, completion_logprobs,
+                              grouped_completion_logprobs, is_grouped, make_train_step, reference_logprobs,
+                              rollout_prompt_len)
 from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
 from jaxrl_mt.scoring import Scorer
 
@@ -206,10 +208,13 @@ class Trainer:
         C = min(bucket(max(max(res.lengths), 1), 16), bucket(c.max_new_tokens, 16))
         if self.multi:  # one train-step program: every process uses the largest buckets
             P, C = agree_max_many([P, C])
-        batch = assemble_rollouts(rows, res.tokens, self.model.pad_id, P, C)
+        if self._grouped():  # each prompt once for its G completions (rl.step.assemble_grouped)
+            batch = assemble_grouped(prompts, res.tokens, self.model.pad_id, P, C)
+        else:
+            batch = assemble_rollouts(rows, res.tokens, self.model.pad_id, P, C)
         batch["advantages"] = adv.astype(np.float32)
         if self.lc.beta > 0:
-            batch["ref_logp"] = self._completion_logprobs(self.ref_params, self.ref_cfg, batch, P)
+            batch["ref_logp"] = self._ref_logprobs(batch, rows, res.tokens, P)
         if c.mu > 1:
             batch["old_logp"] = self._completion_logprobs(params, self.model.cfg, batch, P)
         score_s = time.perf_counter() - t1
@@ -228,9 +233,24 @@ class Trainer:
                    for i in range(0, len(rows), G)]
         return batch, m, samples
 
+    def _grouped(self) -> bool:
+        """Whether rollouts use the grouped layout: no mesh and micro-batches of whole groups."""
+        rl = self.c.rl
+        return self.mesh is None and (rl.batch_size * rl.group_size // rl.grad_accum) % rl.group_size == 0
+
+    def _ref_logprobs(self, batch: dict[str, np.ndarray], rows: list[list[int]], completions: list[list[int]],
+                      P: int) -> np.ndarray:
+        """The reference log-probs of the KL term; reuses the anchor pass when it scored the same pairs."""
+        if self.mesh is None:
+            return reference_logprobs(self.ref_scorer, self.ref_params, self.ref_cfg, batch, rows, completions,
+                                      temperature=self.lc.temperature)
+        return self._completion_logprobs(self.ref_params, self.ref_cfg, batch, P)
+
     def _completion_logprobs(self, params: Any, cfg: Any, batch: dict[str, np.ndarray], P: int) -> np.ndarray:
         """Log-probs [N, C] of this process's completions under (params, cfg); under a mesh the rows are
         split over (data, fsdp) (per-process rows of a global batch across processes)."""
+        if is_grouped(batch):
+            return np.asarray(grouped_completion_logprobs(params, cfg, batch, temperature=self.lc.temperature))
         tokens, mask = batch["tokens"], batch["token_mask"]
         if self.mesh is None:
             return np.asarray(completion_logprobs(params, cfg, tokens, mask, prompt_len=P,
@@ -251,16 +271,16 @@ class Trainer:
 
     def update(self, params: Any, opt_state: Any, batch: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:
         c = self.c.rl
-        P = batch["tokens"].shape[1] - batch["completion_mask"].shape[1]  # prompt bucket of the rollout
+        P = rollout_prompt_len(batch)  # prompt bucket of the rollout
         step_fn = self._train_step(P, params, opt_state)
-        n = batch["tokens"].shape[0]
+        n = batch["completion_mask"].shape[0]
         mb = n // c.grad_accum
         if self.multi:  # one global micro-batch: the same number of rows on every process, no padding
             check_same_rows(n, "train batch")
         acc: dict[str, list[float]] = {}
         for _ in range(c.mu):
             for s in range(0, n, mb):
-                micro = {k: v[s:s + mb] for k, v in batch.items()}
+                micro = _micro_batch(batch, s, mb, c.group_size)
                 if self.mesh is not None:  # one process: shard_batch; several: per-process rows
                     micro = dict(zip(micro, put_rows(self.mesh, list(micro.values()), pad=False)))
                 params, opt_state, m = step_fn(params, opt_state, micro)
@@ -399,6 +419,14 @@ class Trainer:
             (self.wd / "summary.txt").write_text("\n".join(lines) + "\n")
         self.log("\n".join(lines))
         return {"evals": evals, "export": str(export_dir) if export_dir else None, "metrics": train_rows}
+
+
+def _micro_batch(batch: dict[str, np.ndarray], start: int, rows: int, group: int) -> dict[str, np.ndarray]:
+    """Rows [start, start + rows) of a rollout batch; of a grouped one, their prompts too (whole groups)."""
+    if not is_grouped(batch):
+        return {k: v[start:start + rows] for k, v in batch.items()}
+    lo, hi = start // group, (start + rows) // group
+    return {k: (v[lo:hi] if k.startswith("prompt_") else v[start:start + rows]) for k, v in batch.items()}
 
 
 def _fmt(d: dict[str, float]) -> str:
