@@ -168,19 +168,23 @@ def grpo_loss(
         if beta != 0.0:
             per_token_loss = per_token_loss + beta * kl  # [N, T]
 
-    if loss_type == "grpo":
-        loss = jnp.mean(masked_mean(per_token_loss, mask, axis=-1))  # mean over sequences of [N] means
-    elif loss_type in ("bnpo", "token_mean"):
-        loss = masked_mean(per_token_loss, mask)
-    elif loss_type == "dapo":
-        loss = jnp.sum(per_token_loss * mask) / (jnp.maximum(jnp.sum(mask), 1.0) if num_items is None else num_items)
-    else:  # dr_grpo
-        length = logp.shape[1] if max_completion_length is None else max_completion_length
-        loss = jnp.sum(per_token_loss * mask) / (logp.shape[0] * length)
-
+    loss = _aggregate(per_token_loss, mask, loss_type, max_completion_length, num_items)
     metrics.update(_clip_metrics(coef_1, adv, mask, epsilon_low, epsilon_high))
     metrics = {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
     return loss, metrics
+
+
+def _aggregate(per_token_loss: jax.Array, mask: jax.Array, loss_type: str, max_completion_length: int | None,
+               num_items: jax.Array | float | None) -> jax.Array:
+    """The scalar loss from per-token losses [N, T] by ``loss_type`` (see :func:`grpo_loss`)."""
+    if loss_type == "grpo":
+        return jnp.mean(masked_mean(per_token_loss, mask, axis=-1))  # mean over sequences of [N] means
+    if loss_type in ("bnpo", "token_mean"):
+        return masked_mean(per_token_loss, mask)
+    if loss_type == "dapo":
+        return jnp.sum(per_token_loss * mask) / (jnp.maximum(jnp.sum(mask), 1.0) if num_items is None else num_items)
+    length = per_token_loss.shape[1] if max_completion_length is None else max_completion_length  # dr_grpo
+    return jnp.sum(per_token_loss * mask) / (per_token_loss.shape[0] * length)
 
 
 def _check_inputs(logp: jax.Array, old_logp: jax.Array | None, ref_logp: jax.Array | None, advantages: jax.Array,
