@@ -24,6 +24,7 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.icpo.underspecified_ratio = 0.5  # fraction of prompts with 1-2 conditions removed
     c.icpo.judge = "rule"  # response-type judge: "rule" or a backend spec ("local", "http:URL#model")
     if preset == "paper":
+        c.rl.loss_type = "grpo"  # ICPO's own recipe: not RLSTA's as-run TRL default ("dapo")
         c.rl.lr = 1e-6
         c.rl.batch_size = 64
         c.rl.group_size = 8

@@ -13,7 +13,7 @@ import pytest
 
 from jaxrl_mt import scoring
 from jaxrl_mt.conversations import ConversationRun
-from jaxrl_mt.eval.sedt_eval import correction_outcomes, parse_overrides, plan, report_md, run_eval
+from jaxrl_mt.eval.sedt_eval import correction_outcomes, parse_overrides
 from jaxrl_mt.eval.simulator import judge_turn, run_score
 from jaxrl_mt.rewards.judge import RESPONSE_TYPES, classify_rule_based
 from jaxrl_mt.rewards.verifier import find_numbers, format_number, verify
@@ -513,20 +513,3 @@ def test_respond_api(tiny):
     assert out[0].annotation.shards == ("How many apples does Tom have?", "He has 3 apples and buys 4.")
     assert out[0].text == (out[0].correction if out[0].replaced else out[0].original)
     assert out[1].annotation.labels == (U,)  # one turn: nothing is above the mean
-
-
-def test_eval_script_end_to_end_on_tiny_model(tiny, tmp_path):
-    runs = plan("gsm8k:@", 2, 2)
-    assert [r.conv_id for r in runs[:2]] == ["gsm8k/train_sample/0|sharded|0", "gsm8k/train_sample/0|sharded|1"]
-    s = _sampler(tiny)
-    results, records = run_eval(s, runs, SamplingConfig(max_new_tokens=6), cfg=SeDTConfig(), seed=0)
-    assert results["n_problems"] == 2 and results["n_conversations"] == 4 and len(records) == 4
-    assert set(results["metrics"]) == {"sharded", "sharded+sedt", "sharded+sedt (no correction)"}
-    for m in results["metrics"].values():
-        assert set(m) >= {"P", "A90", "U90_10"}
-    assert results["sedt"]["hurt"] <= results["sedt"]["replaced"] <= results["sedt"]["triggered"]
-    assert results["sedt"]["guard"] == "no_answer" and results["sedt"]["hurt"] == 0
-    assert results["sedt"]["lenient"]["hurt"] == 0
-    assert all(len(r["history"]) == len(r["user_turns"]) - 1 for r in records)
-    assert all(r["sedt"]["guard"] == "no_answer" for r in records)
-    assert "| sharded+sedt |" in report_md(results) and "- guard: no_answer\n" in report_md(results)

@@ -1,22 +1,33 @@
-"""SHARDED against SHARDED + SeDT on GSM8K problems (issue 7's evaluation).
+"""SeDT against its controls on GSM8K problems, all arms on the same histories (issues 7 and 19).
 
-    python -m jaxrl_mt.eval.sedt_eval --problems 50 --runs 4 --out /tmp/sedt_eval
+    python -m jaxrl_mt.eval.sedt_eval --problems 30 --runs 2 --out /tmp/sedt_eval
 
 A paired design: each conversation's earlier turns are simulated ONCE (turn by turn, one sampler
-call per turn, KV cache kept, ``jaxrl_mt.sedt.run_until_final``); its final turn is then answered twice from
-the same history: plainly (the SHARDED arm, ``run_conversations``) and with SeDT (one sampler
-call for the annotated final turns, one for the corrections). Both arms use the same sampling
-settings. The final turn is scored with the strict verifier, and P / A90 / U90-10
-(``jaxrl_mt.eval.metrics``) are reported for both arms, plus SeDT without its self-correction,
-the trigger rate, replacements, and the correction outcomes:
+call per turn, KV cache kept, ``jaxrl_mt.sedt.run_until_final``); its final turn is then answered
+once per arm from that same history, with the same seed and sampling settings:
 
-- helped: replaced, the SeDT answer was wrong and the correction right;
-- hurt: replaced, the SeDT answer was right and the correction wrong (impossible under the
-  default guard ``"no_answer"``, which only replaces an answer holding no number; the method's
-  coverage-only guard is the ablation ``--set guard=coverage``).
+- ``sharded (no format)``: the final shard as it is (the old plain arm; only when a format
+  instruction is in use, to measure what the instruction alone does);
+- ``sharded``: the final shard plus the answer-format instruction on its own line;
+- ``restated (control)``: every shard restated in one message, no relevance annotation and no
+  self-correction (``jaxrl_mt.sedt.restate_final_turn``: SeDT's prompt minus the return-to-go,
+  the labels and "Use every CONFIRMED message");
+- ``sharded+sedt (no correction)``: SeDT's annotated prompt, its first answer;
+- ``sharded+sedt``: the same after the guarded self-correction.
 
-The report states the guard mode; outcomes are counted with the strict verifier (the lenient
-verifier's counts are in ``results.json`` under ``sedt.lenient``).
+Every arm but the first ends its final message with the SAME answer instruction (the domain's
+``SeDTConfig.answer_format``, 'Solve it step by step and end with "The answer is <number>."'
+for math); ``--no-format`` drops it from every arm. The report then separates the steps: format
+only (sharded - no format), restating (control - sharded), the annotation (SeDT without
+correction - control) and the self-correction. The final turn is scored with the strict
+verifier; P / A90 / U90-10 (``jaxrl_mt.eval.metrics``) per arm, plus the trigger rate,
+replacements and the correction outcomes (helped: the correction right where the SeDT answer
+was wrong; hurt: the reverse, impossible under the default guard ``"no_answer"``; the
+coverage-only guard is the ablation ``--set guard=coverage``); the lenient verifier's counts are
+in ``results.json`` under ``sedt.lenient``.
+
+The default source is the shipped GSM8K *test* sample (``gsm8k:@gsm8k/test_sample.jsonl``), not
+the training sample the RL recipes draw from.
 
 Writes ``results.json``, ``report.md`` and ``transcripts.jsonl`` (one line per conversation)
 into ``--out``.
@@ -42,9 +53,11 @@ from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.eval.metrics import aggregate
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.sampling import SamplingConfig
-from jaxrl_mt.sedt import CONFIRMED, GivenUser, SeDTConfig, run_until_final, sedt_final_turn, summarize
+from jaxrl_mt.sedt import (CONFIRMED, GivenUser, SeDTConfig, restate_final_turn, run_until_final, sedt_final_turn,
+                           summarize, with_answer_format)
 
-__all__ = ["correction_outcomes", "main", "parse_overrides", "plan", "run_eval"]
+__all__ = ["DEFAULT_SOURCE", "STEPS", "correction_outcomes", "final_arms", "main", "parse_overrides", "plan",
+           "report_md", "run_eval", "step_differences"]
 
 
 def parse_overrides(items: Sequence[str]) -> SeDTConfig:
@@ -109,9 +122,65 @@ def _by_task(runs: Sequence[ConversationRun], scores: Sequence[float]) -> dict[s
     return out
 
 
+NO_FORMAT, PLAIN, CONTROL, SEDT_NC, SEDT = ("sharded (no format)", "sharded", "restated (control)",
+                                          "sharded+sedt (no correction)", "sharded+sedt")
+STEPS = (  # (what the step adds, arm before, arm after): the differences the report separates
+    ("the format instruction only", NO_FORMAT, PLAIN),
+    ("restating every shard in one message", PLAIN, CONTROL),
+    ("the relevance annotation (return-to-go, labels)", CONTROL, SEDT_NC),
+    ("the guarded self-correction", SEDT_NC, SEDT),
+)
+DEFAULT_SOURCE = "gsm8k:@gsm8k/test_sample.jsonl"
+
+
+def _plain_final(sampler: Any, held: Sequence[ConversationRun], messages: Sequence[str], sampling: SamplingConfig,
+                 seed: int) -> list[ConversationRun]:
+    """Copies of the held runs with one more plain turn (``messages``) answered at ``seed``."""
+    runs = [copy.deepcopy(r) for r in held]
+    run_conversations(sampler, runs, sampling, seed=seed, user=GivenUser(runs, messages), max_turns=1)
+    return runs
+
+
+def final_arms(sampler: Any, held: list[ConversationRun], finals: Sequence[str], sampling: SamplingConfig, *,
+               cfg: SeDTConfig, seed: int, log=lambda s: None
+               ) -> tuple[dict[str, list[ConversationRun]], list[dict[str, Any]], list[str]]:
+    """Answers the held final turns once per arm, every arm from the same history and ``seed``.
+
+    Returns:
+      ``(arm name -> runs with their final turn, SeDT infos, the answer instruction per run)``;
+      the SeDT arm's runs are ``held`` itself (answered last, after the others were copied).
+    """
+    fmts = [cfg.answer_format(r.meta.get("domain", "math")) for r in held]
+    arms: dict[str, list[ConversationRun]] = {}
+    if any(fmts):
+        log(f"final turn, {NO_FORMAT}: {len(held)} conversations")
+        arms[NO_FORMAT] = _plain_final(sampler, held, finals, sampling, seed)
+    log(f"final turn, {PLAIN}: {len(held)} conversations")
+    arms[PLAIN] = _plain_final(sampler, held, [with_answer_format(u, f) for u, f in zip(finals, fmts)], sampling,
+                               seed)
+    log(f"final turn, {CONTROL}: {len(held)} conversations")
+    arms[CONTROL] = [copy.deepcopy(r) for r in held]
+    restate_final_turn(sampler, arms[CONTROL], finals, sampling, cfg=cfg, seed=seed)
+    log(f"final turn, SeDT: {len(held)} conversations")
+    infos = sedt_final_turn(sampler, held, finals, sampling, cfg=cfg, seed=seed)
+    arms[SEDT] = held
+    return arms, infos, fmts
+
+
+def step_differences(metrics: Mapping[str, Mapping[str, float]], correct: Mapping[str, int]) -> list[dict[str, Any]]:
+    """What each step adds: P / A90 / U90-10 and correct-count differences between consecutive arms."""
+    out = []
+    for what, before, after in STEPS:
+        if before in metrics and after in metrics:
+            d = {k: metrics[after][k] - metrics[before][k] for k in ("P", "A90", "U90_10")}
+            out.append({"step": what, "from": before, "to": after, **{f"d{k}": v for k, v in d.items()},
+                        "dcorrect": correct[after] - correct[before]})
+    return out
+
+
 def run_eval(sampler: Any, runs: list[ConversationRun], sampling: SamplingConfig, *, cfg: SeDTConfig, seed: int = 0,
              log=lambda s: None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Simulates the runs and scores both arms (see the module docstring).
+    """Simulates the runs and scores every arm (see the module docstring).
 
     Returns:
       ``(results, transcript records)``.
@@ -125,56 +194,80 @@ def run_eval(sampler: Any, runs: list[ConversationRun], sampling: SamplingConfig
                                                reuse_cache=True)
     if len(held) != len(runs):
         raise ValueError(f"{len(runs) - len(held)} conversations have fewer than {cfg.min_turns} turns")
-    log(f"final turn, plain: {len(held)} conversations, {time.perf_counter() - t0:.0f}s")
-    plain = [copy.deepcopy(r) for r in held]
-    run_conversations(sampler, plain, sampling, seed=final_seed, user=GivenUser(plain, finals), max_turns=1)
-    log(f"final turn, SeDT: {len(held)} conversations, {time.perf_counter() - t0:.0f}s")
-    infos = sedt_final_turn(sampler, held, finals, sampling, cfg=cfg, seed=final_seed)
+    arms, infos, fmts = final_arms(sampler, held, finals, sampling, cfg=cfg, seed=final_seed,
+                                   log=lambda s: log(f"{s}, {time.perf_counter() - t0:.0f}s"))
     golds = [r.meta["answer"] for r in held]
-    s_plain = [verify(r.turns[-1].assistant, g) for r, g in zip(plain, golds)]
-    s_sedt = [verify(r.turns[-1].assistant, g) for r, g in zip(held, golds)]
-    s_nocorr = [verify(i["original"], g) for i, g in zip(infos, golds)]
+    scores = {name: [verify(r.turns[-1].assistant, g) for r, g in zip(rs, golds)] for name, rs in arms.items()}
+    scores[SEDT_NC] = [verify(i["original"], g) for i, g in zip(infos, golds)]
+    scores = {name: scores[name] for name in (NO_FORMAT, PLAIN, CONTROL, SEDT_NC, SEDT) if name in scores}
     labels = [i["annotation"]["labels"] for i in infos]
-    arms = {"sharded": s_plain, "sharded+sedt": s_sedt, "sharded+sedt (no correction)": s_nocorr}
+    n_tasks = len({r.meta["task_id"] for r in held})
+    metrics = {name: aggregate(_by_task(held, sc), scale=100) for name, sc in scores.items()}
+    correct = {name: int(np.sum(sc)) for name, sc in scores.items()}
     results: dict[str, Any] = {
-        "n_problems": len({r.meta["task_id"] for r in held}), "n_conversations": len(held),
-        "n_runs_per_problem": len(held) // max(1, len({r.meta["task_id"] for r in held})),
-        "metrics": {name: aggregate(_by_task(held, sc), scale=100) for name, sc in arms.items()},
-        "correct": {name: int(np.sum(sc)) for name, sc in arms.items()},
+        "n_problems": n_tasks, "n_conversations": len(held), "n_runs_per_problem": len(held) // max(1, n_tasks),
+        "arms": list(scores), "answer_format": sorted(set(fmts)), "metrics": metrics, "correct": correct,
+        "steps": step_differences(metrics, correct),
         "sedt": {"guard": cfg.guard, **summarize(infos), **correction_outcomes(infos, golds),
                  "lenient": correction_outcomes(infos, golds, "lenient"),
                  "mean_uncertain_fraction": float(np.mean([np.mean([x != CONFIRMED for x in y]) for y in labels])),
                  "last_shard_confirmed": float(np.mean([labs[-1] == CONFIRMED for labs in labels]))},
-        "paired": {"plain_only": int(sum(a > b for a, b in zip(s_plain, s_sedt))),
-                   "sedt_only": int(sum(b > a for a, b in zip(s_plain, s_sedt)))},
+        "paired": {"plain_only": int(sum(a > b for a, b in zip(scores[PLAIN], scores[SEDT]))),
+                   "sedt_only": int(sum(b > a for a, b in zip(scores[PLAIN], scores[SEDT])))},
         "sampling": dataclasses.asdict(sampling), "sedt_config": dataclasses.asdict(cfg), "seed": seed,
         "seconds": time.perf_counter() - t0,
     }
-    records = []
-    for p, r, info, g, a, b in zip(plain, held, infos, golds, s_plain, s_sedt):
-        records.append({"conv_id": r.conv_id, "gold": g, "user_turns": r.user_turns,
-                        "history": [{"user": t.user, "assistant": t.assistant} for t in r.turns[:-1]],
-                        "plain": {"answer": p.turns[-1].assistant, "correct": a},
-                        "sedt": {"answer": r.turns[-1].assistant, "correct": b, **info}})
-    return results, records
+    return results, _records(held, arms, infos, golds, scores)
+
+
+def _records(held: Sequence[ConversationRun], arms: Mapping[str, Sequence[ConversationRun]],
+             infos: Sequence[Mapping[str, Any]], golds: Sequence[str], scores: Mapping[str, Sequence[float]]
+             ) -> list[dict[str, Any]]:
+    """One transcript record per conversation: the shared history, then each arm's final turn."""
+    out = []
+    for i, r in enumerate(held):
+        rec = {"conv_id": r.conv_id, "gold": golds[i], "user_turns": r.user_turns,
+               "history": [{"user": t.user, "assistant": t.assistant} for t in r.turns[:-1]], "arms": {}}
+        for name, rs in arms.items():
+            last = rs[i].turns[-1]
+            msg = last.info["restate"]["prompt"] if "restate" in last.info else \
+                last.info["sedt"]["prompt"] if "sedt" in last.info else last.user
+            rec["arms"][name] = {"message": msg, "answer": last.assistant, "correct": scores[name][i]}
+        rec["arms"][SEDT_NC] = {"message": infos[i]["prompt"], "answer": infos[i]["original"],
+                                "correct": scores[SEDT_NC][i]}
+        rec["sedt"] = dict(infos[i])
+        out.append(rec)
+    return out
 
 
 def report_md(results: Mapping[str, Any]) -> str:
-    """A short Markdown table of the results."""
-    lines = [f"# SHARDED vs SHARDED + SeDT ({results['n_problems']} GSM8K problems, N = "
-             f"{results['n_runs_per_problem']}, strict verifier on the final turn)", "",
+    """A short Markdown report: the arms' table, what each step adds, SeDT's trigger and replacements."""
+    fmt = results["answer_format"]
+    lines = [f"# SeDT and its controls ({results['n_problems']} GSM8K problems, N = "
+             f"{results['n_runs_per_problem']}, strict verifier on the final turn, same histories)", "",
              "| arm | P | A90 | U90-10 | correct |", "|---|---:|---:|---:|---:|"]
-    for name, m in results["metrics"].items():
+    for name in results["arms"]:
+        m = results["metrics"][name]
         lines.append(f"| {name} | {m['P']:.1f} | {m['A90']:.1f} | {m['U90_10']:.1f} | "
                      f"{results['correct'][name]}/{results['n_conversations']} |")
+    if any(fmt):
+        lines += ["", f"Every arm but `{NO_FORMAT}` ends its final message with the same instruction: "
+                  + "; ".join(f"{f!r}" for f in fmt if f) + f". The format-only difference is `{PLAIN}` - "
+                  f"`{NO_FORMAT}`."]
+    else:
+        lines += ["", "No arm gets an answer-format instruction (`--no-format`)."]
+    lines += ["", "| step | from -> to | dP | dA90 | dU90-10 | d correct |", "|---|---|---:|---:|---:|---:|"]
+    for d in results["steps"]:
+        lines.append(f"| {d['step']} | {d['from']} -> {d['to']} | {d['dP']:+.1f} | {d['dA90']:+.1f} | "
+                     f"{d['dU90_10']:+.1f} | {d['dcorrect']:+d} |")
     s = results["sedt"]
     lines += ["", f"- guard: {s['guard']}",
               f"- trigger rate: {s['trigger_rate']:.3f} ({s['triggered']}/{s['n']})",
               f"- replacements: {s['replaced']} (helped {s['helped']}, hurt {s['hurt']}, neutral {s['neutral']})",
               f"- mean fraction of UNCERTAIN turns: {s['mean_uncertain_fraction']:.3f}; final shard CONFIRMED in "
               f"{s['last_shard_confirmed']:.3f} of conversations",
-              f"- paired: right only plainly {results['paired']['plain_only']}, right only with SeDT "
-              f"{results['paired']['sedt_only']}",
+              f"- paired ({PLAIN} vs {SEDT}): right only plainly {results['paired']['plain_only']}, right only "
+              f"with SeDT {results['paired']['sedt_only']}",
               f"- sampling: {results['sampling']}; {results['seconds']:.0f} s"]
     return "\n".join(lines) + "\n"
 
@@ -184,7 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--problems", type=int, default=50, help="GSM8K problems (>= 1)")
     ap.add_argument("--runs", type=int, default=4, help="N: conversations per problem")
     ap.add_argument("--out", required=True, help="output folder")
-    ap.add_argument("--source", default="gsm8k:@", help="task source spec (jaxrl_mt.data.load_source)")
+    ap.add_argument("--source", default=DEFAULT_SOURCE,
+                    help="task source spec (jaxrl_mt.data.load_source); default: the shipped GSM8K test sample")
+    ap.add_argument("--no-format", action="store_true",
+                    help="no answer-format instruction in any arm (default: the same one in every arm)")
     ap.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model spec")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -201,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.problems < 1 or a.runs < 1:
             raise ValueError(f"--problems and --runs must be >= 1, got {a.problems}, {a.runs}")
         cfg = parse_overrides(a.set)
+        if a.no_format:
+            cfg = dataclasses.replace(cfg, answer_formats=())
         sampling = SamplingConfig(max_new_tokens=a.max_new_tokens, temperature=a.temperature).validate()
         runs = plan(a.source, a.problems, a.runs)
     except (ValueError, DataError) as e:

@@ -10,7 +10,8 @@ sampling, which is TRL's default:
   i.e. the *unbiased* (Bessel-corrected, ``G - 1`` denominator) standard deviation.
 * ratio ``coef_1 = exp(logp - old_logp)``, ``coef_2 = clip(coef_1, 1 - eps_low, 1 + eps_high)``,
   per-token loss ``-min(coef_1 * A, coef_2 * A) + beta * kl``.
-* aggregation by ``loss_type`` (``grpo``, ``bnpo``/``token_mean``, ``dr_grpo``).
+* aggregation by ``loss_type`` (``grpo``, ``bnpo``/``token_mean``, ``dr_grpo``, and TRL 0.25's
+  default ``dapo``: the token sum over the completion tokens of the whole step's batch).
 
 One deliberate difference: TRL divides the loss by the number of gradient-accumulation steps
 because torch accumulates by summing gradients. Here accumulation is ``optax.MultiSteps``, which
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 from jaxrl_mt.scoring import masked_mean
 
 KL_ESTIMATORS = ("k1", "k3")
-LOSS_TYPES = ("grpo", "bnpo", "token_mean", "dr_grpo")
+LOSS_TYPES = ("grpo", "bnpo", "token_mean", "dr_grpo", "dapo")
 
 
 def group_advantages(
@@ -109,6 +110,7 @@ def grpo_loss(
     kl_estimator: str = "k3",
     loss_type: str = "grpo",
     max_completion_length: int | None = None,
+    num_items: jax.Array | float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO clipped-surrogate loss (TRL 1.16 ``GRPOTrainer._compute_loss``, token-level IS).
 
@@ -128,8 +130,14 @@ def grpo_loss(
       loss_type: how per-token losses are aggregated:
         ``"grpo"``: mean over sequences of ``sum_t(loss * mask) / max(sum_t mask, 1)``;
         ``"bnpo"`` / ``"token_mean"``: ``sum(loss * mask) / max(sum(mask), 1)``;
-        ``"dr_grpo"``: ``sum(loss * mask) / (N * max_completion_length)``.
+        ``"dr_grpo"``: ``sum(loss * mask) / (N * max_completion_length)``;
+        ``"dapo"`` (TRL 0.25's default): ``sum(loss * mask) / num_items``.
       max_completion_length: the ``dr_grpo`` constant; defaults to ``T``.
+      num_items: the ``dapo`` normaliser: the completion tokens of the whole step's batch (every
+        micro-batch, every process) divided by the number of micro-batches, so that the average
+        of the micro-batch gradients (``optax.MultiSteps``) is the gradient of the token mean
+        over the whole batch, as TRL's ``num_items_in_batch``; defaults to ``sum(mask)`` (one
+        micro-batch: then ``dapo`` equals ``bnpo``).
 
     Returns:
       ``(loss, metrics)``: the scalar loss and a dict of scalars: ``kl`` (masked mean KL, only
@@ -160,17 +168,23 @@ def grpo_loss(
         if beta != 0.0:
             per_token_loss = per_token_loss + beta * kl  # [N, T]
 
-    if loss_type == "grpo":
-        loss = jnp.mean(masked_mean(per_token_loss, mask, axis=-1))  # mean over sequences of [N] means
-    elif loss_type in ("bnpo", "token_mean"):
-        loss = masked_mean(per_token_loss, mask)
-    else:  # dr_grpo
-        length = logp.shape[1] if max_completion_length is None else max_completion_length
-        loss = jnp.sum(per_token_loss * mask) / (logp.shape[0] * length)
-
+    loss = _aggregate(per_token_loss, mask, loss_type, max_completion_length, num_items)
     metrics.update(_clip_metrics(coef_1, adv, mask, epsilon_low, epsilon_high))
     metrics = {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
     return loss, metrics
+
+
+def _aggregate(per_token_loss: jax.Array, mask: jax.Array, loss_type: str, max_completion_length: int | None,
+               num_items: jax.Array | float | None) -> jax.Array:
+    """The scalar loss from per-token losses [N, T] by ``loss_type`` (see :func:`grpo_loss`)."""
+    if loss_type == "grpo":
+        return jnp.mean(masked_mean(per_token_loss, mask, axis=-1))  # mean over sequences of [N] means
+    if loss_type in ("bnpo", "token_mean"):
+        return masked_mean(per_token_loss, mask)
+    if loss_type == "dapo":
+        return jnp.sum(per_token_loss * mask) / (jnp.maximum(jnp.sum(mask), 1.0) if num_items is None else num_items)
+    length = per_token_loss.shape[1] if max_completion_length is None else max_completion_length  # dr_grpo
+    return jnp.sum(per_token_loss * mask) / (per_token_loss.shape[0] * length)
 
 
 def _check_inputs(logp: jax.Array, old_logp: jax.Array | None, ref_logp: jax.Array | None, advantages: jax.Array,

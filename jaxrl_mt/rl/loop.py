@@ -42,9 +42,9 @@ from jaxrl_mt.data.pipeline import make_iterator
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.registry import Model, load_model
-from jaxrl_mt.parallel import (agree_max_many, check_same_rows, fetch_rows, gather_to_host, mesh_from_spec,
-                               mean_over_processes, put_replicated, put_rows, rows_multiple, shard_params,
-                               shard_train_state, shard_train_step, spans_processes)
+from jaxrl_mt.parallel import (agree_max_many, allgather_ints, check_same_rows, fetch_rows, gather_to_host,
+                               mesh_from_spec, mean_over_processes, put_replicated, put_rows, rows_multiple,
+                               shard_params, shard_train_state, shard_train_step, spans_processes)
 from jaxrl_mt.rewards.registry import RewardEnv, check_output, make_reward
 from jaxrl_mt.rl.data import ConfigError, config_to_dict, load_scenarios, load_tasks, reward_name, validate_config
 from jaxrl_mt.rl.grpo import group_advantages
@@ -55,7 +55,7 @@ from jaxrl_mt.rl.metrics_log import MetricsLog, held_out_before, plot_curves, re
 from jaxrl_mt.rl.multiturn import MultiTurnData
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.probe import make_probe
-from jaxrl_mt.rl.step import (LossConfig, assemble_grouped, assemble_rollouts, completion_logprobs,
+from jaxrl_mt.rl.step import (LossConfig, assemble_grouped, assemble_rollouts, completion_logprobs, dapo_num_items,
                               grouped_completion_logprobs, is_grouped, make_train_step, reference_logprobs,
                               rollout_prompt_len)
 from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
@@ -213,6 +213,10 @@ class Trainer:
         else:
             batch = assemble_rollouts(rows, res.tokens, self.model.pad_id, P, C)
         batch["advantages"] = adv.astype(np.float32)
+        if self.lc.loss_type == "dapo":  # TRL's num_items_in_batch: every row carries the step's normaliser
+            tokens = int(batch["completion_mask"].sum())
+            batch["num_items"] = dapo_num_items(batch["completion_mask"], c.grad_accum,
+                                                int(allgather_ints([tokens]).sum()) if self.multi else tokens)
         if self.lc.beta > 0:
             batch["ref_logp"] = self._ref_logprobs(batch, rows, res.tokens, P)
         if c.mu > 1:

@@ -38,7 +38,7 @@ class LossConfig:
     epsilon_high: float = 0.2  # upper clip range (DAPO's clip-higher when > epsilon_low)
     beta: float = 0.0  # KL coefficient
     kl_estimator: str = "k3"  # "k1" | "k3"
-    loss_type: str = "grpo"  # "grpo" (seq-mean-token-mean) | "token_mean" | "dr_grpo"
+    loss_type: str = "grpo"  # "grpo" (seq-mean-token-mean) | "token_mean" | "dr_grpo" | "dapo" (TRL 0.25)
     temperature: float = 1.0  # logits are divided by it, as at sampling time
     max_completion_length: int = 128  # Dr. GRPO's constant denominator
     remat: bool | str = False  # rematerialise decoder layers in the backward pass (grouped layout: or "dots")
@@ -105,6 +105,16 @@ def _completion_lp(params: Params, cfg: ModelConfig, batch: dict[str, jax.Array]
     lp, _, ent = token_logprobs(params, cfg, batch["tokens"], batch["token_mask"], temperature=temperature,
                                chunk=chunk, remat=remat, with_entropy=with_entropy)
     return lp[:, prompt_len:], (None if ent is None else ent[:, prompt_len:])
+
+
+def dapo_num_items(completion_mask: np.ndarray, grad_accum: int, tokens: int | None = None) -> np.ndarray:
+    """The ``dapo`` normaliser of every row [N]: the step's completion tokens / ``grad_accum``.
+
+    ``tokens`` is the count over every process (TRL's gathered ``num_items_in_batch``); default:
+    this batch's. Each row carries the value, so the micro-batches (row slices) all get it.
+    """
+    total = int(completion_mask.sum()) if tokens is None else int(tokens)
+    return np.full(completion_mask.shape[0], max(total, 1) / grad_accum, np.float32)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "prompt_len", "temperature", "chunk"))
@@ -214,7 +224,8 @@ def loss_fn(params: Params, cfg: ModelConfig, lc: LossConfig, prompt_len: int, b
     loss, metrics = grpo_loss(
         logp, batch.get("old_logp"), batch.get("ref_logp") if lc.beta > 0 else None, batch["advantages"],
         cmask.astype(jnp.float32), epsilon_low=lc.epsilon_low, epsilon_high=lc.epsilon_high, beta=lc.beta,
-        kl_estimator=lc.kl_estimator, loss_type=lc.loss_type, max_completion_length=lc.max_completion_length)
+        kl_estimator=lc.kl_estimator, loss_type=lc.loss_type, max_completion_length=lc.max_completion_length,
+        num_items=jnp.mean(batch["num_items"]) if "num_items" in batch else None)
     metrics = dict(metrics)
     metrics["entropy"] = masked_mean(ent, cmask)
     metrics["loss"] = loss

@@ -71,12 +71,14 @@ from __future__ import annotations
 
 from jaxrl_mt.conversations import SEED_STRIDE
 from jaxrl_mt.sedt.annotate import (CONFIRMED, DEFAULT_ANCHORS, DEFAULT_ANSWER_FORMATS, GUARDS, PROMPT_HEADER,
-                                    STOP_WORDS, UNCERTAIN, Annotation, Embedder, SeDTConfig, annotate, annotate_batch,
+                                    RESTATE_HEADER, STOP_WORDS, UNCERTAIN, Annotation, Embedder, SeDTConfig, annotate,
+                                    annotate_batch,
                                     content_words, correction_prompt, coverage, format_prompt, guard_replace, jaccard,
-                                    labels_from_relevance, make_embedder, positional_weights, relevance, returns_to_go,
-                                    scorer_embedder, sem_from_cosine, should_trigger)
-from jaxrl_mt.sedt.final_turn import (FinalTurnHold, GivenUser, SeDTResult, make_strategy, respond, run_until_final,
-                                      sedt_final_turn, sedt_strategy, summarize)
+                                    labels_from_relevance, make_embedder, positional_weights, relevance, restate_prompt,
+                                    returns_to_go, scorer_embedder, sem_from_cosine, should_trigger,
+                                    with_answer_format)
+from jaxrl_mt.sedt.final_turn import (FinalTurnHold, GivenUser, SeDTResult, make_strategy, respond,
+                                      restate_final_turn, run_until_final, sedt_final_turn, sedt_strategy, summarize)
 
 __all__ = [
     "CONFIRMED",
@@ -84,6 +86,7 @@ __all__ = [
     "DEFAULT_ANSWER_FORMATS",
     "GUARDS",
     "PROMPT_HEADER",
+    "RESTATE_HEADER",
     "STOP_WORDS",
     "SEED_STRIDE",
     "UNCERTAIN",
@@ -107,6 +110,8 @@ __all__ = [
     "positional_weights",
     "relevance",
     "respond",
+    "restate_final_turn",
+    "restate_prompt",
     "returns_to_go",
     "run_until_final",
     "sedt_final_turn",
@@ -115,4 +120,5 @@ __all__ = [
     "sem_from_cosine",
     "should_trigger",
     "summarize",
+    "with_answer_format",
 ]

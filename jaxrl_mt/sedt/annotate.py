@@ -259,6 +259,27 @@ def format_prompt(ann: Annotation, answer_format: str = "") -> str:
     return "\n".join(lines)
 
 
+RESTATE_HEADER = "Here is everything I told you, one message per line."
+
+
+def restate_prompt(shards: Sequence[str], anchor: str, answer_format: str = "") -> str:
+    """The control arm's final message: :func:`format_prompt` without the relevance annotation.
+
+    Every shard is restated in order as a JSON string, after a header that mentions no
+    return-to-go or label, and the task line drops "Use every CONFIRMED message."; the anchor
+    and the answer instruction are the same as SeDT's, so SeDT and this control differ only in
+    the annotation.
+    """
+    lines = [RESTATE_HEADER, *[json.dumps(s, ensure_ascii=False) for s in shards]]
+    lines.append(f"Task: {anchor.rstrip('.')}. {answer_format}".rstrip())
+    return "\n".join(lines)
+
+
+def with_answer_format(message: str, answer_format: str = "") -> str:
+    """A plain final user message with the answer instruction on its own line ("" leaves it as is)."""
+    return f"{message.rstrip()}\n{answer_format}" if answer_format else message
+
+
 def correction_prompt(ann: Annotation, answer: str, answer_format: str = "") -> str:
     """The verifier call's message: confirmed facts, the proposed answer, and a request to fix it."""
     conf = [s for s, lab in zip(ann.shards, ann.labels) if lab == CONFIRMED]

@@ -19,7 +19,7 @@ from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.conversations import ConversationRun, TurnRecord, UserPolicy, run_conversations
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.sedt.annotate import (Annotation, Embedder, SeDTConfig, annotate_batch, correction_prompt, coverage,
-                                    format_prompt, guard_replace, make_embedder, should_trigger)
+                                    format_prompt, guard_replace, make_embedder, restate_prompt, should_trigger)
 from jaxrl_mt.strategies import register_strategy
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,38 @@ def _final_turn(sampler: Sampler, runs: Sequence[ConversationRun], final_users: 
     log.info("SeDT final turn: %d conversations, trigger rate %.3f, %d replaced", s["n"], s["trigger_rate"],
              s["replaced"])
     return anns, infos
+
+
+def restate_final_turn(sampler: Sampler, runs: Sequence[ConversationRun], final_users: Sequence[str],
+                       sampling: SamplingConfig, *, cfg: SeDTConfig | None = None, seed: int = 0
+                       ) -> list[dict[str, Any]]:
+    """The control of SeDT's final turn: every shard restated, no relevance annotation, no correction.
+
+    The final message is :func:`restate_prompt` (SeDT's prompt minus the return-to-go, labels and
+    "Use every CONFIRMED message"), built and truncated like SeDT's (``cfg.keep_history``, the
+    same anchor and answer instruction) and answered with ONE sampler call at ``seed``.
+
+    Returns:
+      Per run, ``{"prompt": the restated message}`` (also stored in ``turn.info["restate"]``).
+    """
+    cfg = cfg or SeDTConfig()
+    if len(runs) != len(final_users):
+        raise ValueError(f"restate_final_turn: {len(runs)} runs but {len(final_users)} final messages")
+    if not runs:
+        return []
+    domains = [r.meta.get("domain", "math") for r in runs]
+    msgs = [restate_prompt([t.user for t in r.turns] + [u], cfg.anchor(d), cfg.answer_format(d))
+            for r, u, d in zip(runs, final_users, domains)]
+    prompts = [_prompt_ids(sampler, r, m, cfg.keep_history, sampling.max_new_tokens) for r, m in zip(runs, msgs)]
+    res = sampler.generate_ids(prompts, sampling, seed=seed)
+    infos = []
+    for i, (r, u) in enumerate(zip(runs, final_users)):
+        info = {"prompt": msgs[i]}
+        r.turns.append(TurnRecord(index=len(r.turns), user=u, assistant=res.texts[i], tokens=list(res.tokens[i]),
+                                  logprobs=[float(x) for x in res.logprobs[i]], finish_reason=res.finish_reasons[i],
+                                  prompt_tokens=len(prompts[i]), info={"restate": info}))
+        infos.append(info)
+    return infos
 
 
 def summarize(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

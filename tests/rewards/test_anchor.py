@@ -46,6 +46,16 @@ def hf_model(embedded_model):
     return AutoModelForCausalLM.from_pretrained(str(embedded_model.path), dtype=torch.float32).eval()
 
 
+def test_anchor_reward_matches_transformers_fast(embedded_model, hf_model):
+    """The default run's parity check: one short answer (a few tokens) under the embedded SmolLM2."""
+    m, tok = embedded_model, embedded_model.tokenizer
+    prompt, comp = PAIRS[1][0], _ids(tok, PAIRS[1][1])
+    assert 3 <= len(comp) <= 8
+    got = anchor_reward(Scorer(m.params, m.cfg, pad_id=m.pad_id, batch_size=1), tok, [prompt], [comp])
+    want = _hf_geo_mean(hf_model, tok, prompt, comp)
+    assert 0 < want < 1 and got[0] == pytest.approx(want, rel=1e-4)
+
+
 @pytest.mark.slow
 def test_anchor_reward_matches_transformers(embedded_model, hf_model):
     m, tok = embedded_model, embedded_model.tokenizer

@@ -219,6 +219,15 @@ def test_strict_reads_the_equation_result():
         ("First 12 or 14 were counted. So she has 14 marbles.", False),  # alternatives not final
         ("She has 42 - 10 = 32 marbles.", False),  # several numbers of one computation
         ("So the total is 12.", False),
+        ("Jonas has approximately 85-90 beads.", True),  # a range offered as the answer
+        ("It is between 10 and 20 apples.", True),
+        ("The total is 1,000-2,000 dollars.", True),
+        ("So it takes 3.5-4.5 hours.", True),
+        ("So 10-3 = 7.", False),  # a subtraction, not a range
+        ("It is (5-3)*2 = 4.", False),
+        ("So x = 3-5", False),
+        ("So 90-85 beads.", False),  # high before low: not a range
+        ("The answer is 2024-18=2006", False),
     ],
 )
 def test_offers_several_candidates(text, several):
@@ -230,6 +239,7 @@ def test_offers_several_candidates(text, several):
 def test_lenient_refuses_listed_candidates_strict_unchanged():
     # Listing candidates used to win lenient mode (the gold is among the last three numbers).
     assert verify("It is 30 or 31 or 32.", "31", "lenient") == 0.0
+    assert verify("It is about 30-32.", "31", "lenient") == 0.0 and verify("It is about 30-32.", "32") == 1.0
     assert verify("The answer is 30.\n#### 31", "31", "lenient") == 0.0
     assert verify("She has 42 - 10 = 32 marbles.", "32", "lenient") == 1.0
     assert verify("The answer is 30.\n#### 31", "31", "strict") == 1.0  # #### outranks the phrase

@@ -280,8 +280,8 @@ def test_hand_gradient_matches_finite_differences_of_transcription():
 # ---------------------------------------------------------------------------------------------
 def test_loss_errors():
     logp, old, ref, adv, mask = (f32(x) for x in make_inputs(seed=7))
-    with pytest.raises(ValueError, match="unknown loss_type 'dapo'; valid: grpo, bnpo, token_mean, dr_grpo"):
-        grpo.grpo_loss(logp, old, ref, adv, mask, loss_type="dapo")
+    with pytest.raises(ValueError, match="unknown loss_type 'cispo'; valid: grpo, bnpo, token_mean, dr_grpo, dapo"):
+        grpo.grpo_loss(logp, old, ref, adv, mask, loss_type="cispo")
     with pytest.raises(ValueError, match="unknown kl_estimator 'k2'"):
         grpo.grpo_loss(logp, old, ref, adv, mask, kl_estimator="k2")
     with pytest.raises(ValueError, match="beta=0.1 needs ref_logp"):
@@ -290,6 +290,28 @@ def test_loss_errors():
         grpo.grpo_loss(logp, old, ref, adv[:-1], mask)
     with pytest.raises(ValueError, match="old_logp has shape"):
         grpo.grpo_loss(logp, old[:, :-1], ref, adv, mask)
+
+
+def test_dapo_is_the_token_mean_of_the_whole_step():
+    """TRL's "dapo": sum(loss * mask) / num_items, num_items = the step's tokens / micro-batches, so the average
+    over micro-batches (optax.MultiSteps) is the token mean of the whole batch; per micro-batch bnpo is not."""
+    logp, old, ref, adv, mask = (f32(x) for x in make_inputs(seed=11))
+    mask = mask.at[:6].set(mask[:6] * (jnp.arange(T) < 2))  # micro-batch 1 much shorter than micro-batch 2
+    kw = dict(beta=0.04, loss_type="dapo")
+    whole_bnpo, _ = grpo.grpo_loss(logp, old, ref, adv, mask, beta=0.04, loss_type="bnpo")
+    alone, _ = grpo.grpo_loss(logp, old, ref, adv, mask, **kw)  # one micro-batch: dapo = bnpo
+    np.testing.assert_allclose(float(alone), float(whole_bnpo), rtol=1e-6)
+    k, tokens = 2, float(mask.sum())
+    parts = [grpo.grpo_loss(logp[s], old[s], ref[s], adv[s], mask[s], num_items=tokens / k, **kw)[0]
+             for s in (slice(0, 6), slice(6, N))]
+    np.testing.assert_allclose(float(np.mean(parts)), float(whole_bnpo), rtol=1e-5)
+    per_micro_bnpo = [grpo.grpo_loss(logp[s], old[s], ref[s], adv[s], mask[s], beta=0.04, loss_type="bnpo")[0]
+                      for s in (slice(0, 6), slice(6, N))]
+    assert abs(float(np.mean(per_micro_bnpo)) - float(whole_bnpo)) > 1e-3  # the difference dapo makes
+    # by hand on one row: per-token loss -A (on policy, beta 0) summed over 3 tokens, divided by num_items = 6
+    one = jnp.ones((1, 3))
+    got, _ = grpo.grpo_loss(one * -1.0, None, None, jnp.array([0.5]), one, loss_type="dapo", num_items=6.0)
+    assert float(got) == pytest.approx(-0.5 * 3 / 6)
 
 
 # ---------------------------------------------------------------------------------------------

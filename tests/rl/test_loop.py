@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from configs.rlsta import get_config
@@ -158,3 +159,23 @@ def test_reference_with_another_vocabulary_is_refused(tiny_chat_model_dir: Path,
                                  pad_token_id=2))
     with pytest.raises(ConfigError, match="vocabulary of 64 tokens.*must score the policy's token ids"):
         Trainer(c)
+
+
+@pytest.mark.slow
+def test_dapo_steps_carry_the_whole_batch_token_count(tiny_chat_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """loss_type="dapo" with two micro-batches: every row carries the step's tokens / 2, and the run trains."""
+    c = tiny_config(tiny_chat_model_dir, tmp_path / "dapo", steps=1)
+    c.rl.loss_type, c.rl.grad_accum = "dapo", 2
+    seen = []
+    original = Trainer.update
+
+    def spy(self, params, opt_state, batch):
+        seen.append((batch["num_items"].copy(), batch["completion_mask"].sum()))
+        return original(self, params, opt_state, batch)
+
+    monkeypatch.setattr(Trainer, "update", spy)
+    Trainer(c).run()
+    (num_items, tokens), = seen
+    assert tokens > 0 and num_items.shape == (4,)
+    np.testing.assert_array_equal(num_items, np.full(4, tokens / 2, np.float32))
+    assert math.isfinite(train_rows(tmp_path / "dapo")[1]["train/loss"])
