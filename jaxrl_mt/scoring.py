@@ -23,7 +23,7 @@ from jaxrl_mt.models.grouped import forward_grouped
 
 
 def token_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, *,
-                   temperature: float | jax.Array = 1.0, chunk: int = 128, remat: bool = False,
+                   temperature: float | jax.Array = 1.0, chunk: int = 128, remat: bool | str = False,
                    with_entropy: bool = False) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """Log-probability of every token given the ones before it.
 
@@ -86,7 +86,7 @@ def head_logprobs(params: Params, cfg: ModelConfig, h: jax.Array, tgt: jax.Array
 
 def grouped_logprobs(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_mask: jax.Array,
                      suffix: jax.Array, suffix_mask: jax.Array, *, temperature: float | jax.Array = 1.0,
-                     chunk: int = 128, remat: bool = False, with_entropy: bool = False
+                     chunk: int = 128, remat: bool | str = False, with_entropy: bool = False
                      ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """Log-probs of continuations that share prefixes (`models.grouped.forward_grouped`).
 

@@ -354,20 +354,21 @@ def test_decode_params_give_the_same_logits_and_greedy_tokens(bias, tied):
 
 
 def test_sampler_decode_weights_are_made_once_per_parameter_version():
-    """The fused weights are fused in-call on a version's first use, then kept while params stay,
-    and never stale after they change."""
+    """The fused weights are reused while params stay, remade when they change (never stale),
+    and dropped on request."""
     params = numpy_params(TINY, 3, scale=0.2)
     sampling = SamplingConfig(max_new_tokens=12, temperature=0.0)
     plain = Sampler(params, TINY, eos_ids=(), pad_id=0, fuse_weights=False)
     fast = Sampler(params, TINY, eos_ids=(), pad_id=0, fuse_weights=True)
     assert plain.decode_weights() is None
-    assert fast.decode_weights() is None  # first use of this version: fused inside the call, nothing kept
     first = fast.decode_weights()
-    assert first is not None and fast.decode_weights() is first  # used again: made once and reused
+    assert first is not None and fast.decode_weights() is first  # same params: reused
+    fast.release_decode_weights()
+    assert fast._decode_cache is None and fast.decode_weights() is not first  # released: remade on demand
+    first = fast.decode_weights()
     new = jax.tree_util.tree_map(lambda x: x * 1.5, params)
     fast.params = plain.params = new
-    assert fast.decode_weights() is None  # new params: the old copy is dropped
-    assert fast._decode_cache[1] is None
+    assert fast.decode_weights() is not first  # new params: remade
     a, b = fast.generate_ids(PROMPTS, sampling), plain.generate_ids(PROMPTS, sampling)
     assert a.tokens == b.tokens
     np.testing.assert_allclose(np.concatenate(a.logprobs), np.concatenate(b.logprobs), atol=1e-5)

@@ -133,15 +133,16 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     rss_loaded = peak_rss_mb()
     golds = [p["gold"] for p in spec["prompts"] for _ in range(G)]
     steps: dict[str, list[float]] = {k: [] for k in ("step_s", "cpu_s", "generate_s", "score_s", "update_s",
-                                                     "reward", "loss")}
+                                                     "generate_cpu_s", "score_cpu_s", "update_cpu_s", "reward",
+                                                     "loss")}
     train_step = make_train_step(model.cfg, optimizer, lc, 0, donate=True)
     for step in range(spec["steps"]):
         t_step, c_step = time.perf_counter(), time.process_time()
         sampler.params = params
         prompts, res = _generate(model, sampler, spec["prompts"], G, T, step)  # tokenised inside the step
-        t_gen = time.perf_counter()
+        t_gen, c_gen = time.perf_counter(), time.process_time()
         batch, reward = _score(model, ref_scorer, ref_params, lc, spec["prompts"], prompts, res, golds, G, T)
-        t_score = time.perf_counter()
+        t_score, c_score = time.perf_counter(), time.process_time()
         params, opt_state, m = train_step(params, opt_state, batch)
         m = jax.device_get(m)
         jax.block_until_ready(params)
@@ -149,17 +150,21 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         if not m["finite"]:
             raise RuntimeError(f"step {step}: non-finite loss or gradient (loss={float(m['loss'])})")
         for k, v in (("step_s", t_end - t_step), ("cpu_s", c_end - c_step), ("generate_s", t_gen - t_step),
-                     ("score_s", t_score - t_gen), ("update_s", t_end - t_score), ("reward", float(np.mean(reward))),
-                     ("loss", float(m["loss"]))):
+                     ("score_s", t_score - t_gen), ("update_s", t_end - t_score), ("generate_cpu_s", c_gen - c_step),
+                     ("score_cpu_s", c_score - c_gen), ("update_cpu_s", c_end - c_score),
+                     ("reward", float(np.mean(reward))), ("loss", float(m["loss"]))):
             steps[k].append(v)
         print(f"[ours] step {step + 1}: {t_end - t_step:.1f}s (generate {t_gen - t_step:.1f}, "
-              f"score {t_score - t_gen:.1f}, update {t_end - t_score:.1f}); CPU {c_end - c_step:.1f}s",
+              f"score {t_score - t_gen:.1f}, update {t_end - t_score:.1f}); CPU {c_end - c_step:.1f}s "
+              f"({c_gen - c_step:.1f}, {c_score - c_gen:.1f}, {c_end - c_score:.1f})",
               file=sys.stderr, flush=True)
     return {"side": "ours", "setup_s": setup_s, "prompt_tokens": [len(p) for p in prompts],
             "completion_tokens": T, "rss_after_load_mb": rss_loaded, "remat": remat,
             **summarize(steps["step_s"], steps["cpu_s"]),
             "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
             "phases_first_s": {k: steps[k][0] for k in ("generate_s", "score_s", "update_s")},
+            "phases_steady_cpu_s": {k: _mean_later(steps[k]) for k in ("generate_cpu_s", "score_cpu_s",
+                                                                       "update_cpu_s")},
             "steps": steps, "backend": f"jax {jax.__version__} {jax.default_backend()}",
             "peak_rss_mb": peak_rss_mb()}
 
@@ -186,6 +191,7 @@ def _generate(model: Any, sampler: Any, items: Sequence[dict[str, str]], G: int,
     res = sampler.generate_ids(rows, SamplingConfig(max_new_tokens=T, temperature=1.0),
                                seed=jax.random.fold_in(jax.random.PRNGKey(0), step),
                                stop_ids=[[] for _ in rows])  # no stop ids: every row runs to exactly T tokens
+    sampler.release_decode_weights()  # the params change at the update: no second copy through it
     if int(res.lengths.min()) != T or int(res.lengths.max()) != T:
         raise RuntimeError(f"completions have {res.lengths.min()}..{res.lengths.max()} tokens, expected {T}")
     return prompts, res

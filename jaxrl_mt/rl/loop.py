@@ -200,6 +200,7 @@ class Trainer:
         res = self.sampler.generate_ids(rows, SamplingConfig(max_new_tokens=c.max_new_tokens, temperature=c.temperature,
                                                              top_p=c.top_p),
                                         seed=jax.random.fold_in(jax.random.PRNGKey(self.c.seed), step))
+        self.sampler.release_decode_weights()  # the next step's params differ: no copy through the update
         gen_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         reward, comps, cols = check_output(self.reward_fn(items, res), len(rows), f"reward {self.reward_name!r}")

@@ -94,7 +94,7 @@ def rollout_prompt_len(batch: dict[str, Any]) -> int:
 
 
 def _completion_lp(params: Params, cfg: ModelConfig, batch: dict[str, jax.Array], prompt_len: int, *,
-                   temperature: float, chunk: int, remat: bool = False, with_entropy: bool = False
+                   temperature: float, chunk: int, remat: bool | str = False, with_entropy: bool = False
                    ) -> tuple[jax.Array, jax.Array | None]:
     """Log-probs [N, C] (and entropies) of the completion tokens of a rollout batch of either layout."""
     if is_grouped(batch):

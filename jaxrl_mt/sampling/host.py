@@ -47,26 +47,25 @@ class Sampler:
         self.compiled_shapes: set[tuple[int, ...]] = set()
 
     def decode_weights(self) -> Params | None:
-        """`decode_params(self.params)` kept for a parameter version used more than once (else None).
+        """`decode_params(self.params)`, made once per parameter version (None when not used).
 
-        A new version is any change of a leaf's identity (`sampler.params = new_params`). Its first
-        call fuses the weights inside the jitted kernel (`fuse=True`), so the copy lives only
-        during that call: a training loop, whose parameters change every step, never holds a
-        second copy of the weights through its update. From the second call on a version the
-        copy is made once and kept (evaluation, serving). The cache holds weak references to the
-        leaves, so it keeps no old version alive. Under a mesh the fused weights are always made
-        inside each call, where they inherit the sharding.
+        A new version is any change of a leaf's identity (`sampler.params = new_params`); the
+        cache holds weak references to the leaves, so it keeps no old version alive. Under a
+        mesh the fused weights are made inside each call instead, where they inherit the sharding.
         """
         if not self.fuse_weights or self.mesh is not None:
             return None
         leaves = jax.tree_util.tree_leaves(self.params)
-        refs, dparams = self._decode_cache if self._decode_cache is not None else ([], None)
+        refs = self._decode_cache[0] if self._decode_cache is not None else []
         if len(refs) != len(leaves) or any(ref() is not leaf for ref, leaf in zip(refs, leaves)):
-            self._decode_cache = ([weakref.ref(x) for x in leaves], None)  # first use: fused inside the call
-            return None
-        if dparams is None:
-            self._decode_cache = (refs, decode_params_jit(self.params, self.cfg))
+            self._decode_cache = None  # the old copy is freed before the new one is made
+            self._decode_cache = ([weakref.ref(x) for x in leaves], decode_params_jit(self.params, self.cfg))
         return self._decode_cache[1]
+
+    def release_decode_weights(self) -> None:
+        """Drops the kept fused decode weights (a training loop, whose parameters change every
+        step, calls it after generating, so no second copy of the weights lives through the update)."""
+        self._decode_cache = None
 
     def rows_bucket(self, n: int) -> int:
         """Rows of a call of n rows: a power of two, padded to a multiple of the mesh's row shards
