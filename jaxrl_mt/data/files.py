@@ -12,12 +12,17 @@ from jaxrl_mt.data.records import Scenario, ShardedTask
 __all__ = ["load_scenarios_jsonl", "load_tasks_jsonl", "save_scenarios_jsonl", "save_tasks_jsonl"]
 
 
-def save_tasks_jsonl(path, tasks: Iterable[ShardedTask]) -> None:
-    """Writes tasks, one JSON object per line (:meth:`ShardedTask.to_json`)."""
+def _write_jsonl(path, records: Iterable[ShardedTask | Scenario]) -> None:
+    """Writes each record's ``to_json()``, one JSON object per line, creating the folder."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        for t in tasks:
-            f.write(json.dumps(t.to_json(), ensure_ascii=False) + "\n")
+        for r in records:
+            f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
+
+
+def save_tasks_jsonl(path, tasks: Iterable[ShardedTask]) -> None:
+    """Writes tasks, one JSON object per line (:meth:`ShardedTask.to_json`)."""
+    _write_jsonl(path, tasks)
 
 
 def load_tasks_jsonl(path) -> list[ShardedTask]:
@@ -27,10 +32,7 @@ def load_tasks_jsonl(path) -> list[ShardedTask]:
 
 def save_scenarios_jsonl(path, scenarios: Iterable[Scenario]) -> None:
     """Writes scenarios, one JSON object per line (:meth:`Scenario.to_json`)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for s in scenarios:
-            f.write(json.dumps(s.to_json(), ensure_ascii=False) + "\n")
+    _write_jsonl(path, scenarios)
 
 
 def load_scenarios_jsonl(path) -> list[Scenario]:
