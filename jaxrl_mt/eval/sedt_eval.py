@@ -29,8 +29,10 @@ in ``results.json`` under ``sedt.lenient``.
 The default source is the shipped GSM8K *test* sample (``gsm8k:@gsm8k/test_sample.jsonl``), not
 the training sample the RL recipes draw from.
 
-Writes ``results.json``, ``report.md`` and ``transcripts.jsonl`` (one line per conversation)
-into ``--out``.
+Writes ``settings.json``, ``transcripts.jsonl`` (one line per conversation) and ``blocks.jsonl``
+into ``--out`` as it goes, ``--block`` problems at a time (a killed run resumes after its last
+finished block; memory holds one block), then ``results.json`` and ``report.md``, which
+`results_from_records` recomputes from the transcripts alone.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from jaxrl_mt.sedt import (CONFIRMED, GivenUser, SeDTConfig, restate_final_turn,
                            summarize, with_answer_format)
 
 __all__ = ["DEFAULT_SOURCE", "STEPS", "correction_outcomes", "final_arms", "main", "parse_overrides", "plan",
-           "report_md", "run_eval", "step_differences"]
+           "report_md", "results_from_records", "run_block", "run_blocks", "run_eval", "step_differences"]
 
 
 def parse_overrides(items: Sequence[str]) -> SeDTConfig:
@@ -112,13 +114,6 @@ def correction_outcomes(infos: Sequence[Mapping[str, Any]], golds: Sequence[str]
         before, after = verify(info["original"], gold, mode), verify(info["correction"], gold, mode)
         out["replaced"] += 1
         out["helped" if after > before else "hurt" if after < before else "neutral"] += 1
-    return out
-
-
-def _by_task(runs: Sequence[ConversationRun], scores: Sequence[float]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for r, s in zip(runs, scores):
-        out.setdefault(r.meta["task_id"], []).append(float(s))
     return out
 
 
@@ -180,11 +175,19 @@ def step_differences(metrics: Mapping[str, Mapping[str, float]], correct: Mappin
 
 def run_eval(sampler: Any, runs: list[ConversationRun], sampling: SamplingConfig, *, cfg: SeDTConfig, seed: int = 0,
              log=lambda s: None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Simulates the runs and scores every arm (see the module docstring).
+    """Simulates the runs and scores every arm (see the module docstring) in one block.
 
     Returns:
-      ``(results, transcript records)``.
+      ``(results, transcript records)``; ``results == results_from_records(records, ...)``.
     """
+    t0 = time.perf_counter()
+    records = run_block(sampler, runs, sampling, cfg=cfg, seed=seed, log=log)
+    return results_from_records(records, sampling, cfg, seed, time.perf_counter() - t0), records
+
+
+def run_block(sampler: Any, runs: list[ConversationRun], sampling: SamplingConfig, *, cfg: SeDTConfig,
+              seed: int = 0, log=lambda s: None) -> list[dict[str, Any]]:
+    """The transcript records of ``runs``: histories simulated once, then every arm's final turn."""
     t0 = time.perf_counter()
 
     def progress(k: int, n: int) -> None:
@@ -199,15 +202,33 @@ def run_eval(sampler: Any, runs: list[ConversationRun], sampling: SamplingConfig
     golds = [r.meta["answer"] for r in held]
     scores = {name: [verify(r.turns[-1].assistant, g) for r, g in zip(rs, golds)] for name, rs in arms.items()}
     scores[SEDT_NC] = [verify(i["original"], g) for i, g in zip(infos, golds)]
-    scores = {name: scores[name] for name in (NO_FORMAT, PLAIN, CONTROL, SEDT_NC, SEDT) if name in scores}
+    return _records(held, arms, infos, golds, scores, fmts)
+
+
+ARM_ORDER = (NO_FORMAT, PLAIN, CONTROL, SEDT_NC, SEDT)
+
+
+def results_from_records(records: Sequence[Mapping[str, Any]], sampling: SamplingConfig, cfg: SeDTConfig,
+                         seed: int, seconds: float) -> dict[str, Any]:
+    """Every figure of the report, recomputed from the transcript records alone (plus the settings)."""
+    if not records:
+        raise ValueError("no transcript records to score")
+    names = [n for n in ARM_ORDER if n in records[0]["arms"]]
+    scores = {n: [float(r["arms"][n]["correct"]) for r in records] for n in names}
+    infos = [r["sedt"] for r in records]
+    golds = [r["gold"] for r in records]
     labels = [i["annotation"]["labels"] for i in infos]
-    n_tasks = len({r.meta["task_id"] for r in held})
-    metrics = {name: aggregate(_by_task(held, sc), scale=100) for name, sc in scores.items()}
-    correct = {name: int(np.sum(sc)) for name, sc in scores.items()}
-    results: dict[str, Any] = {
-        "n_problems": n_tasks, "n_conversations": len(held), "n_runs_per_problem": len(held) // max(1, n_tasks),
-        "arms": list(scores), "answer_format": sorted(set(fmts)), "metrics": metrics, "correct": correct,
-        "steps": step_differences(metrics, correct),
+    by_task: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    for i, r in enumerate(records):
+        for n in names:
+            by_task[n].setdefault(r["task_id"], []).append(scores[n][i])
+    n_tasks = len(by_task[names[0]])
+    metrics = {n: aggregate(by_task[n], scale=100) for n in names}
+    correct = {n: int(np.sum(sc)) for n, sc in scores.items()}
+    return {
+        "n_problems": n_tasks, "n_conversations": len(records), "n_runs_per_problem": len(records) // n_tasks,
+        "arms": names, "answer_format": sorted({r["answer_format"] for r in records}), "metrics": metrics,
+        "correct": correct, "steps": step_differences(metrics, correct),
         "sedt": {"guard": cfg.guard, **summarize(infos), **correction_outcomes(infos, golds),
                  "lenient": correction_outcomes(infos, golds, "lenient"),
                  "mean_uncertain_fraction": float(np.mean([np.mean([x != CONFIRMED for x in y]) for y in labels])),
@@ -215,18 +236,18 @@ def run_eval(sampler: Any, runs: list[ConversationRun], sampling: SamplingConfig
         "paired": {"plain_only": int(sum(a > b for a, b in zip(scores[PLAIN], scores[SEDT]))),
                    "sedt_only": int(sum(b > a for a, b in zip(scores[PLAIN], scores[SEDT])))},
         "sampling": dataclasses.asdict(sampling), "sedt_config": dataclasses.asdict(cfg), "seed": seed,
-        "seconds": time.perf_counter() - t0,
+        "seconds": seconds,
     }
-    return results, _records(held, arms, infos, golds, scores)
 
 
 def _records(held: Sequence[ConversationRun], arms: Mapping[str, Sequence[ConversationRun]],
-             infos: Sequence[Mapping[str, Any]], golds: Sequence[str], scores: Mapping[str, Sequence[float]]
-             ) -> list[dict[str, Any]]:
+             infos: Sequence[Mapping[str, Any]], golds: Sequence[str], scores: Mapping[str, Sequence[float]],
+             fmts: Sequence[str]) -> list[dict[str, Any]]:
     """One transcript record per conversation: the shared history, then each arm's final turn."""
     out = []
     for i, r in enumerate(held):
-        rec = {"conv_id": r.conv_id, "gold": golds[i], "user_turns": r.user_turns,
+        rec = {"conv_id": r.conv_id, "task_id": r.meta["task_id"], "gold": golds[i], "answer_format": fmts[i],
+               "user_turns": r.user_turns,
                "history": [{"user": t.user, "assistant": t.assistant} for t in r.turns[:-1]], "arms": {}}
         for name, rs in arms.items():
             last = rs[i].turns[-1]
@@ -238,6 +259,82 @@ def _records(held: Sequence[ConversationRun], arms: Mapping[str, Sequence[Conver
         rec["sedt"] = dict(infos[i])
         out.append(rec)
     return out
+
+
+BLOCK_SEED_STRIDE = 104729  # seed offset between blocks (a prime far from conversations.SEED_STRIDE)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The complete JSON lines of ``path`` (a line cut by a kill is dropped); [] if it does not exist."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _check_settings(out: Path, settings: Mapping[str, Any]) -> None:
+    """Writes ``settings.json``, or checks that an earlier run in ``out`` used the same settings.
+
+    Raises:
+      ValueError: naming the first setting that differs (resuming would mix two experiments).
+    """
+    path = out / "settings.json"
+    if path.exists():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        for k in sorted(set(old) | set(settings)):
+            if old.get(k) != settings.get(k):
+                raise ValueError(f"{out} holds a run with {k}={old.get(k)!r}, not {settings.get(k)!r}; "
+                                 "use another --out or delete it")
+    else:
+        path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def run_blocks(sampler: Any, runs: Sequence[ConversationRun], sampling: SamplingConfig, *, cfg: SeDTConfig,
+               seed: int, out: Path, block: int, settings: Mapping[str, Any], log=lambda s: None
+               ) -> tuple[list[dict[str, Any]], float]:
+    """Runs the conversations ``block`` problems at a time, appending each finished block to ``out``.
+
+    Block ``i`` (its problems' runs, in plan order) is simulated by `run_block` at seed
+    ``seed + BLOCK_SEED_STRIDE * i``; its records go to ``transcripts.jsonl`` and then a line to
+    ``blocks.jsonl``. A rerun with the same settings skips the blocks listed there (records of a
+    block cut short are dropped), so a killed run resumes and ends with the same records; memory
+    holds one block's conversations at a time.
+
+    Returns:
+      ``(all records in plan order, seconds spent over every run of this evaluation)``.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    _check_settings(out, settings)
+    task_order = list(dict.fromkeys(r.meta["task_id"] for r in runs))
+    block_of = {t: i // block for i, t in enumerate(task_order)}
+    done = {d["block"]: d for d in _read_jsonl(out / "blocks.jsonl")}
+    kept = [r for r in _read_jsonl(out / "transcripts.jsonl") if r.get("block") in done]
+    with open(out / "transcripts.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+    n_blocks = max(block_of.values()) + 1
+    if done:
+        log(f"resuming: {len(done)}/{n_blocks} blocks done ({len(kept)} conversations)")
+    for i in range(n_blocks):
+        if i in done:
+            continue
+        t0 = time.perf_counter()
+        mine = [r for r in runs if block_of[r.meta["task_id"]] == i]
+        recs = run_block(sampler, mine, sampling, cfg=cfg, seed=seed + BLOCK_SEED_STRIDE * i,
+                         log=lambda s, i=i: log(f"block {i + 1}/{n_blocks}: {s}"))
+        with open(out / "transcripts.jsonl", "a", encoding="utf-8") as f:
+            f.writelines(json.dumps({**r, "block": i}, ensure_ascii=False) + "\n" for r in recs)
+        with open(out / "blocks.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"block": i, "n": len(recs), "seconds": time.perf_counter() - t0}) + "\n")
+        kept += [{**r, "block": i} for r in recs]
+    order = {r.conv_id: k for k, r in enumerate(runs)}
+    kept.sort(key=lambda r: order[r["conv_id"]])
+    seconds = sum(d["seconds"] for d in _read_jsonl(out / "blocks.jsonl"))
+    return kept, seconds
 
 
 def report_md(results: Mapping[str, Any]) -> str:
@@ -287,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=32,
                     help="rows per sampler call (prefill memory grows with rows x prompt length^2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--block", type=int, default=10,
+                    help="problems per block: each finished block is written at once, a rerun resumes after it")
     ap.add_argument("--mesh-shape", default="auto",
                     help="devices: auto (all on data when > 1) | none | data,fsdp,tensor")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -294,8 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        if a.problems < 1 or a.runs < 1:
-            raise ValueError(f"--problems and --runs must be >= 1, got {a.problems}, {a.runs}")
+        if a.problems < 1 or a.runs < 1 or a.block < 1:
+            raise ValueError(f"--problems, --runs and --block must be >= 1, got {a.problems}, {a.runs}, {a.block}")
         cfg = parse_overrides(a.set)
         if a.no_format:
             cfg = dataclasses.replace(cfg, answer_formats=())
@@ -314,16 +413,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--mesh-shape: {e}")
     model = load_model(a.model)
     sampler = Sampler.from_model(model, max_batch=a.max_batch, mesh=mesh)
-    log(f"{len(runs)} conversations ({a.problems} problems x {a.runs} runs), model {a.model}")
-    results, records = run_eval(sampler, runs, sampling, cfg=cfg, seed=a.seed, log=log)
-    results["model"] = a.model
+    log(f"{len(runs)} conversations ({a.problems} problems x {a.runs} runs, blocks of {a.block} problems), "
+        f"model {a.model}")
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    settings = {"model": a.model, "source": a.source, "problems": a.problems, "runs": a.runs, "block": a.block,
+                "seed": a.seed, "sampling": dataclasses.asdict(sampling), "sedt_config": dataclasses.asdict(cfg)}
+    try:
+        records, seconds = run_blocks(sampler, runs, sampling, cfg=cfg, seed=a.seed, out=out, block=a.block,
+                                      settings=settings, log=log)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = results_from_records(records, sampling, cfg, a.seed, seconds)
+    results["model"] = a.model
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     (out / "report.md").write_text(report_md(results), encoding="utf-8")
-    with open(out / "transcripts.jsonl", "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     print(report_md(results))
     return 0
 

@@ -20,6 +20,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from jaxrl_mt.rewards.judge_rules import RESPONSE_TYPES, classify_rule_based
 
@@ -151,6 +152,40 @@ def macro_f1(scores: Sequence[TypeScores]) -> float:
     return sum(0.0 if s.f1 != s.f1 else s.f1 for s in present) / len(present)
 
 
+def llm_predictions(items: Sequence[Mapping], classify, path: str | None, chunk: int) -> list[str]:
+    """``classify`` over ``items`` ``chunk`` at a time, each finished chunk appended to ``path``.
+
+    A rerun keeps the labels already in ``path`` (matched in order by the item's text; a line cut
+    by a kill is dropped) and classifies only the rest, so an LLM judge that is slow on CPU can
+    be stopped and resumed.
+
+    Raises:
+      ValueError: ``path`` holds labels of other items (another ``--eval`` / ``--every``).
+    """
+    done: list[str] = []
+    if path is not None and Path(path).exists():
+        for k, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if k >= len(items) or rec.get("text") != items[k]["text"]:
+                raise ValueError(f"{path}: line {k + 1} is not the label of item {k + 1} of this --eval; "
+                                 "use another --predictions file")
+            done.append(rec["predicted"])
+        Path(path).write_text("".join(json.dumps({"text": items[k]["text"], "predicted": p}) + "\n"
+                                      for k, p in enumerate(done)), encoding="utf-8")
+    for lo in range(len(done), len(items), chunk):
+        block = items[lo:lo + chunk]
+        got = classify(block)
+        done += got
+        if path is not None:
+            with open(path, "a", encoding="utf-8") as f:
+                f.writelines(json.dumps({"text": r["text"], "predicted": p}) + "\n" for r, p in zip(block, got))
+        print(f"LLM judge: {len(done)}/{len(items)} classified", file=sys.stderr, flush=True)
+    return done
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI (see the module docstring); returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -160,8 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--judge", default="rule", help="rule, or an LLM judge: local | local:MODEL | http:URL#MODEL")
     parser.add_argument("--by", default=None, metavar="FIELD", help="answer-attempt P / R per value of FIELD")
     parser.add_argument("--errors", action="store_true", help="also print misclassified items")
+    parser.add_argument("--every", type=int, default=1, metavar="K", help="only every K-th labelled item")
+    parser.add_argument("--predictions", default=None, metavar="OUT.jsonl",
+                        help="LLM judge: append its labels here chunk by chunk; a rerun resumes from the file")
+    parser.add_argument("--chunk", type=int, default=16, help="LLM judge: replies per call")
     args = parser.parse_args(argv)
-    items = [r for path in args.eval for r in load_labelled_records(path, args.split)]
+    if args.every < 1 or args.chunk < 1:
+        parser.error(f"--every and --chunk must be >= 1, got {args.every}, {args.chunk}")
+    items = [r for path in args.eval for r in load_labelled_records(path, args.split)][::args.every]
     gold = [r["label"] for r in items]
     rules = [classify_rule_based(r["text"], args.domain, question=r.get("question"), user=r.get("user")) for r in items]
     predicted = rules
@@ -170,10 +211,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxrl_mt.rewards.judge_llm import classify_llm
 
         stats: dict[str, int] = {}
-        predicted = classify_llm(make_backend(args.judge), [r["text"] for r in items],
-                                 [r.get("question") or "(not shown)" for r in items], domain=args.domain, stats=stats)
+        backend = make_backend(args.judge)
+
+        def classify(block: Sequence[Mapping]) -> list[str]:
+            questions = [r.get("question") or "(not shown)" for r in block]
+            return classify_llm(backend, [r["text"] for r in block], questions, domain=args.domain, stats=stats)
+
+        predicted = llm_predictions(items, classify, args.predictions, args.chunk)
         agree = sum(a == b for a, b in zip(predicted, rules)) / len(items)
-        print(f"LLM judge {args.judge}: agreement with the rule-based judge {agree:.3f}; verdicts {stats}")
+        print(f"LLM judge {args.judge}: agreement with the rule-based judge {agree:.3f} on {len(items)} items "
+              f"(verdicts of this run {stats})")
     scores = evaluate_labelled(gold, predicted)
     print(format_table(scores))
     print(f"macro-F1 {macro_f1(scores):.3f}, accuracy "

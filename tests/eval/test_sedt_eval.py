@@ -8,14 +8,16 @@ rewrites the final answers of one case so that the annotation decides the outcom
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import shutil
 
 import pytest
 
 from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.conversations import ConversationRun
 from jaxrl_mt.eval.sedt_eval import (CONTROL, DEFAULT_SOURCE, NO_FORMAT, PLAIN, SEDT, SEDT_NC, main, plan, report_md,
-                                     run_eval, step_differences)
+                                     results_from_records, run_blocks, run_eval, step_differences)
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.sedt import (CONFIRMED, PROMPT_HEADER, RESTATE_HEADER, UNCERTAIN, SeDTConfig, annotate, format_prompt,
                            restate_prompt, with_answer_format)
@@ -68,7 +70,8 @@ def test_default_source_is_held_out_and_bad_arguments_are_one_line(capsys):
     train = {r.user_turns[0] for r in plan("gsm8k:@", 64, 1)}
     assert not train & {r.user_turns[0] for r in plan(DEFAULT_SOURCE, 64, 1)}  # no question of the training sample
     assert main(["--problems", "0", "--out", "/nonexistent"]) == 2
-    assert "--problems and --runs must be >= 1" in capsys.readouterr().err
+    assert "--problems, --runs and --block must be >= 1" in capsys.readouterr().err
+    assert main(["--problems", "2", "--block", "0", "--out", "/nonexistent"]) == 2
 
 
 # --------------------------------------------------------------------------- with a (tiny) model
@@ -185,3 +188,40 @@ def test_coverage_guard_ablation_counts_helped_and_hurt(tiny):
     for r in records:  # the SeDT arm's answer is the correction exactly when replaced
         a = r["arms"][SEDT]["answer"]
         assert a == (r["sedt"]["correction"] if r["sedt"]["replaced"] else r["sedt"]["original"])
+
+
+def _json(x):
+    return json.loads(json.dumps(x))
+
+
+def test_blocks_are_written_as_they_finish_and_a_killed_run_resumes_to_the_same_records(tiny, tmp_path):
+    sampling, cfg, settings = SamplingConfig(max_new_tokens=6), SeDTConfig(), {"model": "tiny", "seed": 3}
+    full, _ = run_blocks(_sampler(tiny), plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=3, out=tmp_path / "a",
+                         block=2, settings=settings)
+    runs = plan(DEFAULT_SOURCE, 3, 2)
+    assert [r["conv_id"] for r in full] == [r.conv_id for r in runs]
+    assert [r["block"] for r in full] == [0, 0, 0, 0, 1, 1]  # 2 problems x 2 runs, then 1 problem x 2 runs
+    on_disk = [json.loads(line) for line in (tmp_path / "a" / "transcripts.jsonl").read_text().splitlines()]
+    assert _json(full) == on_disk
+    # block 0 is a one-block run at the base seed; block 1 runs at another seed
+    _, first = run_eval(_sampler(tiny), runs[:4], sampling, cfg=cfg, seed=3)
+    assert _json([{k: v for k, v in r.items() if k != "block"} for r in full[:4]]) == _json(first)
+    # a kill while block 1 was being written: its blocks.jsonl line missing, its last record cut in half
+    b = tmp_path / "b"
+    shutil.copytree(tmp_path / "a", b)
+    (b / "blocks.jsonl").write_text((b / "blocks.jsonl").read_text().splitlines()[0] + "\n")
+    text = (b / "transcripts.jsonl").read_text()
+    (b / "transcripts.jsonl").write_text(text[: len(text) - 40])
+    s = _sampler(tiny)
+    again, _ = run_blocks(s, plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=3, out=b, block=2,
+                          settings=settings)
+    assert _json(again) == on_disk
+    assert (b / "transcripts.jsonl").read_text() == (tmp_path / "a" / "transcripts.jsonl").read_text()
+    assert len(s.calls[0][0]) == 2  # only block 1 (one problem x 2 runs) was simulated again
+    r_full = results_from_records(_json(full), sampling, cfg, 3, 0.0)
+    assert r_full == results_from_records(again, sampling, cfg, 3, 0.0)
+    assert r_full["n_problems"] == 3 and r_full["n_conversations"] == 6
+    assert r_full["correct"] == {n: sum(int(r["arms"][n]["correct"]) for r in on_disk) for n in r_full["arms"]}
+    with pytest.raises(ValueError, match="seed=3, not 4"):  # another experiment in the same folder
+        run_blocks(s, plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=4, out=b, block=2,
+                   settings={**settings, "seed": 4})
