@@ -318,7 +318,7 @@ def test_dapo_is_the_token_mean_of_the_whole_step():
 # Live TRL (optional: needs torch + trl; slow because importing trl takes ~7 s)
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_loss_and_grad_match_live_trl(loss_type, beta):
     torch = pytest.importorskip("torch")
@@ -345,7 +345,8 @@ def test_loss_and_grad_match_live_trl(loss_type, beta):
         beta=beta, loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, use_vllm=False,
         current_gradient_accumulation_steps=1, max_completion_length=9, _entropy_bonus_enabled=False,
         aux_loss_enabled=False, _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None), accelerator=Accelerator(cpu=True),
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=2),
+        accelerator=Accelerator(cpu=True),
         model=torch.nn.Linear(1, 1).train(),
         _get_per_token_logps_and_entropies=lambda *a, **k: (logp_t, torch.zeros_like(logp_t), None),
     )
@@ -354,13 +355,17 @@ def test_loss_and_grad_match_live_trl(loss_type, beta):
         "completion_ids": torch.zeros(N, T, dtype=torch.long), "completion_mask": torch.tensor(mask),
         "advantages": torch.tensor(adv), "old_per_token_logps": torch.tensor(old),
         "ref_per_token_logps": torch.tensor(ref),
+        # dapo: the generation batch's completion tokens (here two accumulation windows' worth plus 6)
+        "num_items_in_batch": torch.tensor(2.0 * mask.sum() + 6.0),
     }
+    num_items = (2.0 * mask.sum() + 6.0) / 2  # TRL: num_items_in_batch / processes * accumulation / steps_per_gen
     trl_loss = trainer._compute_loss(trainer.model, inputs)
     trl_loss.backward()
 
     def f(lp):
         return grpo.grpo_loss(lp, f32(old), f32(ref), f32(adv), f32(mask), epsilon_low=0.2, epsilon_high=0.28,
-                              beta=beta, loss_type=loss_type, max_completion_length=9)
+                              beta=beta, loss_type=loss_type, max_completion_length=9,
+                              num_items=num_items if loss_type == "dapo" else None)
 
     (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(f32(logp))
     np.testing.assert_allclose(float(loss), trl_loss.item(), atol=1e-5, rtol=1e-5)
