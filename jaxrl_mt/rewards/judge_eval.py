@@ -8,8 +8,8 @@ the answer-attempt precision / recall per value of a record field.
 The embedded model's labelled replies (``tests/rewards/judge_real/``): ``TUNING_FILES``
 (``tune.jsonl``, ``heldout.jsonl``, ``heldout2.jsonl``; each of the last two was scored once as a
 held-out set, then became tuning data) are what the rules are tuned on, cross-validated in 5
-folds by problem (:func:`fold_of`); ``HELDOUT3_FILE`` is the next blind-labelled held-out set
-(not collected yet), to be scored once after the rules are frozen.
+folds by problem (:func:`fold_of`); ``HELDOUT3_FILE`` is the third blind-labelled held-out set,
+scored once with the frozen round-3 rules (README_heldout3.md).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ REAL_DIR = "tests/rewards/judge_real"  # relative to the repository root
 TUNE_V2_FILES = (f"{REAL_DIR}/tune.jsonl", f"{REAL_DIR}/heldout.jsonl")  # the tuning set "tune_v2"
 HELDOUT2_FILE = f"{REAL_DIR}/heldout2.jsonl"  # blind-labelled, scored once (round 2); tuning data since round 3
 TUNING_FILES = (*TUNE_V2_FILES, HELDOUT2_FILE)  # round 3: every labelled reply is tuning data (785)
-HELDOUT3_FILE = f"{REAL_DIR}/heldout3.jsonl"  # the next blind held-out set (not collected yet)
+HELDOUT3_FILE = f"{REAL_DIR}/heldout3.jsonl"  # the third blind held-out set, scored once (round 3)
 N_FOLDS = 5  # cross-validation folds, grouped by problem (task_id)
 
 
