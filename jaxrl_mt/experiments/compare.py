@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_mt.experiments.common import compress_transcripts, eval_config, write_json
+from jaxrl_mt.experiments.provenance import code_version
 from jaxrl_mt.experiments.report import RUN_FILES, build, write
 
 __all__ = ["main", "resolve_models"]
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                     "families": sorted({family_of(t.task_id) for t in tasks}),
                     "lic_problems": len(tasks[::a.lic_every]) if a.lic_runs else 0, "lic_runs": a.lic_runs,
                     "max_new_tokens": a.max_new_tokens, "system": a.system, "seed": a.seed, "bootstrap": a.bootstrap,
+                    "code": code_version(),
                     "command": "python -m jaxrl_mt.experiments.compare " + " ".join(argv if argv is not None
                                                                                       else sys.argv[1:])}
         write_json(out / "manifest.json", manifest)

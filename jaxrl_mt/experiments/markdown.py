@@ -143,6 +143,14 @@ def _behaviour(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def _code(code: dict[str, Any] | None) -> str:
+    """A code version (`provenance.code_version`) in words."""
+    if not code:
+        return "not recorded"
+    dirty = code.get("dirty") or []
+    return f"commit {code['commit'][:12]}" + (f", changed files {', '.join(dirty)}" if dirty else "")
+
+
 def _runs(report: dict[str, Any]) -> list[str]:
     runs = report.get("runs", {})
     if not runs:
@@ -171,6 +179,11 @@ def _runs(report: dict[str, Any]) -> list[str]:
             f"{c.get('group_size')} | {c.get('lr')} | {c.get('temperature')} | {kept} | {wall_s} | {rss_s} | "
             f"{info.get('load_avg_mean', '-')} | {fl('reward/total')} | {fl('probe/multi_turn_strict')} |"
         )
+    codes = [(n, r.get("info", {}).get("code")) for n, r in runs.items()]
+    if any(code for _, code in codes):
+        out += ["", "Code each run trained on (`run_info.json`, `code`):", ""]
+        for n, code in codes:
+            out.append(f"- {n}: {_code(code)}")
     reasons = [(n, r["filter"]) for n, r in runs.items() if r.get("filter", {}).get("kept") is not None]
     if reasons:
         out += ["", "Latent-capability filtering (why histories were kept or dropped):", ""]
@@ -194,6 +207,7 @@ def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
         f"{man['lic_problems']} problems. Bootstrap: {report['n_bootstrap']} replicates over problems.",
         "",
         f"Command: `{man['command']}`",
+        f"Evaluated on: {_code(man.get('code'))}.",
         "",
         "Every number below is recomputed from the files under "
         f"`{rel}/` by `python -m jaxrl_mt.experiments.compare --recompute --out {md_dir.name}/...`.",

@@ -5,7 +5,8 @@
 Runs ``python -m jaxrl_mt.train`` with the same arguments in a child process and writes
 ``<workdir>/run_info.json``: wall seconds, the child's peak resident memory (``getrusage``
 ``ru_maxrss`` of the children), the 1-minute load average sampled every 30 s (the machine may be
-shared), the command and the exit status. The workdir is read from the config file (and a
+shared), the command, the exit status and the code version (``code``: git commit and changed
+files, `provenance.code_version`). The workdir is read from the config file (and a
 ``--config.workdir=`` override). Exits with the training's status.
 """
 
@@ -19,6 +20,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from jaxrl_mt.experiments.provenance import code_version
 
 __all__ = ["main", "workdir_of"]
 
@@ -48,6 +51,7 @@ def workdir_of(args: list[str]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     wd = workdir_of(args)
+    code = code_version()
     cmd = [sys.executable, "-m", "jaxrl_mt.train", *args]
     loads: list[float] = []
     stop = threading.Event()
@@ -67,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
     info = {"wall_s": round(wall, 1), "peak_rss_gb": round(peak_kb / 2**20, 3), "exit_status": rc,
             "load_avg_mean": round(sum(loads) / len(loads), 2) if loads else None, "cpu_count": os.cpu_count(),
-            "command": " ".join(["python -m jaxrl_mt.experiments.train_arm", *args]),
+            "command": " ".join(["python -m jaxrl_mt.experiments.train_arm", *args]), "code": code,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
     wd.mkdir(parents=True, exist_ok=True)
     prev = wd / "run_info.json"
