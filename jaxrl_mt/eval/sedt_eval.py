@@ -281,7 +281,8 @@ def _check_settings(out: Path, settings: Mapping[str, Any]) -> None:
     """Writes ``settings.json``, or checks that an earlier run in ``out`` used the same settings.
 
     Raises:
-      ValueError: naming the first setting that differs (resuming would mix two experiments).
+      ValueError: naming the first setting that differs (resuming would mix two experiments), or
+        when ``out`` holds transcripts but no settings (they would be overwritten).
     """
     path = out / "settings.json"
     if path.exists():
@@ -290,6 +291,9 @@ def _check_settings(out: Path, settings: Mapping[str, Any]) -> None:
             if old.get(k) != settings.get(k):
                 raise ValueError(f"{out} holds a run with {k}={old.get(k)!r}, not {settings.get(k)!r}; "
                                  "use another --out or delete it")
+    elif (out / "transcripts.jsonl").exists():
+        raise ValueError(f"{out} holds transcripts of an evaluation without settings.json (an older run); "
+                         "use another --out")
     else:
         path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 

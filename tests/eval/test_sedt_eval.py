@@ -225,3 +225,7 @@ def test_blocks_are_written_as_they_finish_and_a_killed_run_resumes_to_the_same_
     with pytest.raises(ValueError, match="seed=3, not 4"):  # another experiment in the same folder
         run_blocks(s, plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=4, out=b, block=2,
                    settings={**settings, "seed": 4})
+    (b / "settings.json").unlink()  # an older evaluation's folder: its transcripts are not overwritten
+    with pytest.raises(ValueError, match="without settings.json"):
+        run_blocks(s, plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=3, out=b, block=2, settings=settings)
+    assert (b / "transcripts.jsonl").read_text() == (tmp_path / "a" / "transcripts.jsonl").read_text()
