@@ -41,8 +41,10 @@ import argparse
 import copy
 import dataclasses
 import json
+import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -318,8 +320,15 @@ def run_blocks(sampler: Any, runs: Sequence[ConversationRun], sampling: Sampling
     block_of = {t: i // block for i, t in enumerate(task_order)}
     done = {d["block"]: d for d in _read_jsonl(out / "blocks.jsonl")}
     kept = [r for r in _read_jsonl(out / "transcripts.jsonl") if r.get("block") in done]
-    with open(out / "transcripts.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+    counts = Counter(r["block"] for r in kept)
+    done = {i: d for i, d in done.items() if counts[i] == d["n"]}  # a block missing records runs again
+    kept = [r for r in kept if r["block"] in done]
+    tmp = out / "transcripts.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, out / "transcripts.jsonl")  # atomic: a kill here loses nothing
+    tmp = out / "blocks.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(d) + "\n" for d in done.values()), encoding="utf-8")
+    os.replace(tmp, out / "blocks.jsonl")
     n_blocks = max(block_of.values()) + 1
     if done:
         log(f"resuming: {len(done)}/{n_blocks} blocks done ({len(kept)} conversations)")

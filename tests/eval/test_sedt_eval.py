@@ -225,6 +225,14 @@ def test_blocks_are_written_as_they_finish_and_a_killed_run_resumes_to_the_same_
     with pytest.raises(ValueError, match="seed=3, not 4"):  # another experiment in the same folder
         run_blocks(s, plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=4, out=b, block=2,
                    settings={**settings, "seed": 4})
+    c = tmp_path / "c"  # a finished block whose records went missing (listed in blocks.jsonl) runs again
+    shutil.copytree(tmp_path / "a", c)
+    lines = (c / "transcripts.jsonl").read_text().splitlines()
+    (c / "transcripts.jsonl").write_text("\n".join(lines[1:]) + "\n")
+    s3 = _sampler(tiny)
+    again3, _ = run_blocks(s3, plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=3, out=c, block=2,
+                           settings=settings)
+    assert _json(again3) == on_disk and len(s3.calls[0][0]) == 4  # block 0 (2 problems x 2 runs) again
     (b / "settings.json").unlink()  # an older evaluation's folder: its transcripts are not overwritten
     with pytest.raises(ValueError, match="without settings.json"):
         run_blocks(s, plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=3, out=b, block=2, settings=settings)
