@@ -51,6 +51,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxrl_mt.conversations import ConversationRun, run_conversations
+from jaxrl_mt.data.jsonl_log import read_jsonl_log
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.data.scenarios import build_scenario
@@ -266,17 +267,10 @@ def _records(held: Sequence[ConversationRun], arms: Mapping[str, Sequence[Conver
 BLOCK_SEED_STRIDE = 104729  # seed offset between blocks (a prime far from conversations.SEED_STRIDE)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The complete JSON lines of ``path`` (a line cut by a kill is dropped); [] if it does not exist."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+def _read_jsonl(path: Path, log=lambda s: None) -> list[dict[str, Any]]:
+    """The records of an append-only file in ``out`` (`data.jsonl_log`: a last line cut by a kill is
+    dropped with one log line; an unreadable earlier line is an error)."""
+    return [r for _, r in read_jsonl_log(path, warn=log)]
 
 
 def _check_settings(out: Path, settings: Mapping[str, Any]) -> None:
@@ -318,8 +312,8 @@ def run_blocks(sampler: Any, runs: Sequence[ConversationRun], sampling: Sampling
     _check_settings(out, settings)
     task_order = list(dict.fromkeys(r.meta["task_id"] for r in runs))
     block_of = {t: i // block for i, t in enumerate(task_order)}
-    done = {d["block"]: d for d in _read_jsonl(out / "blocks.jsonl")}
-    kept = [r for r in _read_jsonl(out / "transcripts.jsonl") if r.get("block") in done]
+    done = {d["block"]: d for d in _read_jsonl(out / "blocks.jsonl", log)}
+    kept = [r for r in _read_jsonl(out / "transcripts.jsonl", log) if r.get("block") in done]
     counts = Counter(r["block"] for r in kept)
     done = {i: d for i, d in done.items() if counts[i] == d["n"]}  # a block missing records runs again
     kept = [r for r in kept if r["block"] in done]

@@ -20,8 +20,8 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
+from jaxrl_mt.data.jsonl_log import read_jsonl_log
 from jaxrl_mt.rewards.judge_rules import RESPONSE_TYPES, classify_rule_based
 
 REAL_DIR = "tests/rewards/judge_real"  # relative to the repository root
@@ -155,26 +155,21 @@ def macro_f1(scores: Sequence[TypeScores]) -> float:
 def llm_predictions(items: Sequence[Mapping], classify, path: str | None, chunk: int) -> list[str]:
     """``classify`` over ``items`` ``chunk`` at a time, each finished chunk appended to ``path``.
 
-    A rerun keeps the labels already in ``path`` (matched in order by the item's text; a line cut
-    by a kill is dropped) and classifies only the rest, so an LLM judge that is slow on CPU can
-    be stopped and resumed.
+    A rerun keeps the labels already in ``path`` (matched in order by the item's text; a last line
+    cut by a kill is dropped and cut from the file, `data.jsonl_log`) and classifies only the
+    rest, so an LLM judge that is slow on CPU can be stopped and resumed.
 
     Raises:
-      ValueError: ``path`` holds labels of other items (another ``--eval`` / ``--every``).
+      ValueError: ``path`` holds labels of other items (another ``--eval`` / ``--every``), or an
+        unreadable line before its last.
     """
     done: list[str] = []
-    if path is not None and Path(path).exists():
-        for k, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                break
+    if path is not None:
+        for k, (n, rec) in enumerate(read_jsonl_log(path, repair=True)):
             if k >= len(items) or rec.get("text") != items[k]["text"]:
-                raise ValueError(f"{path}: line {k + 1} is not the label of item {k + 1} of this --eval; "
+                raise ValueError(f"{path}: line {n} is not the label of item {k + 1} of this --eval; "
                                  "use another --predictions file")
             done.append(rec["predicted"])
-        Path(path).write_text("".join(json.dumps({"text": items[k]["text"], "predicted": p}) + "\n"
-                                      for k, p in enumerate(done)), encoding="utf-8")
     for lo in range(len(done), len(items), chunk):
         block = items[lo:lo + chunk]
         got = classify(block)
