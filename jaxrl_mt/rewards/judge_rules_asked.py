@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from jaxrl_mt.rewards.verifier import find_numbers
 
-__all__ = ["Asked", "Value", "asked_quantity", "fits_asked", "is_question", "main_value", "sentences", "stem",
-           "talks_about", "terms", "values"]
+__all__ = ["Asked", "Value", "asked_quantity", "counted_nouns", "fits_asked", "is_question", "main_value", "sentences",
+           "stem", "talks_about", "terms", "values"]
 
 SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
 WORD_RE = re.compile(r"[\w']+")
@@ -62,6 +62,7 @@ _PER_AFTER_RE = re.compile(  # "$120 per hour", "40 beads a day": a rate
 _MONEY_AFTER_RE = re.compile(r"^\s*(?:dollars?|cents?|bucks?|usd|euros?|pounds?)\b", re.IGNORECASE)
 _MONEY_TALK_RE = re.compile(r"[$\u00a3\u20ac]|\b(?:dollars?|cents?|euros?|cost|costs|price|pay|paid|spend|spent|"
                             r"earn\w*|profit|money)\b", re.IGNORECASE)
+_MONEY_UNITS = frozenset({"dollar", "cent", "euro", "pound", "buck"})  # "How many dollars ...?" asks money
 _BARE_AFTER_RE = re.compile(r"^\s*(?:[.,;:!?]|$)")  # the value stands alone: "She has 17."
 
 
@@ -177,7 +178,7 @@ def values(sentence: str, unit: str | None = None) -> list[Value]:
     return found
 
 
-def _counted_nouns(after: str) -> set[str]:
+def counted_nouns(after: str) -> set[str]:
     """What a number counts, from the words after it: "12 (red) marbles", "3 cups of feed" (the
     noun after "of" too: "2 bolts of fiber", "1 days of pencils")."""
     words = WORD_RE.findall(after)[:4]
@@ -197,7 +198,7 @@ def main_value(sentence: str, found: list[Value], asked: Asked) -> Value:
     results = [v for v in found if v.result]
     if results:
         return results[-1]
-    counts = [v for v in found if asked.unit is not None and asked.unit in _counted_nouns(sentence[v.end:])]
+    counts = [v for v in found if asked.unit is not None and asked.unit in counted_nouns(sentence[v.end:])]
     return counts[-1] if counts else found[-1]
 
 
@@ -217,8 +218,9 @@ def fits_asked(sentence: str, value: Value, asked: Asked) -> bool:
     if per and stem(per.group(1) or per.group(2)) not in asked.rates:
         return False
     bare = bool(_BARE_AFTER_RE.match(after))
-    if asked.unit is not None and not bare and asked.unit not in _counted_nouns(after) \
-            and not value.text.endswith("%"):
+    currency = value.text[0] in "$\u00a3\u20ac"
+    if asked.unit is not None and not bare and asked.unit not in counted_nouns(after) \
+            and not value.text.endswith("%") and not (currency and asked.unit in _MONEY_UNITS):
         return False
     return not asked.money or value.text[0] in "$\u00a3\u20ac" or bool(_MONEY_AFTER_RE.match(after)) \
         or (bare and bool(_MONEY_TALK_RE.search(sentence)))

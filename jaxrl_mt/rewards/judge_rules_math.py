@@ -15,6 +15,7 @@ import re
 from jaxrl_mt.rewards.judge_rules_asked import (
     WORD_RE,
     Asked,
+    counted_nouns,
     Value,
     fits_asked,
     is_question,
@@ -38,7 +39,7 @@ _SO_CLAUSE_RE = re.compile(  # a concluding clause inside a sentence: "..., so s
     r"[,;]\s*(?:so|therefore|thus|hence|which\s+means|that\s+means)\b", re.IGNORECASE)
 _KEY_VALUE_RE = re.compile(r"^[^:\d]{1,40}:\s*\$?\d[\d,.]*(?:\s+[A-Za-z]+)?\W*$")  # "Total: 20 books"
 _STATE_RE = re.compile(  # a quantity's value stated as a state: "has 12", "is 12" (not "is giving"), "12 left"
-    r"\b(?:has|have|had|holds?|held|contains?|costs?|owns?|makes?|left|remain(?:s|ing)?|"
+    r"\b(?:has|have|had|holds?|held|contains?|costs?|owns?|makes?|carr(?:y|ies|ying)|left|leaving|remain(?:s|ing)?|"
     r"now|total|altogether|in\s+all|at\s+the\s+end|end(?:s|ed)?\s+(?:up\s+)?with|there\s+(?:are|is|were|was))\b"
     r"|\b(?:is|are|was|were)\b(?!\s+\w+ing\b)"
     r"|\b(?:it|there|that|he|she|here)['\u2019]s\b|\b(?:they|we|there)['\u2019]re\b",  # "It's 22,200 shells."
@@ -94,6 +95,13 @@ def _is_echo(sentence: str, asked: Asked) -> bool:
     return bool(words) and sum(w in asked.user for w in words) >= 0.85 * len(words)
 
 
+def _states_counted(sentence: str, value: Value, asked: Asked) -> bool:
+    """Pattern: a state of the asked count ("A farm has 8 sheep." for "How many sheep does the farm
+    have now?"): an answer attempt even when it repeats the number the user just gave (GUIDELINES)."""
+    return asked.unit is not None and bool(_STATE_RE.search(sentence[:value.start])) \
+        and asked.unit in counted_nouns(sentence[value.end:])
+
+
 def _is_asked_verb(word: str, asked: Asked) -> bool:
     """Whether ``word`` is a content word of the asking sentence, in any inflection: the same
     first four letters ("spent" for "spend", "ordered" for "order", "traveled" for "travel")."""
@@ -118,12 +126,18 @@ def _labels_asked_value(sentence: str, asked: Asked) -> bool:
     return not asked.known or talks_about(sentence, asked) or bool(_TOTAL_SAID_RE.search(sentence))
 
 
-def _is_event(sentence: str, asked: Asked) -> bool:
+def _is_event(sentence: str, value: Value, asked: Asked) -> bool:
     """Pattern: a sentence that tells what happens to the quantity ("Jonas loses 3 beads", "Gary
-    bought 3 marbles") and states no state of it; the question's own verb ("How much did he
-    spend") is not an event."""
-    events = [m.group(0) for m in _EVENT_RE.finditer(sentence)]
-    return any(not _is_asked_verb(e, asked) for e in events) and not _STATE_RE.search(sentence)
+    bought 3 marbles") and states no state of it, or whose value is the amount of such an event
+    ("The shelf holds 8 books, and the librarian adds 8 books."): the verb nearest before the value
+    is an event's; the question's own verb ("How much did he spend") is not an event."""
+    events = [m for m in _EVENT_RE.finditer(sentence) if not _is_asked_verb(m.group(0), asked)]
+    if not events:
+        return False
+    states = [m.end() for m in _STATE_RE.finditer(sentence, 0, value.start)]
+    before = [m.end() for m in events if m.end() <= value.start]
+    nearest_event = bool(before) and not value.result and (not states or before[-1] > states[-1])
+    return not _STATE_RE.search(sentence) or nearest_event
 
 
 def _strongly_matches(sentence: str, asked: Asked) -> bool:
@@ -142,7 +156,9 @@ def _statement_commits(sentence: str, value: Value, computed: set[float], asked:
     concludes = bool(clause) or bool(_CONCLUSION_START_RE.match(sentence))
     sentence = sentence[clause[-1]:] if clause else sentence
     if _PLAN_RE.search(sentence) or _ADDRESS_RE.search(sentence) \
-            or (_START_RE.search(sentence) and not start_asked) or _is_echo(sentence, asked):
+            or (_START_RE.search(sentence) and not start_asked):
+        return False
+    if _is_echo(sentence, asked) and not _states_counted(sentence, value, asked):
         return False
     if concludes or value.value in computed:
         return True
@@ -171,7 +187,7 @@ def _commits(sentence: str, n_words: int, computed: set[float], asked: Asked) ->
     if not found:
         return False
     value = main_value(sentence, found, asked)
-    if asked.known and (not fits_asked(sentence, value, asked) or _is_event(sentence, asked)):
+    if asked.known and (not fits_asked(sentence, value, asked) or _is_event(sentence, value, asked)):
         return False
     if n_words <= _SHORT_ANSWER_WORDS or _labels_asked_value(sentence, asked):
         return True
