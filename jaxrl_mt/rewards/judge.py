@@ -6,10 +6,10 @@
 - ``judge_eval``: per-type precision / recall / F1 on labelled replies and the CLI
   (``python -m jaxrl_mt.rewards.judge --eval FILE.jsonl``).
 
-The labelled replies of the embedded model live in ``tests/rewards/judge_real/``: since round 3
-all three files are tuning data (``judge_eval.TUNING_FILES``: ``tune.jsonl``, ``heldout.jsonl``,
-``heldout2.jsonl``; cross-validated by problem, ``judge_eval.fold_of``); the next blind set is
-``heldout3.jsonl`` (``judge_eval.HELDOUT3_FILE``, not collected yet).
+The labelled replies of the embedded model live in ``tests/rewards/judge_real/``: since round 4
+all four files are tuning data (``judge_eval.TUNING_FILES``: ``tune.jsonl``, ``heldout.jsonl``,
+``heldout2.jsonl``, ``heldout3.jsonl``; cross-validated by problem, ``judge_eval.fold_of``); the
+blind set of round 4 is ``heldout4.jsonl`` (``judge_eval.HELDOUT4_FILE``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import sys
 from jaxrl_mt.rewards.judge_eval import (
     HELDOUT2_FILE,
     HELDOUT3_FILE,
+    HELDOUT4_FILE,
     N_FOLDS,
+    ROUND3_TUNING_FILES,
     TUNE_V2_FILES,
     TUNING_FILES,
     TypeScores,
@@ -52,10 +54,12 @@ from jaxrl_mt.rewards.judge_rules import (
 __all__ = [
     "HELDOUT2_FILE",
     "HELDOUT3_FILE",
+    "HELDOUT4_FILE",
     "JUDGE_PROMPT",
     "NON_ANSWER_TYPES",
     "RESPONSE_TYPES",
     "N_FOLDS",
+    "ROUND3_TUNING_FILES",
     "TUNE_V2_FILES",
     "TUNING_FILES",
     "LLMVerdict",

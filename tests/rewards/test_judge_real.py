@@ -3,15 +3,16 @@
 The replies of SmolLM2-135M-Instruct were collected with ``python -m jaxrl_mt.eval.collect_replies``
 (FULL, SHARDED and underspecified turns; synthetic, GSM8K-test, LiC-math and RLSTA MT-Add
 problems; T = 0 and T = 1) and labelled by the LiC definitions in ``GUIDELINES.md``. Their roles
-since round 3 (docs/judge.md):
+since round 4 (docs/judge.md):
 
-- tuning data (``TUNING_FILES``, 785 replies): ``tune.jsonl``, ``heldout.jsonl`` (scored once as a
-  held-out set in round 1) and ``heldout2.jsonl`` (scored once in round 2: answer-attempt
-  P 0.870 / R 0.823; then spent). The floors below keep the level reached on all of them;
-- the blind held-out set ``heldout3.jsonl`` (``HELDOUT3_FILE``, 320 multi-turn replies at
-  T = 0.7 on other templates; README_heldout3.md), scored once with the round-3 rules:
-  P 0.807 / R 0.791, below the round-3 leave-one-fold-out estimate (P 0.918 / R 0.882) and the
-  0.95 target (a strict xfail).
+- tuning data (``TUNING_FILES``, 1105 replies): ``tune.jsonl``, ``heldout.jsonl`` (scored once as a
+  held-out set in round 1), ``heldout2.jsonl`` (scored once in round 2: answer-attempt
+  P 0.870 / R 0.823) and ``heldout3.jsonl`` (320 multi-turn replies at T = 0.7 on other
+  templates, scored once in round 3: P 0.807 / R 0.791; a second blind annotation of it agrees
+  with the first at P 0.989 / R 0.969). The floors below keep the level reached on all of them;
+- the blind held-out set ``heldout4.jsonl`` (``HELDOUT4_FILE``): replies of the base model on the
+  experiment's held-out problems, collected after the round-4 freeze and scored once against the
+  0.95 target (a strict xfail while it is not met).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import pytest
 from jaxrl_mt.rewards.judge import (
     HELDOUT2_FILE,
     HELDOUT3_FILE,
+    HELDOUT4_FILE,
+    ROUND3_TUNING_FILES,
     TUNING_FILES,
     NON_ANSWER_TYPES,
     RESPONSE_TYPES,
@@ -62,7 +65,9 @@ WRITTEN_TUNE = _load(HERE / "judge_labelled.jsonl")
 WRITTEN_HELDOUT = _load(HERE / "judge_heldout.jsonl")
 HELDOUT2 = _load(HELDOUT2_PATH)
 ALL_TUNING = [rec for name in TUNING_FILES for rec in _load(ROOT / name)]
+ROUND3_TUNING = [rec for name in ROUND3_TUNING_FILES for rec in _load(ROOT / name)]
 HELDOUT3_PATH = ROOT / HELDOUT3_FILE
+HELDOUT4_PATH = ROOT / HELDOUT4_FILE
 # Measured once after the round-2 freeze: P 0.870 (167/192), R 0.823 (167/203); round 3: 0.886 / 0.882.
 AA_HELDOUT2_FLOOR = (0.865, 0.82)
 
@@ -88,13 +93,12 @@ def test_heldout2_stays_disjoint_from_the_older_sets():
         assert _norm(rec["text"]) not in tuned_texts, rec["text"][:80]
 
 
-@pytest.mark.skipif(not HELDOUT3_PATH.exists(), reason=f"{HELDOUT3_FILE} is not collected yet (round 3 judges on it)")
-def test_heldout3_never_overlaps_the_tuning_data():
-    """By task (the split unit) and by normalised text, against all three tuning files."""
+def test_heldout3_never_overlapped_the_round3_tuning_data():
+    """By task (the split unit) and by normalised text, against the three files round 3 tuned on."""
     heldout3 = _load(HELDOUT3_PATH)
     assert len(heldout3) >= 300, HELDOUT3_FILE
-    tuned_tasks = {r["task_id"] for r in ALL_TUNING}
-    tuned_texts = {_norm(r["text"]) for r in ALL_TUNING + WRITTEN_TUNE}
+    tuned_tasks = {r["task_id"] for r in ROUND3_TUNING}
+    tuned_texts = {_norm(r["text"]) for r in ROUND3_TUNING + WRITTEN_TUNE}
     for rec in heldout3:
         assert rec.get("task_id") not in tuned_tasks, rec.get("id")
         assert _norm(rec["text"]) not in tuned_texts, rec["text"][:80]
@@ -106,12 +110,13 @@ def test_hand_written_held_out_texts_never_repeat_tuning_texts():
         assert _norm(rec["text"]) not in tuned, rec["text"][:80]
 
 
-# Round 3, on all 785 tuning replies: answer-attempt P 0.922 / R 0.910 (T=0: 0.941 / 0.936;
-# T=1: 0.700 / 0.636); before round 3 0.924 / 0.878. Floors keep that level.
-AA_TUNING_FLOOR = (0.915, 0.90)
-AA_T0_FLOOR = (0.935, 0.93)
-TYPE_F1_FLOOR = {"discussion": 0.86, "refusal": 0.85, "missing": 0.55}
-AA_CV_FLOOR = (0.91, 0.875)  # leave-one-fold-out with every rule on: mean over folds 0.926 / 0.913
+# Round 4, on all 1105 tuning replies: answer-attempt P 0.893 / R 0.896 (T=0: 0.945 / 0.945;
+# T=0.7: 0.832 / 0.853; T=1: 0.700 / 0.636); round 3 on its 785: 0.922 / 0.910 (0.925 / 0.918 with
+# the round-4 rules). Floors keep that level.
+AA_TUNING_FLOOR = (0.89, 0.89)
+AA_T0_FLOOR = (0.94, 0.94)
+TYPE_F1_FLOOR = {"discussion": 0.82, "refusal": 0.80, "missing": 0.55}
+AA_CV_FLOOR = (0.89, 0.89)  # with every rule on: mean over folds 0.898 / 0.896
 
 
 def _scores(recs: list[dict], name: str):
@@ -124,7 +129,7 @@ def _scores(recs: list[dict], name: str):
 
 
 def test_answer_attempt_on_the_tuning_set_keeps_its_level():
-    by_type, pred = _scores(ALL_TUNING, "all tuning data (785 real replies)")
+    by_type, pred = _scores(ALL_TUNING, "all tuning data (1105 real replies)")
     aa = by_type["answer_attempt"]
     assert aa.precision >= AA_TUNING_FLOOR[0] and aa.recall >= AA_TUNING_FLOOR[1], aa
     t0 = answer_attempt_by(ALL_TUNING, pred, "temperature")["0.0"]
@@ -145,12 +150,24 @@ def test_answer_attempt_on_heldout2_keeps_its_measured_level():
     assert aa.precision >= AA_HELDOUT2_FLOOR[0] and aa.recall >= AA_HELDOUT2_FLOOR[1], aa
 
 
-@pytest.mark.skipif(not HELDOUT3_PATH.exists(), reason=f"{HELDOUT3_FILE} is not collected yet: "
-                    "a fresh blind-labelled set judges round 3")
-@pytest.mark.xfail(strict=True, reason="issue 14's target is not reached: heldout3 scored once, P 0.807 / R 0.791")
+@pytest.mark.skipif(not HELDOUT4_PATH.exists(), reason=f"{HELDOUT4_FILE} is not collected yet")
+def test_heldout4_never_overlaps_the_tuning_data():
+    """By task (the split unit) and by normalised text, against all four tuning files."""
+    heldout4 = _load(HELDOUT4_PATH)
+    assert len(heldout4) >= 300, HELDOUT4_FILE
+    tuned_tasks = {r["task_id"] for r in ALL_TUNING}
+    tuned_texts = {_norm(r["text"]) for r in ALL_TUNING + WRITTEN_TUNE}
+    for rec in heldout4:
+        assert rec["task_id"] not in tuned_tasks, rec["id"]
+        assert _norm(rec["text"]) not in tuned_texts, rec["text"][:80]
+
+
+@pytest.mark.skipif(not HELDOUT4_PATH.exists(), reason=f"{HELDOUT4_FILE} is not collected yet: "
+                    "a fresh blind-labelled set judges round 4")
+@pytest.mark.xfail(strict=True, reason="issue 14's target is not reached (heldout3, round 3: P 0.807 / R 0.791)")
 def test_answer_attempt_precision_and_recall_reach_the_target_on_held_out_real_replies():
-    """Issue 14's target, on the next blind-labelled held-out set (scored once, after the freeze)."""
-    by_type, _ = _scores(_load(HELDOUT3_PATH), HELDOUT3_FILE)
+    """Issue 14's target, on the latest blind-labelled held-out set (scored once, after the freeze)."""
+    by_type, _ = _scores(_load(HELDOUT4_PATH), HELDOUT4_FILE)
     aa = by_type["answer_attempt"]
     assert aa.precision >= AA_TARGET and aa.recall >= AA_TARGET, aa
 
@@ -159,8 +176,8 @@ def test_declarative_guesses_on_underspecified_prompts_are_rarely_rewarded_as_no
     """ICPO's reward: a confident guess on an underspecified prompt must not count as a non-answer.
 
     On the 44 labelled guesses of tune_v2: 14 called non-answers by the judge of session 3, 7 by
-    that of session 4, 4 by session 5, 5 by round 3; on all 86 guesses of the three files, 12
-    by round 3 (7 of the 42 of heldout2).
+    that of session 4, 4 by session 5, 5 by round 3; on all 86 guesses of the tuning files, 12
+    by rounds 3 and 4 (7 of the 42 of heldout2; heldout3 has no underspecified prompt).
     """
     guesses = [r for r in ALL_TUNING if r["kind"] == "underspecified" and r["label"] == "answer_attempt"]
     assert len(guesses) >= 80

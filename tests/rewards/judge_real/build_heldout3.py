@@ -20,7 +20,7 @@ import json
 import re
 import sys
 
-from jaxrl_mt.rewards.judge_eval import TUNING_FILES, load_labelled_records
+from jaxrl_mt.rewards.judge_eval import ROUND3_TUNING_FILES, load_labelled_records
 
 
 def _norm(text: str) -> str:
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    tuned_texts = {_norm(r["text"]) for p in TUNING_FILES for r in load_labelled_records(p)}
-    tuned_tasks = {r.get("task_id") for p in TUNING_FILES for r in load_labelled_records(p)}
+    tuned_texts = {_norm(r["text"]) for p in ROUND3_TUNING_FILES for r in load_labelled_records(p)}
+    tuned_tasks = {r.get("task_id") for p in ROUND3_TUNING_FILES for r in load_labelled_records(p)}
     pool = [r for r in candidates(a.histories, a.temperature, a.max_new_tokens)
             if _norm(r["text"]) not in tuned_texts and r["task_id"] not in tuned_tasks and r["text"].strip()]
     seen: set[str] = set()

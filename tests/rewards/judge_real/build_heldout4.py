@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     folder = Path(a.compare)
     questions = {t.task_id: t.full_prompt for t in load_tasks_jsonl(folder / "tasks.jsonl")}
-    tuned_texts = {_norm(r["text"]) for p in (*TUNING_FILES, "tests/rewards/judge_real/heldout3.jsonl")
+    tuned_texts = {_norm(r["text"]) for p in TUNING_FILES
                    for r in load_labelled_records(p)}
     chosen: list[dict] = []
     for sub in ("greedy", "lic"):
