@@ -164,7 +164,8 @@ def test_heldout4_never_overlaps_the_tuning_data():
 
 @pytest.mark.skipif(not HELDOUT4_PATH.exists(), reason=f"{HELDOUT4_FILE} is not collected yet: "
                     "a fresh blind-labelled set judges round 4")
-@pytest.mark.xfail(strict=True, reason="issue 14's target is not reached (heldout3, round 3: P 0.807 / R 0.791)")
+@pytest.mark.xfail(strict=True, reason="issue 14's target is not reached: heldout4 scored once with round 4, "
+                   "P 0.746 / R 0.669")
 def test_answer_attempt_precision_and_recall_reach_the_target_on_held_out_real_replies():
     """Issue 14's target, on the latest blind-labelled held-out set (scored once, after the freeze)."""
     by_type, _ = _scores(_load(HELDOUT4_PATH), HELDOUT4_FILE)
@@ -208,3 +209,19 @@ def test_a_second_blind_annotator_agrees_with_the_heldout3_labels_above_the_targ
     for a, b in zip(first, second):
         if a["label"] != b["label"]:
             assert a.get("label_note", "").startswith("ambiguous") or b["note"].startswith("ambiguous"), a["id"]
+
+
+def test_a_second_blind_annotator_agrees_with_the_heldout4_labels():
+    """heldout4 was labelled twice, by two separate annotator sessions (README_heldout4.md): they
+    agree on answer attempt or not for all 320 replies and on 316 labels; the 4 others are marked
+    ambiguous by one of them."""
+    first = _load(HELDOUT4_PATH)
+    second = _load(HERE / "judge_real" / "heldout4_annotator2.jsonl")
+    assert [r["id"] for r in first] == [r["id"] for r in second]
+    assert all(r["label"] in RESPONSE_TYPES for r in second)
+    scores = {s.label: s for s in evaluate_labelled([r["label"] for r in first], [r["label"] for r in second])}
+    aa = scores["answer_attempt"]
+    assert aa.precision >= AA_TARGET and aa.recall >= AA_TARGET, aa
+    for a, b in zip(first, second):
+        if a["label"] != b["label"]:
+            assert a["label_note"].startswith("ambiguous") or b["note"].startswith("ambiguous"), a["id"]
