@@ -66,3 +66,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     finally:
         if subprocess.run(["umount", str(mnt)], capture_output=True).returncode:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_chat_model_dir):
+    """The session's tiny random Llama with the embedded tokenizer and chat template, loaded once."""
+    from jaxrl_mt.models.registry import load_model
+
+    return load_model(str(tiny_chat_model_dir))

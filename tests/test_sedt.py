@@ -17,7 +17,8 @@ from jaxrl_mt.eval.sedt_eval import correction_outcomes, parse_overrides
 from jaxrl_mt.eval.simulator import judge_turn, run_score
 from jaxrl_mt.rewards.judge import RESPONSE_TYPES, classify_rule_based
 from jaxrl_mt.rewards.verifier import find_numbers, format_number, verify
-from jaxrl_mt.sampling import Sampler, SamplingConfig
+from jaxrl_mt.sampling import SamplingConfig
+from tests.sampler_spy import RecordingSampler, recording_sampler
 from jaxrl_mt.sedt import (
     CONFIRMED,
     UNCERTAIN,
@@ -365,29 +366,9 @@ def test_sentence_transformers_encoder_missing_is_a_clear_error():
 # --------------------------------------------------------------------------- with a (tiny) model
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_chat_model_dir):
-    from jaxrl_mt.models.registry import load_model
-
-    return load_model(str(tiny_chat_model_dir))
-
-
-class CountingSampler(Sampler):
-    """A real Sampler that records the batch size of every generate_ids call."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.calls: list[int] = []
-
-    def generate_ids(self, prompts, sampling, **kw):
-        self.calls.append(len(prompts))
-        return super().generate_ids(prompts, sampling, **kw)
-
-
-def _sampler(m) -> CountingSampler:
+def _sampler(m) -> RecordingSampler:
     # chunks of 4 rows and one prompt bucket: most calls share one compiled program
-    return CountingSampler(m.params, m.cfg, m.tokenizer, eos_ids=m.eos_ids, pad_id=m.pad_id, max_batch=4,
-                           min_prompt_bucket=512)
+    return recording_sampler(m, max_batch=4, min_prompt_bucket=512)
 
 
 @pytest.fixture
@@ -409,10 +390,10 @@ def score_spy(monkeypatch):
     return calls
 
 
-def test_sem_goes_through_the_scorer_the_anchor_reward_uses(tiny, score_spy):
+def test_sem_goes_through_the_scorer_the_anchor_reward_uses(tiny_model, score_spy):
     from jaxrl_mt.rewards.anchor import anchor_reward
 
-    s = _sampler(tiny)
+    s = _sampler(tiny_model)
     cfg = SeDTConfig()
     convs = [["How many clips did Natalia sell?", "She sold 48 in April.", "Half as many in May."],
              ["How many apples?", "Tom has 3 apples."]]
@@ -420,13 +401,13 @@ def test_sem_goes_through_the_scorer_the_anchor_reward_uses(tiny, score_spy):
     assert score_spy["score"] == [(6, "completion")]  # ONE call: 5 distinct turns + 1 anchor
     assert len(score_spy["score_batch"]) >= 1  # ... through the jitted scorer
     # parity: the same numbers from embed_texts + cosine directly
-    ref = scoring.Scorer(tiny.params, tiny.cfg, pad_id=tiny.pad_id)
-    e = scoring.embed_texts(ref, tiny.tokenizer, convs[0] + [MATH_ANCHOR])
+    ref = scoring.Scorer(tiny_model.params, tiny_model.cfg, pad_id=tiny_model.pad_id)
+    e = scoring.embed_texts(ref, tiny_model.tokenizer, convs[0] + [MATH_ANCHOR])
     want = (scoring.cosine(e[:3], e[3]) + 1) / 2
     np.testing.assert_allclose(anns[0].sem, want, rtol=1e-5, atol=1e-6)
     # the RLSTA anchor reward goes through the very same function
     n = len(score_spy["score"])
-    anchor_reward(ref, tiny.tokenizer, ["What is 2+2?"], [tiny.tokenizer.encode("4")])
+    anchor_reward(ref, tiny_model.tokenizer, ["What is 2+2?"], [tiny_model.tokenizer.encode("4")])
     assert len(score_spy["score"]) == n + 1
 
 
@@ -442,11 +423,11 @@ def _runs(n_turns=(3, 2, 4)):
     return runs, finals
 
 
-def test_final_turn_is_batched_and_guarded(tiny, score_spy):
+def test_final_turn_is_batched_and_guarded(tiny_model, score_spy):
     from jaxrl_mt.conversations import run_conversations
     from jaxrl_mt.sedt import GivenUser
 
-    s = _sampler(tiny)
+    s = _sampler(tiny_model)
     sampling = SamplingConfig(max_new_tokens=8, temperature=1.0)
     runs, finals = _runs()
     for k in range(3):  # history: every turn but the last, with the shared runner
@@ -458,7 +439,7 @@ def test_final_turn_is_batched_and_guarded(tiny, score_spy):
     score_spy["score"].clear()
     cfg = SeDTConfig(trigger_uncertain_frac=-1.0)  # always trigger (every run has CONFIRMED words)
     infos = sedt_final_turn(s, runs, finals, sampling, cfg=cfg, seed=3)
-    assert s.calls == [3, 3]  # one sampler call for the SeDT turns, one for the corrections
+    assert s.sizes == [3, 3]  # one sampler call for the SeDT turns, one for the corrections
     assert len(score_spy["score"]) == 1  # one scorer call for all turns
     for r, f, info in zip(runs, finals, infos):
         assert len(r.turns) == len(r.user_turns) and r.turns[-1].user == f
@@ -476,20 +457,20 @@ def test_final_turn_is_batched_and_guarded(tiny, score_spy):
     run_conversations(s, runs2, sampling, user=GivenUser(runs2, [r.user_turns[0] for r in runs2]), max_turns=1)
     s.calls.clear()
     infos = sedt_final_turn(s, runs2, finals2, sampling, cfg=SeDTConfig(self_correct=False))
-    assert s.calls == [3] and not any(i["triggered"] or i["correction"] for i in infos)
+    assert s.sizes == [3] and not any(i["triggered"] or i["correction"] for i in infos)
 
 
-def test_strategy_in_the_lic_simulator(tiny):
+def test_strategy_in_the_lic_simulator(tiny_model):
     from jaxrl_mt.data import synthetic_tasks
     from jaxrl_mt.eval.simulator import Judge, get_strategy, plan_runs, simulate
 
     assert get_strategy("sedt") is sedt_strategy
-    s = _sampler(tiny)
+    s = _sampler(tiny_model)
     tasks = synthetic_tasks(2, steps=2)  # target + 3 conditions: 4 turns
     runs, _ = plan_runs(tasks, ["full", "sharded"], 2, system="Solve it.")
     sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
     recs = simulate(s, runs, sampling, judge=Judge(), protocol="final_turn", verifier_mode="strict", strategy="sedt")
-    assert len(recs) == 8 and len(s.calls) <= 5
+    assert len(recs) == 8 and len(s.sizes) <= 5
     for rec in recs:
         assert rec["n_turns"] == rec["n_planned_turns"]
         has = ["sedt" in t for t in rec["turns"]]
@@ -500,16 +481,16 @@ def test_strategy_in_the_lic_simulator(tiny):
             last = rec["turns"][-1]
             assert "label" in last and "correct" in last  # judged and verified like any turn
     # 3 history steps (the full runs answer at step 0 with the sharded ones), one SeDT call (+ corrections)
-    assert s.calls[:4] == [8, 4, 4, 4]
+    assert s.sizes[:4] == [8, 4, 4, 4]
 
 
-def test_respond_api(tiny):
-    s = _sampler(tiny)
+def test_respond_api(tiny_model):
+    s = _sampler(tiny_model)
     conv = [{"role": "user", "content": "How many apples does Tom have?"},
             {"role": "assistant", "content": "Tell me more."},
             {"role": "user", "content": "He has 3 apples and buys 4."}]
     out = respond(s, [conv, conv[:1], conv, conv[:1]], sampling=SamplingConfig(max_new_tokens=6), seed=1)
-    assert len(out) == 4 and s.calls[0] == 4
+    assert len(out) == 4 and s.sizes[0] == 4
     assert out[0].annotation.shards == ("How many apples does Tom have?", "He has 3 apples and buys 4.")
     assert out[0].text == (out[0].correction if out[0].replaced else out[0].original)
     assert out[1].annotation.labels == (U,)  # one turn: nothing is above the mean

@@ -18,9 +18,10 @@ from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.conversations import ConversationRun
 from jaxrl_mt.eval.sedt_eval import (CONTROL, DEFAULT_SOURCE, NO_FORMAT, PLAIN, SEDT, SEDT_NC, main, plan, report_md,
                                      results_from_records, run_blocks, run_eval, step_differences)
-from jaxrl_mt.sampling import Sampler, SamplingConfig
+from jaxrl_mt.sampling import SamplingConfig
 from jaxrl_mt.sedt import (CONFIRMED, PROMPT_HEADER, RESTATE_HEADER, UNCERTAIN, SeDTConfig, annotate, format_prompt,
                            restate_prompt, with_answer_format)
+from tests.sampler_spy import RecordingSampler
 
 FMT = 'Solve it step by step and end with "The answer is <number>."'
 ANCHOR = "Compute the final numeric answer to the word problem"
@@ -77,25 +78,6 @@ def test_default_source_is_held_out_and_bad_arguments_are_one_line(capsys):
 # --------------------------------------------------------------------------- with a (tiny) model
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_chat_model_dir):
-    from jaxrl_mt.models.registry import load_model
-
-    return load_model(str(tiny_chat_model_dir))
-
-
-class RecordingSampler(Sampler):
-    """A real Sampler that records the prompts and seed of every generate_ids call."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.calls: list[tuple[list[list[int]], int]] = []
-
-    def generate_ids(self, prompts, sampling, **kw):
-        self.calls.append(([list(p) for p in prompts], int(kw.get("seed", 0))))
-        return super().generate_ids(prompts, sampling, **kw)
-
-
 class AnnotationReader(RecordingSampler):
     """Answers right (72) exactly when the prompt carries SeDT's annotation header, else wrong (50)."""
 
@@ -111,8 +93,8 @@ def _sampler(m, cls=RecordingSampler):
 
 
 @pytest.mark.parametrize("keep_history,no_format", [(False, False), (True, True)])
-def test_arms_share_histories_seeds_and_format(tiny, keep_history, no_format):
-    s = _sampler(tiny)
+def test_arms_share_histories_seeds_and_format(tiny_model, keep_history, no_format):
+    s = _sampler(tiny_model)
     runs = plan(DEFAULT_SOURCE, 2, 2)
     cfg = SeDTConfig(keep_history=keep_history, self_correct=False)
     if no_format:
@@ -124,7 +106,7 @@ def test_arms_share_histories_seeds_and_format(tiny, keep_history, no_format):
     finals = s.calls[-(len(arms) - 1):]  # one call per arm (SeDT without correction shares SeDT's call)
     assert len({seed for _, seed in finals}) == 1  # the same seed for every arm's final turn
     assert all(len(p) == 4 for p, _ in finals)
-    tok = tiny.tokenizer
+    tok = tiny_model.tokenizer
     for i, rec in enumerate(records):
         hist = []
         for h in rec["history"]:
@@ -161,9 +143,9 @@ def _clip_runs(n_tasks: int, n_runs: int) -> list[ConversationRun]:
                                   "n_planned": 3}) for t in range(n_tasks) for r in range(n_runs)]
 
 
-def test_a_case_where_only_the_annotation_changes_the_outcome(tiny):
+def test_a_case_where_only_the_annotation_changes_the_outcome(tiny_model):
     """A policy that answers right only when it sees the annotation: the whole gain lands on the annotation step."""
-    s = _sampler(tiny, AnnotationReader)
+    s = _sampler(tiny_model, AnnotationReader)
     results, records = run_eval(s, _clip_runs(2, 2), SamplingConfig(max_new_tokens=4), cfg=SeDTConfig(), seed=0)
     p = {name: results["metrics"][name]["P"] for name in results["arms"]}
     assert p == {NO_FORMAT: 0.0, PLAIN: 0.0, CONTROL: 0.0, SEDT_NC: 100.0, SEDT: 100.0}
@@ -177,9 +159,9 @@ def test_a_case_where_only_the_annotation_changes_the_outcome(tiny):
     assert "| the relevance annotation (return-to-go, labels) | " in report_md(results)
 
 
-def test_coverage_guard_ablation_counts_helped_and_hurt(tiny):
+def test_coverage_guard_ablation_counts_helped_and_hurt(tiny_model):
     """Under the coverage-only guard a correction can replace an answer; the counts follow the verifier."""
-    s = _sampler(tiny)
+    s = _sampler(tiny_model)
     cfg = SeDTConfig(guard="coverage", trigger_uncertain_frac=-1.0)  # always trigger
     results, records = run_eval(s, plan(DEFAULT_SOURCE, 2, 2), SamplingConfig(max_new_tokens=6), cfg=cfg, seed=0)
     sd = results["sedt"]
@@ -194,17 +176,17 @@ def _json(x):
     return json.loads(json.dumps(x))
 
 
-def test_blocks_are_written_as_they_finish_and_a_killed_run_resumes_to_the_same_records(tiny, tmp_path):
+def test_blocks_are_written_as_they_finish_and_a_killed_run_resumes_to_the_same_records(tiny_model, tmp_path):
     sampling, cfg, settings = SamplingConfig(max_new_tokens=6), SeDTConfig(), {"model": "tiny", "seed": 3}
-    full, _ = run_blocks(_sampler(tiny), plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=3, out=tmp_path / "a",
-                         block=2, settings=settings)
+    full, _ = run_blocks(_sampler(tiny_model), plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=3,
+                         out=tmp_path / "a", block=2, settings=settings)
     runs = plan(DEFAULT_SOURCE, 3, 2)
     assert [r["conv_id"] for r in full] == [r.conv_id for r in runs]
     assert [r["block"] for r in full] == [0, 0, 0, 0, 1, 1]  # 2 problems x 2 runs, then 1 problem x 2 runs
     on_disk = [json.loads(line) for line in (tmp_path / "a" / "transcripts.jsonl").read_text().splitlines()]
     assert _json(full) == on_disk
     # block 0 is a one-block run at the base seed; block 1 runs at another seed
-    _, first = run_eval(_sampler(tiny), runs[:4], sampling, cfg=cfg, seed=3)
+    _, first = run_eval(_sampler(tiny_model), runs[:4], sampling, cfg=cfg, seed=3)
     assert _json([{k: v for k, v in r.items() if k != "block"} for r in full[:4]]) == _json(first)
     # a kill while block 1 was being written: its blocks.jsonl line missing, its last record cut in half
     b = tmp_path / "b"
@@ -212,7 +194,7 @@ def test_blocks_are_written_as_they_finish_and_a_killed_run_resumes_to_the_same_
     (b / "blocks.jsonl").write_text((b / "blocks.jsonl").read_text().splitlines()[0] + "\n")
     text = (b / "transcripts.jsonl").read_text()
     (b / "transcripts.jsonl").write_text(text[: len(text) - 40])
-    s = _sampler(tiny)
+    s = _sampler(tiny_model)
     again, _ = run_blocks(s, plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=3, out=b, block=2,
                           settings=settings)
     assert _json(again) == on_disk
@@ -229,7 +211,7 @@ def test_blocks_are_written_as_they_finish_and_a_killed_run_resumes_to_the_same_
     shutil.copytree(tmp_path / "a", c)
     lines = (c / "transcripts.jsonl").read_text().splitlines()
     (c / "transcripts.jsonl").write_text("\n".join(lines[1:]) + "\n")
-    s3 = _sampler(tiny)
+    s3 = _sampler(tiny_model)
     again3, _ = run_blocks(s3, plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=3, out=c, block=2,
                            settings=settings)
     assert _json(again3) == on_disk and len(s3.calls[0][0]) == 4  # block 0 (2 problems x 2 runs) again

@@ -29,36 +29,16 @@ from jaxrl_mt.eval.simulator import (
     run_score,
     simulate,
 )
-from jaxrl_mt.sampling import Sampler, SamplingConfig
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tiny_chat_model_dir):
-    """The session's tiny random Llama with the embedded tokenizer and chat template (conftest)."""
-    from jaxrl_mt.models.registry import load_model
-
-    return load_model(str(tiny_chat_model_dir))
-
-
-class CountingSampler(Sampler):
-    """A real Sampler that records the batch size of every generate_ids call."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.calls: list[int] = []
-
-    def generate_ids(self, prompts, sampling, **kw):
-        self.calls.append(len(prompts))
-        return super().generate_ids(prompts, sampling, **kw)
+from jaxrl_mt.sampling import SamplingConfig
+from tests.sampler_spy import RecordingSampler, recording_sampler
 
 
 SYSTEM = "Solve it."  # a short system prompt keeps every test prompt under 256 tokens
 
 
-def counting_sampler(model, max_batch: int = 4) -> CountingSampler:
+def counting_sampler(model, max_batch: int | None = 4) -> RecordingSampler:
     """Chunks of 4 rows and one prompt bucket (256): a test run compiles one program."""
-    return CountingSampler(model.params, model.cfg, model.tokenizer, eos_ids=model.eos_ids, pad_id=model.pad_id,
-                           max_batch=max_batch, min_prompt_bucket=256)
+    return recording_sampler(model, max_batch=max_batch, min_prompt_bucket=256)
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -205,7 +185,7 @@ def test_simulate_lockstep_one_sampler_call_per_turn(tiny_model):
     # One generate_ids call per turn: the first holds every conversation, then the ones still
     # running (the sampler splits a call into chunks of max_batch rows internally).
     want = [sum(len(r.user_turns) > k for r in runs) for k in range(longest)]
-    assert sampler.calls == want == [32, 24, 24, 24, 12, 8, 8]
+    assert sampler.sizes == want == [32, 24, 24, 24, 12, 8, 8]
     assert sampler.compiled_shapes == {(4, 256, 16)}
     assert [r["conv_id"] for r in recs] == [r.conv_id for r in runs]
     assert sorted(r["conv_id"] for r in got) == sorted(r.conv_id for r in runs)  # each flushed once
@@ -231,7 +211,7 @@ def test_length_sorted_sampler_chunks_by_memory_and_keeps_row_order(tiny_model):
     wrapped = LengthSortedSampler(inner, max_cells=2 * 64 * 80)
     got = wrapped.generate_ids(prompts, greedy, seed=0, max_new_tokens=budgets)
     # Sorted: [1 2 3 4][5 6 7 8] (two full chunks, one call) [10 33] [40 64] [70] [90].
-    assert inner.calls == [8, 2, 2, 1, 1] and got.stats["chunks"] == 5
+    assert inner.sizes == [8, 2, 2, 1, 1] and got.stats["chunks"] == 5
     assert got.lengths.tolist() == budgets
     # Each row as generated in a different grouping of the same shapes (greedy): same tokens.
     for group in ([9], [2], [6, 0], [4, 7], [13, 12, 11, 10], [3, 5, 1, 8]):
