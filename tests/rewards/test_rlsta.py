@@ -26,17 +26,11 @@ from jaxrl_mt.scoring import Scorer, ScoreResult
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_chat_model_dir):
-    from jaxrl_mt.models.registry import load_model
-
-    return load_model(str(tiny_chat_model_dir))
-
-
-@pytest.fixture(scope="module")
-def refine_item(tiny) -> TrainItem:
+def refine_item(tiny_model) -> TrainItem:
     """One MT-Refine training item: its history answered by the tiny model, as the trainer builds it."""
     sc = build_scenario(load_source("rlsta_refine:@")[0], "mt_refine")
-    s = Sampler(tiny.params, tiny.cfg, tiny.tokenizer, eos_ids=tiny.eos_ids, pad_id=tiny.pad_id, max_batch=1)
+    m = tiny_model
+    s = Sampler(m.params, m.cfg, m.tokenizer, eos_ids=m.eos_ids, pad_id=m.pad_id, max_batch=1)
     (item,) = build_histories(s, [sc], SamplingConfig(max_new_tokens=4), seed=0)
     return item
 
@@ -52,15 +46,15 @@ def _direct(scorer: Scorer, tok, messages: list[dict[str, str]], gen: Generation
     return scorer.score([ctx] * len(gen.tokens), gen.tokens).geo_mean
 
 
-def test_anchor_is_scored_on_the_clean_full_prompt(tiny, refine_item):
-    it, tok = refine_item, tiny.tokenizer
+def test_anchor_is_scored_on_the_clean_full_prompt(tiny_model, refine_item):
+    it, tok = refine_item, tiny_model.tokenizer
     # what the item holds: a real MT-Refine history, corrections in the merged turns, the clean prompt apart
     assert it.kind == "mt_refine" and len(it.history) == 4 and it.last_user.startswith("Correction")
     assert "$65 per month" in it.merged_user and "$65" not in it.anchor_prompt
     assert it.anchor_prompt.startswith("Calculate the phone bill for next year after a 10% increase.")
     c = get_config("cpu")
     c.rl.alpha, c.rl.verifier_mode = 1.0, "strict"
-    scorer = Scorer(tiny.params, tiny.cfg, pad_id=tiny.pad_id, batch_size=4)
+    scorer = Scorer(tiny_model.params, tiny_model.cfg, pad_id=tiny_model.pad_id, batch_size=4)
     env = RewardEnv(c, 2, tok, None, scorer)
     gen = _gen(tok, ["The bill is $660. The answer is 660.", "It is 700."])
     out = make_reward("rlsta", env)([it], gen)
