@@ -22,7 +22,7 @@ from jaxrl_mt.eval.simulator import LIC_SCENARIOS, EvalError, run_score
 from jaxrl_mt.evaluate import evaluate, load_eval_model, normalize_config
 from jaxrl_mt.rewards.judge import classify_rule_based
 from jaxrl_mt.rewards.verifier import extract_answer, verify
-from tests.eval.test_simulator import SYSTEM, counting_sampler, tiny_model  # noqa: F401  (fixture)
+from tests.eval.test_simulator import SYSTEM, counting_sampler
 from tests.eval.test_user_sim import server  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def assert_report_matches(report, records):
 # --------------------------------------------------------------------------- tiny model, in process
 
 
-def test_every_scenario_runs_and_report_matches_transcripts(tmp_path, tiny_model):  # noqa: F811
+def test_every_scenario_runs_and_report_matches_transcripts(tmp_path, tiny_model):
     logs = []
     out = evaluate(tiny_config(tmp_path), model=tiny_model, sampler=counting_sampler(tiny_model, max_batch=8),
                    log=logs.append)
@@ -123,7 +123,7 @@ def test_every_scenario_runs_and_report_matches_transcripts(tmp_path, tiny_model
     assert sharded["ratio_to_full"] == 0.5
 
 
-def test_resume_regenerates_only_missing_conversations(tmp_path, tiny_model):  # noqa: F811
+def test_resume_regenerates_only_missing_conversations(tmp_path, tiny_model):
     cfg = tiny_config(tmp_path, dataset=("synthetic:2",), limit=0, scenarios=("full", "sharded", "snowball"),
                       protocol="final_turn")
     first = evaluate(cfg, model=tiny_model, sampler=counting_sampler(tiny_model), log=lambda s: None)
@@ -138,7 +138,7 @@ def test_resume_regenerates_only_missing_conversations(tmp_path, tiny_model):  #
     second = evaluate(cfg, model=tiny_model, sampler=sampler, log=logs.append)
     assert (second["n_generated"], second["n_resumed"]) == (n - n // 2, n // 2)
     assert f"turn 1: {n - n // 2} active conversations" in "\n".join(logs)  # only the missing ones
-    assert sum(sampler.calls[:2]) == n - n // 2  # first turn: chunks of 4 + 2 rows
+    assert sum(sampler.sizes[:2]) == n - n // 2  # first turn: chunks of 4 + 2 rows
     recs = read_transcripts(path)
     assert len(recs) == n and len({r["conv_id"] for r in recs}) == n
     assert [json.dumps(r) for r in recs[: n // 2]] == [json.dumps(json.loads(x)) for x in kept]
@@ -210,7 +210,7 @@ def test_bad_data_is_named(tmp_path):
         evaluate(tiny_config(tmp_path / "w", dataset=("synthetic:1", "synthetic:1")), log=lambda s: None)
 
 
-def test_workdir_model_spec_uses_training_loader(monkeypatch, tiny_model):  # noqa: F811
+def test_workdir_model_spec_uses_training_loader(monkeypatch, tiny_model):
     """`workdir:PATH` goes to jaxrl_mt.rl.loop.load_policy (stood in here until it exists)."""
     import types
 
@@ -244,7 +244,7 @@ def test_cli_rejects_unknown_key_and_bad_scenario(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_model):  # noqa: F811
+def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_model):
     r = _cli(f"--config.model={tiny_model.path}", "--config.dataset=synthetic:1", "--config.runs=3",
              "--config.scenarios=full,sharded", "--config.max_new_tokens=3", f"--config.workdir={tmp_path}")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -12,7 +12,7 @@ from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.evaluate import evaluate
 from jaxrl_mt.tasks import get_task
 from tests.eval.test_evaluate_cli import get_config, read_transcripts
-from tests.eval.test_simulator import counting_sampler, tiny_model  # noqa: F401  (fixture)
+from tests.eval.test_simulator import counting_sampler
 
 SOURCES = {"math": "synthetic:1:0", "code": "humaneval:@:1", "database": "lic:@:database", "actions": "lic:@:actions"}
 
@@ -26,7 +26,7 @@ def recompute_tasks(records) -> dict[str, dict[str, float]]:
             for d, kinds in by.items()}
 
 
-def test_every_offline_task_end_to_end(tmp_path, tiny_model):  # noqa: F811
+def test_every_offline_task_end_to_end(tmp_path, tiny_model):
     cfg = get_config("cpu_all", task="code,database,actions,math", limit=1, runs=1, max_new_tokens=4,
                      workdir=str(tmp_path), bootstrap=20, plots=False)
     for task, spec in SOURCES.items():

@@ -18,7 +18,7 @@ import pytest
 from jaxrl_mt.backends import BackendError
 from jaxrl_mt.evaluate import evaluate
 from tests.eval.test_evaluate_cli import read_transcripts, tiny_config
-from tests.eval.test_simulator import SYSTEM, counting_sampler, tiny_model  # noqa: F401  (fixture)
+from tests.eval.test_simulator import SYSTEM, counting_sampler
 from tests.serving.fixtures import TINY_NAME, tiny_server  # noqa: F401  (fixture)
 
 

@@ -25,7 +25,7 @@ from jaxrl_mt.eval.user_sim import (
     parse_sim_reply,
 )
 from jaxrl_mt.sampling import SamplingConfig
-from tests.eval.test_simulator import SYSTEM, counting_sampler, tiny_model  # noqa: F401  (fixture)
+from tests.eval.test_simulator import SYSTEM, counting_sampler
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -124,7 +124,7 @@ def test_user_sim_over_http_reveals_one_shard_per_turn(server, tiny_model):  # n
     recs = simulate(sampler, runs, SamplingConfig(max_new_tokens=3), judge=Judge(), protocol="final_turn",
                     verifier_mode="strict", user=sim, seed=0)
     shards = runs[0].user_turns  # target + 3 conditions
-    assert sampler.calls == [2, 2, 2, 2]
+    assert sampler.sizes == [2, 2, 2, 2]
     # Turn 1 verbatim; then one chat call per turn for both conversations (2 requests each).
     assert sim.stats["calls"] == 3 and len(server.requests) == 6
     assert sim.summary()["fallback"] == 0 and sim.stats["ok"] == 6

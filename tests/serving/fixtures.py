@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.eval.test_simulator import tiny_model  # noqa: F401  (fixture)
 
 TINY_NAME = "tiny"
 

@@ -21,7 +21,6 @@ import pytest
 
 from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.sampling import Sampler, SamplingConfig
-from tests.eval.test_simulator import tiny_model  # noqa: F401  (fixture)
 from tests.serving.fixtures import TINY_NAME, tiny_server  # noqa: F401  (fixture)
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.serving.batcher import Batcher, Job, cut_at_stops, split_to_fit
-from tests.eval.test_simulator import counting_sampler, tiny_model  # noqa: F401  (fixture)
+from tests.eval.test_simulator import counting_sampler
 
 
 def test_cut_at_stops():
@@ -42,7 +42,7 @@ def test_jobs_are_grouped_by_sampling_settings_in_one_batch(tiny_model):  # noqa
         return batcher, out, again
 
     batcher, out, again = asyncio.run(run())
-    assert sorted(sampler.calls) == [3, 4, 4, 6]  # greedy 6, unseeded 3, seeded 4; then the repeat alone
+    assert sorted(sampler.sizes) == [3, 4, 4, 6]  # greedy 6, unseeded 3, seeded 4; then the repeat alone
     assert batcher.stats["batches"] == 2  # the ten jobs arrived within one window
     greedy = {c[0].text for c in out[:6]}
     assert len(greedy) == 1 and all(len(c) == 1 for c in out[:6])
