@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.eval import test_simulator
-
-tiny_model = test_simulator.tiny_model  # the fixture
-
 
 @pytest.mark.slow
 def test_simulator_bench_runs_on_tiny_model(tiny_model, capsys):
