@@ -194,14 +194,11 @@ def test_records_keep_their_provenance(name):
         assert rec["id"].startswith(rec["task_id"] + "|" + rec["kind"])
 
 
-def test_a_second_blind_annotator_agrees_with_the_heldout3_labels_above_the_target():
-    """The target is a level a reader of the guidelines reaches: a second annotator session (the
-    same assistant model as the first, so an upper bound on independent readers' agreement), who
-    saw only GUIDELINES.md and the unlabelled replies (README_heldout3.md), against the first:
-    answer-attempt P 0.989 / R 0.969 (kappa 0.948), 309/320 identical labels; every
-    disagreement on an item one of them marked ambiguous."""
-    first = _load(HELDOUT3_PATH)
-    second = _load(HERE / "judge_real" / "heldout3_annotator2.jsonl")
+def _assert_second_annotation_agrees(first_path: Path, second_name: str) -> None:
+    """The second annotation (``{"id", "label", "note"}`` in the same order) against the first:
+    answer-attempt P and R >= the target, and every differing label marked ambiguous by one side."""
+    first = _load(first_path)
+    second = _load(HERE / "judge_real" / second_name)
     assert [r["id"] for r in first] == [r["id"] for r in second]
     assert all(r["label"] in RESPONSE_TYPES for r in second)
     scores = {s.label: s for s in evaluate_labelled([r["label"] for r in first], [r["label"] for r in second])}
@@ -212,17 +209,17 @@ def test_a_second_blind_annotator_agrees_with_the_heldout3_labels_above_the_targ
             assert a.get("label_note", "").startswith("ambiguous") or b["note"].startswith("ambiguous"), a["id"]
 
 
+def test_a_second_blind_annotator_agrees_with_the_heldout3_labels_above_the_target():
+    """The target is a level a reader of the guidelines reaches: a second annotator session (the
+    same assistant model as the first, so an upper bound on independent readers' agreement), who
+    saw only GUIDELINES.md and the unlabelled replies (README_heldout3.md), against the first:
+    answer-attempt P 0.989 / R 0.969 (kappa 0.948), 309/320 identical labels; every
+    disagreement on an item one of them marked ambiguous."""
+    _assert_second_annotation_agrees(HELDOUT3_PATH, "heldout3_annotator2.jsonl")
+
+
 def test_a_second_blind_annotator_agrees_with_the_heldout4_labels():
     """heldout4 was labelled twice, by two separate annotator sessions (README_heldout4.md): they
     agree on answer attempt or not for all 320 replies and on 316 labels; the 4 others are marked
     ambiguous by one of them."""
-    first = _load(HELDOUT4_PATH)
-    second = _load(HERE / "judge_real" / "heldout4_annotator2.jsonl")
-    assert [r["id"] for r in first] == [r["id"] for r in second]
-    assert all(r["label"] in RESPONSE_TYPES for r in second)
-    scores = {s.label: s for s in evaluate_labelled([r["label"] for r in first], [r["label"] for r in second])}
-    aa = scores["answer_attempt"]
-    assert aa.precision >= AA_TARGET and aa.recall >= AA_TARGET, aa
-    for a, b in zip(first, second):
-        if a["label"] != b["label"]:
-            assert a["label_note"].startswith("ambiguous") or b["note"].startswith("ambiguous"), a["id"]
+    _assert_second_annotation_agrees(HELDOUT4_PATH, "heldout4_annotator2.jsonl")
