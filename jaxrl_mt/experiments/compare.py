@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_mt.experiments.common import compress_transcripts, eval_config, write_json
-from jaxrl_mt.experiments.provenance import code_version
+from jaxrl_mt.experiments.provenance import code_version, record_evaluation
 from jaxrl_mt.experiments.report import RUN_FILES, build, write
 
 __all__ = ["main", "resolve_models"]
@@ -89,6 +89,7 @@ def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: arg
         cfg = eval_config(model=m["spec"], limit=0, max_new_tokens=a.max_new_tokens, system_prompt=a.system,
                           max_batch=a.max_batch, workdir=str(wd), plots=False, seed=a.seed, bootstrap=200,
                           reuse_cache=False, **kw)  # reuse would keep every conversation's KV cache (GBs)
+        record_evaluation(wd)  # which code writes (this part of) the evaluation
         evaluate(cfg, model=model)
         if a.gzip:
             compress_transcripts(wd)

@@ -151,6 +151,24 @@ def _code(code: dict[str, Any] | None) -> str:
     return f"commit {code['commit'][:12]}" + (f", changed files {', '.join(dirty)}" if dirty else "")
 
 
+def _evaluated_on(report: dict[str, Any]) -> list[str]:
+    """Which code wrote each model's evaluations (``code.json`` per evaluation folder)."""
+    out = ["Code that wrote each evaluation (`models/<name>/<evaluation>/code.json`; a resumed evaluation "
+           "lists every invocation with the conversations already on disk when it started):", ""]
+    for name, subs in report.get("code", {}).items():
+        parts = []
+        for sub, entries in subs.items():
+            if not entries:
+                parts.append(f"{sub} not recorded")
+                continue
+            steps = [_code(e["code"]) + (f" (from conversation {e['conversations_on_disk']})"
+                                         if e.get("conversations_on_disk") else "") for e in entries]
+            note = f" [{entries[0]['note']}]" if entries[0].get("note") else ""
+            parts.append(f"{sub} {'; then '.join(steps)}{note}")
+        out.append(f"- {name}: " + "; ".join(parts))
+    return out if report.get("code") else []
+
+
 def _runs(report: dict[str, Any]) -> list[str]:
     runs = report.get("runs", {})
     if not runs:
@@ -207,7 +225,9 @@ def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
         f"{man['lic_problems']} problems. Bootstrap: {report['n_bootstrap']} replicates over problems.",
         "",
         f"Command: `{man['command']}`",
-        f"Evaluated on: {_code(man.get('code'))}.",
+        f"Last invocation on: {_code(man.get('code'))}.",
+        "",
+        *_evaluated_on(report),
         "",
         "Every number below is recomputed from the files under "
         f"`{rel}/` by `python -m jaxrl_mt.experiments.compare --recompute --out {md_dir.name}/...`.",

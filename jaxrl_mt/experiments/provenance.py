@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+CODE_FILE = "code.json"
 
-__all__ = ["code_version"]
+__all__ = ["CODE_FILE", "code_version", "read_evaluation_code", "record_evaluation"]
 
 
 def code_version(root: Path = ROOT) -> dict[str, Any] | None:
@@ -26,3 +28,50 @@ def code_version(root: Path = ROOT) -> dict[str, Any] | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return {"commit": sha.stdout.strip(), "dirty": sorted(line[3:] for line in st.stdout.splitlines() if line)}
+
+
+def _conversations_on_disk(workdir: Path) -> int:
+    """Complete transcript lines already in ``workdir/transcripts.jsonl`` (0 when there is none)."""
+    path = workdir / "transcripts.jsonl"
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip().endswith(b"}"))
+
+
+def record_evaluation(workdir: str | Path, root: Path = ROOT) -> list[dict[str, Any]]:
+    """Appends this invocation's code version to ``workdir/code.json`` before an evaluation (re)starts.
+
+    An evaluation resumed by a later invocation (perhaps on a later commit) keeps one entry per
+    invocation, each with the number of conversations already on disk when it started, so the
+    report can say which code wrote which part.
+
+    Returns:
+      The list now in the file: ``[{"code": code_version(), "conversations_on_disk": n}, ...]``.
+    """
+    wd = Path(workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    entries = read_evaluation_code(wd)
+    entries.append({"code": code_version(root), "conversations_on_disk": _conversations_on_disk(wd)})
+    tmp = wd / (CODE_FILE + ".tmp")
+    tmp.write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(wd / CODE_FILE)
+    return entries
+
+
+def read_evaluation_code(workdir: str | Path) -> list[dict[str, Any]]:
+    """The entries of ``workdir/code.json`` ([] when the evaluation recorded none).
+
+    Raises:
+      ValueError: the file is not a JSON list of entries (its path is named).
+    """
+    path = Path(workdir) / CODE_FILE
+    if not path.is_file():
+        return []
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: invalid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(entries, list) or not all(isinstance(x, dict) and "code" in x for x in entries):
+        raise ValueError(f"{path}: expected a list of {{'code': ..., 'conversations_on_disk': n}} entries")
+    return entries

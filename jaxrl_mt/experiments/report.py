@@ -5,6 +5,7 @@ Folder layout (``OUT`` = the report's markdown path without ``.md``)::
     OUT/manifest.json                    models (name, spec, run folder), settings, commands
     OUT/models/<name>/greedy/transcripts.jsonl   T = 0, FULL + MT-Add + MT-Refine, one run each
     OUT/models/<name>/lic/transcripts.jsonl      T = 1, FULL + SHARDED, N runs (LiC protocol)
+    OUT/models/<name>/{greedy,lic}/code.json     the code version of each invocation that wrote them
     OUT/runs/<name>/{metrics.jsonl, config.json, run_info.json, train_items.jsonl.stats.json}
     OUT/report.json, OUT/*.png           written by :func:`write`
 
@@ -22,6 +23,7 @@ from jaxrl_mt.eval.metrics import first_answer_turn_stats
 from jaxrl_mt.eval.report import build_report
 from jaxrl_mt.experiments import analysis as A
 from jaxrl_mt.experiments.common import CURVE_KEYS, GREEDY_KINDS, load_records, write_json
+from jaxrl_mt.experiments.provenance import read_evaluation_code
 
 __all__ = ["CURVE_KEYS", "GREEDY_KINDS", "build", "read_curves", "write"]
 
@@ -139,6 +141,7 @@ def build(out_dir: str | Path) -> dict[str, Any]:
         "models": {},
         "pairs": {},
         "runs": {},
+        "code": {},
     }
     scores: dict[str, dict[str, dict[str, float]]] = {}
     for m in manifest["models"]:
@@ -150,6 +153,8 @@ def build(out_dir: str | Path) -> dict[str, Any]:
             else None
         )
         report["models"][m["name"]] = _model_section(recs, lic, n_boot, seed)
+        report["code"][m["name"]] = {sub: read_evaluation_code(out / "models" / m["name"] / sub)
+                                     for sub in ("greedy", "lic")}
         scores[m["name"]] = _scores(recs, "strict")
         run_dir = out / "runs" / m["name"]
         if run_dir.is_dir():

@@ -41,3 +41,62 @@ def test_the_report_names_the_commit_each_run_trained_on() -> None:
     assert "- rlsta_exp: commit 0123456789ab, changed files configs/x.py" in lines
     assert "- grpo_exp: not recorded" in lines
     assert not any("Code each run" in x for x in _runs({"runs": {"grpo_exp": runs["grpo_exp"]}}))
+
+
+def _checkout(root: Path) -> str:
+    _git(root, "init", "-q")
+    _git(root, "config", "user.email", "t@example.com")
+    _git(root, "config", "user.name", "t")
+    (root / "jaxrl_mt").mkdir()
+    (root / "jaxrl_mt" / "a.py").write_text("x = 1\n")
+    _git(root, "add", ".")
+    _git(root, "commit", "-qm", "one")
+    return _git(root, "rev-parse", "HEAD")
+
+
+def test_a_resumed_evaluation_keeps_one_entry_per_invocation(tmp_path: Path) -> None:
+    from jaxrl_mt.experiments.provenance import read_evaluation_code, record_evaluation
+
+    repo, wd = tmp_path / "repo", tmp_path / "eval"
+    repo.mkdir()
+    first = _checkout(repo)
+    assert read_evaluation_code(wd) == []
+    assert record_evaluation(wd, repo) == [{"code": {"commit": first, "dirty": []}, "conversations_on_disk": 0}]
+    # the first invocation wrote two conversations and a torn third line, then was killed
+    (wd / "transcripts.jsonl").write_text('{"conv_id": "a"}\n{"conv_id": "b"}\n{"conv_id": "c", "tur')
+    (repo / "jaxrl_mt" / "a.py").write_text("x = 2\n")
+    _git(repo, "commit", "-qam", "two")
+    second = _git(repo, "rev-parse", "HEAD")
+    assert second != first
+    entries = record_evaluation(wd, repo)
+    assert entries == [{"code": {"commit": first, "dirty": []}, "conversations_on_disk": 0},
+                       {"code": {"commit": second, "dirty": []}, "conversations_on_disk": 2}]
+    assert read_evaluation_code(wd) == entries
+
+
+def test_a_damaged_code_file_is_named(tmp_path: Path) -> None:
+    import pytest
+
+    from jaxrl_mt.experiments.provenance import read_evaluation_code
+
+    (tmp_path / "code.json").write_text('{"commit": "abc"}')
+    with pytest.raises(ValueError, match=r"code\.json: expected a list"):
+        read_evaluation_code(tmp_path)
+    (tmp_path / "code.json").write_text('[{"code": ')
+    with pytest.raises(ValueError, match=r"code\.json: invalid JSON"):
+        read_evaluation_code(tmp_path)
+
+
+def test_the_report_names_the_code_of_each_evaluation() -> None:
+    from jaxrl_mt.experiments.markdown import _evaluated_on
+
+    a, b = {"commit": "a" * 40, "dirty": []}, {"commit": "b" * 40, "dirty": ["jaxrl_mt/x.py"]}
+    report = {"code": {"base": {"greedy": [{"code": a, "conversations_on_disk": 0}], "lic": []},
+                       "rl": {"greedy": [{"code": a, "conversations_on_disk": 0},
+                                         {"code": b, "conversations_on_disk": 17}],
+                              "lic": [{"code": b, "conversations_on_disk": 0, "note": "recorded later"}]}}}
+    lines = _evaluated_on(report)
+    assert "- base: greedy commit aaaaaaaaaaaa; lic not recorded" in lines
+    assert ("- rl: greedy commit aaaaaaaaaaaa; then commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py "
+            "(from conversation 17); lic commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py [recorded later]") in lines
+    assert _evaluated_on({}) == []

@@ -74,6 +74,12 @@ def test_report_structure(smoke: dict) -> None:
     for head in ("## Held-out accuracy", "## Paired differences", "## LiC metrics", "## Contextual inertia",
                  "## Training runs"):
         assert head in md
+    from jaxrl_mt.experiments.provenance import code_version
+
+    here = code_version()
+    for name in rep["models"]:  # each evaluation ran once, from nothing, on this checkout's code
+        assert rep["code"][name] == {sub: [{"code": here, "conversations_on_disk": 0}] for sub in ("greedy", "lic")}
+        assert f"- {name}: greedy " in md
 
 
 def _check_against_files(rep: dict, out: Path) -> None:
