@@ -131,6 +131,8 @@ def run_mesh(out: Path, parts: set[str]) -> None:
     comp = [p[-2:] + [5, 6, 7] for p in prompts]
     if "infer" in parts:
         ref_gen = Sampler(one, cfg, eos_ids=(1,), pad_id=0).generate_ids(prompts, sc)
+        ref_grouped = Sampler(one, cfg, eos_ids=(1,), pad_id=0).generate_ids(
+            [p for p in prompts[:3] for _ in range(4)], sc)
         ref_score = Scorer(one, cfg, pad_id=0, batch_size=8).score(ctx, comp)
 
     # prefill + 3 decode steps through a KV cache, unsharded
@@ -195,12 +197,15 @@ def run_mesh(out: Path, parts: set[str]) -> None:
         if "infer" in parts:
             sharded = parallel.shard_params(params0, mesh)
             gen = Sampler(sharded, cfg, eos_ids=(1,), pad_id=0, mesh=mesh).generate_ids(prompts, sc)
+            grouped = Sampler(sharded, cfg, eos_ids=(1,), pad_id=0, mesh=mesh).generate_ids(
+                prompts[:3], sc, group_size=4)  # 3 prompts prefilled once, 12 rows (16 with padding)
             score = Scorer(sharded, cfg, pad_id=0, batch_size=8).score(ctx, comp)
             cache = parallel.shard_cache(init_cache(cfg, 8, 8), mesh)
             outs, cache_after = cached(sharded, cache)
             r.update({
                 "greedy_equal": ref_gen.tokens == gen.tokens,
                 "greedy_tokens": sum(len(t) for t in gen.tokens),
+                "grouped_equal": grouped.tokens == ref_grouped.tokens,
                 "gen_logprob_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(gen.logprobs, ref_gen.logprobs)),
                 "score_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(score.logprobs, ref_score.logprobs)),
                 "pooled_diff": float(np.max(np.abs(score.pooled - ref_score.pooled))),

@@ -271,4 +271,5 @@ def test_sampling_scoring_and_cache_under_mesh_match_one_device(mesh_infer: dict
     assert r["gen_logprob_diff"] <= TOL and r["score_diff"] <= TOL and r["pooled_diff"] <= TOL, r
     assert r["cached_logit_diff"] <= TOL, r
     assert r["session_equal"], r  # KV cache kept across turns (DecodeSession) under the mesh
+    assert r["grouped_equal"], r  # each prompt prefilled once and its cache copied to its rows, under the mesh
     assert r["cache_rule_mismatch"] == [] and r["cache_k_after_equivalent"], r

@@ -187,10 +187,9 @@ def _generate(model: Any, sampler: Any, items: Sequence[dict[str, str]], G: int,
     from jaxrl_mt.sampling import SamplingConfig
 
     prompts = [encode_prompt(model.tokenizer, [{"role": "user", "content": p["question"]}]) for p in items]
-    rows = [p for p in prompts for _ in range(G)]
-    res = sampler.generate_ids(rows, SamplingConfig(max_new_tokens=T, temperature=1.0),
-                               seed=jax.random.fold_in(jax.random.PRNGKey(0), step),
-                               stop_ids=[[] for _ in rows])  # no stop ids: every row runs to exactly T tokens
+    res = sampler.generate_ids(prompts, SamplingConfig(max_new_tokens=T, temperature=1.0),
+                               seed=jax.random.fold_in(jax.random.PRNGKey(0), step), group_size=G,
+                               stop_ids=[[] for _ in range(len(prompts) * G)])  # every row runs to exactly T tokens
     sampler.release_decode_weights()  # the params change at the update: no second copy through it
     if int(res.lengths.min()) != T or int(res.lengths.max()) != T:
         raise RuntimeError(f"completions have {res.lengths.min()}..{res.lengths.max()} tokens, expected {T}")

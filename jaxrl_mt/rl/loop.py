@@ -197,9 +197,10 @@ class Trainer:
         prompts = [encode_prompt(self.tok, it.messages, system=self.system) for it in items]
         rows = [p for p in prompts for _ in range(G)]
         t0 = time.perf_counter()
-        res = self.sampler.generate_ids(rows, SamplingConfig(max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                                                             top_p=c.top_p),
-                                        seed=jax.random.fold_in(jax.random.PRNGKey(self.c.seed), step))
+        res = self.sampler.generate_ids(prompts, SamplingConfig(max_new_tokens=c.max_new_tokens,
+                                                                temperature=c.temperature, top_p=c.top_p),
+                                        seed=jax.random.fold_in(jax.random.PRNGKey(self.c.seed), step),
+                                        group_size=G)  # rows = `rows`: each prompt prefilled once for its G rows
         self.sampler.release_decode_weights()  # the next step's params differ: no copy through the update
         gen_s = time.perf_counter() - t0
         t1 = time.perf_counter()

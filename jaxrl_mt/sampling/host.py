@@ -43,8 +43,9 @@ class Sampler:
         self.min_prompt_bucket, self.min_new_bucket = min_prompt_bucket, min_new_bucket
         self.max_batch = max_batch
         self.mesh = mesh
-        # shapes run so far: (B, P, N) for generate_tokens, (B, T, S, N) for continue_tokens
-        self.compiled_shapes: set[tuple[int, ...]] = set()
+        # shapes run so far: (B, P, N) for generate_tokens, ("grouped", U, B, P, N) for generate_tokens
+        # with shared prompts, (B, T, S, N) for continue_tokens
+        self.compiled_shapes: set[tuple[Any, ...]] = set()
 
     def decode_weights(self) -> Params | None:
         """`decode_params(self.params)`, made once per parameter version (None when not used).
@@ -88,42 +89,54 @@ class Sampler:
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, *,
                      seed: int | jax.Array = 0, max_new_tokens: Sequence[int] | None = None,
-                     stop_ids: Sequence[Sequence[int]] | None = None) -> GenerationResult:
+                     stop_ids: Sequence[Sequence[int]] | None = None, group_size: int = 1) -> GenerationResult:
         """Generates continuations of token-id prompts.
 
         Args:
-          prompts: B prompts of token ids (non-empty).
+          prompts: U prompts of token ids (non-empty).
           sampling: the sampling config (its max_new_tokens is the default per-row budget).
-          seed: an int seed or a PRNG key; the same seed gives the same outputs (chunk j of
-            `max_batch` rows uses `batching.chunk_key(seed, j)`).
+          seed: an int seed or a PRNG key; the same seed gives the same outputs (chunk j uses
+            `batching.chunk_key(seed, j)`).
           max_new_tokens: optional per-row budgets (each <= sampling.max_new_tokens).
           stop_ids: optional per-row stop ids (default: the model's EOS ids for every row).
+          group_size: G: each prompt is answered G times, in rows p0 x G, p1 x G, ... (B = U * G
+            rows; `max_new_tokens` and `stop_ids` are per row). Each prompt is prefilled once per
+            call and its KV cache copied to its G rows. A chunk holds whole groups
+            (max(1, max_batch // G) prompts); with G = 1 a chunk is `max_batch` rows. When one
+            chunk holds every row, the draws are those of the same rows with each prompt passed
+            G times (the prefill differs only by the rounding of a smaller batch).
         """
         sampling.validate()
         if not prompts:
             raise ValueError("no prompts")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty")
-        n = sampling.max_new_tokens
-        budgets = np.full(len(prompts), n, np.int32) if max_new_tokens is None else np.asarray(max_new_tokens, np.int32)
+        n, G = sampling.max_new_tokens, group_size
+        n_rows = len(prompts) * G
+        budgets = np.full(n_rows, n, np.int32) if max_new_tokens is None else np.asarray(max_new_tokens, np.int32)
+        if budgets.shape != (n_rows,):
+            raise ValueError(f"max_new_tokens: {budgets.shape[0] if budgets.ndim else 1} budgets for {n_rows} rows")
         if np.any(budgets <= 0) or np.any(budgets > n):
             raise ValueError(f"per-row max_new_tokens must be in [1, {n}]")
         longest = max(len(p) for p in prompts)
         ctx = self.cfg.max_position_embeddings
         if longest + n > ctx:
             raise ValueError(f"prompt of {longest} tokens + {n} new tokens exceeds the model context ({ctx})")
-        chunk = self.max_batch or len(prompts)
+        chunk = max(1, (self.max_batch or n_rows) // G)  # prompts per chunk
         results: list[dict[str, np.ndarray]] = []
         t0 = time.perf_counter()
         for j, s in enumerate(range(0, len(prompts), chunk)):
-            results.append(self._run(prompts[s:s + chunk], budgets[s:s + chunk], sampling, chunk_key(seed, j),
-                                     None if stop_ids is None else stop_ids[s:s + chunk]))
+            r0, r1 = s * G, min(s + chunk, len(prompts)) * G
+            results.append(self._run(prompts[s:s + chunk], budgets[r0:r1], sampling, chunk_key(seed, j),
+                                     None if stop_ids is None else stop_ids[r0:r1], G))
         out = {k: np.concatenate([r[k] for r in results]) for k in results[0]}
         dt = time.perf_counter() - t0
         lengths = out["lengths"]
-        toks = [out["tokens"][i, : lengths[i]].tolist() for i in range(len(prompts))]
-        lps = [out["logprobs"][i, : lengths[i]] for i in range(len(prompts))]
+        toks = [out["tokens"][i, : lengths[i]].tolist() for i in range(n_rows)]
+        lps = [out["logprobs"][i, : lengths[i]] for i in range(n_rows)]
         res = GenerationResult(toks, lps, lengths, [FINISH_NAMES[int(f)] for f in out["finish"]],
                                stats={"seconds": dt, "new_tokens": float(lengths.sum())})
         res.texts = self.decode_texts(toks, res.finish_reasons)
@@ -138,11 +151,13 @@ class Sampler:
                                       skip_special_tokens=False)
                 for tk, fr in zip(tokens, finish_reasons)]
 
-    def _run(self, prompts, budgets, sampling, key, stop_ids) -> dict[str, np.ndarray]:
+    def _run(self, prompts, budgets, sampling, key, stop_ids, group: int = 1) -> dict[str, np.ndarray]:
         from jaxrl_mt.parallel import agree_max_many, fetch_rows, put_replicated, put_rows, spans_processes
 
         multi = spans_processes(self.mesh)  # a mesh over several processes: a collective call on per-process rows
-        b = len(prompts)
+        if multi and group > 1:  # the processes agree on row counts, not on prompt counts: tile on the host
+            prompts, group = [p for p in prompts for _ in range(group)], 1
+        b = len(prompts) * group
         bb = self.rows_bucket(b)
         pb = min(bucket(max(len(p) for p in prompts), self.min_prompt_bucket),
                  self.cfg.max_position_embeddings - sampling.max_new_tokens)
@@ -151,24 +166,33 @@ class Sampler:
         if multi:  # one program: every process pads to the largest row, prompt and stop-list buckets
             bb, pb, width = agree_max_many([bb, pb, width])
         nb = min(bucket(sampling.max_new_tokens, self.min_new_bucket), self.cfg.max_position_embeddings - pb)
-        rows = list(prompts) + [[self.pad_id]] * (bb - b)
+        src = None
+        if group == 1:
+            rows = list(prompts) + [[self.pad_id]] * (bb - b)
+        else:  # distinct prompts once; output row i continues prompt src[i] (padding rows: prompt 0, budget 0)
+            ub = self.rows_bucket(len(prompts))
+            rows = list(prompts) + [[self.pad_id]] * (ub - len(prompts))
+            src = np.zeros(bb, np.int32)
+            src[:b] = np.repeat(np.arange(len(prompts), dtype=np.int32), group)
         tokens, mask = left_pad(rows, self.pad_id, pb)
         budget = np.zeros(bb, np.int32)
         budget[:b] = budgets
         stop_arr = stop_array(stops, bb)
         if multi:
             stop_arr = np.pad(stop_arr, ((0, 0), (0, width - stop_arr.shape[1])), constant_values=-1)
-        self.compiled_shapes.add((bb, pb, nb))
+        self.compiled_shapes.add((bb, pb, nb) if src is None else ("grouped", len(rows), bb, pb, nb))
         rp = sampling.row_params(bb)
         args = [tokens, mask, stop_arr, budget, rp.temperature, rp.top_k, rp.top_p]
         if self.mesh is not None:  # rows over (data, fsdp): one process shard_batch, several global rows
             args = put_rows(self.mesh, args)
         if multi:
             key = put_replicated(self.mesh, key)
+        if self.mesh is not None and src is not None:
+            src = put_replicated(self.mesh, src)
         tokens, mask, stop_arr, budget, *rp = args
         r = generate_tokens(self.params, self.cfg, tokens, mask, key, stop_arr, budget, RowParams(*rp), max_new=nb,
                             method=sampling.method(), fuse=self.fuse_weights, dparams=self.decode_weights(),
-                            mesh=self.mesh)
+                            mesh=self.mesh, row_source=src)
         r = fetch_rows(r)  # this process's rows; jax.device_get when the arrays are addressable
         return {k: np.asarray(v)[:b] for k, v in r.items()}
 

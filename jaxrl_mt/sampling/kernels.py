@@ -138,12 +138,13 @@ def _weights(params: Params, cfg: ModelConfig, fuse: bool, dparams: Params | Non
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new", "method", "fuse", "mesh"))
 def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, rng: jax.Array,
                     stop_ids: jax.Array, max_new_per_row: jax.Array, row_params: RowParams, *, max_new: int,
-                    method: Method, fuse: bool = False, dparams: Params | None = None, mesh: Any = None
-                    ) -> dict[str, jax.Array]:
+                    method: Method, fuse: bool = False, dparams: Params | None = None, mesh: Any = None,
+                    row_source: jax.Array | None = None) -> dict[str, jax.Array]:
     """The jitted sampler.
 
     Args:
-      tokens: [B, P] left-padded prompt ids; token_mask: [B, P] real tokens.
+      tokens: [B, P] left-padded prompt ids ([U, P] distinct prompts with `row_source`);
+        token_mask: the same shape, real tokens.
       rng: a PRNG key; stop_ids: [B, E] stop ids per row (-1 = unused).
       max_new_per_row: [B] new-token budget per row (<= max_new; 0 = row is done at once).
       row_params: [B] per-row temperature / top_k / top_p; method: the sampling method (static).
@@ -155,16 +156,25 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
         model on 2 CPU cores).
       mesh: the mesh of a sharded call (static): the KV cache follows `parallel.CACHE_RULES`
         (rows over data x fsdp, KV heads over tensor).
+      row_source: optional [B] int, the prompt row (of U) each output row continues: each distinct
+        prompt is prefilled once and its cache and last logits copied to its rows (a GRPO group's
+        G completions share one prompt). Without it, row i continues prompt i.
 
     Returns:
       tokens [B, N], logprobs [B, N], lengths [B], finish [B] (1 stop, 2 length).
     """
-    b, p = tokens.shape
+    u, p = tokens.shape
     params = _weights(params, cfg, fuse, dparams)
-    cache = _constrain(jax.lax.optimization_barrier(init_cache(cfg, b, p + max_new)), mesh)  # no constant folding
+    cache = jax.lax.optimization_barrier(init_cache(cfg, u, p + max_new))  # no constant folding
+    if row_source is None:
+        cache = _constrain(cache, mesh)
     logits, _, cache = forward(params, cfg, tokens, positions_from_mask(token_mask), token_mask, cache,
-                               logits="last")
-    prompt_len = jnp.sum(token_mask, axis=-1).astype(jnp.int32)  # [B]
+                               logits="last")  # logits [U, 1, V]
+    prompt_len = jnp.sum(token_mask, axis=-1).astype(jnp.int32)  # [U]
+    if row_source is not None:  # [U] prompts -> [B] rows
+        cache = _constrain(KVCache(cache.k[:, row_source], cache.v[:, row_source], cache.valid[row_source],
+                                   cache.index), mesh)
+        logits, prompt_len = logits[row_source], prompt_len[row_source]
     state = decode(params, cfg, cache, logits, rng, Rows(prompt_len, stop_ids, max_new_per_row, row_params),
                    method=method, max_new=max_new)
     return _outputs(state)
