@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jaxrl_mt.experiments.common import GREEDY_KINDS, KIND_NAMES
+from jaxrl_mt.experiments.common import GREEDY_KINDS, KIND_NAMES, ROOT
 
 __all__ = ["render"]
 
@@ -210,6 +210,15 @@ def _runs(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def _md_arg(out_dir: Path) -> str:
+    """The report's path as `--out` takes it: relative to the repository root when inside it."""
+    md = Path(out_dir).resolve().with_suffix(".md")
+    try:
+        return str(md.relative_to(ROOT))
+    except ValueError:
+        return str(md)
+
+
 def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
     """The whole markdown report; image links are relative to ``md_dir``."""
     man = report["manifest"]
@@ -230,7 +239,7 @@ def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
         *_evaluated_on(report),
         "",
         "Every number below is recomputed from the files under "
-        f"`{rel}/` by `python -m jaxrl_mt.experiments.compare --recompute --out {md_dir.name}/...`.",
+        f"`{rel}/` by `python -m jaxrl_mt.experiments.compare --recompute --out {_md_arg(out_dir)}`.",
         "",
     ]
     lines += _accuracy(report) + ["", img("accuracy.png"), ""] + _pairs(report) + [""] + _lic(report) + [""]

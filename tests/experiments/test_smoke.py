@@ -80,6 +80,7 @@ def test_report_structure(smoke: dict) -> None:
     for name in rep["models"]:  # each evaluation ran once, from nothing, on this checkout's code
         assert rep["code"][name] == {sub: [{"code": here, "conversations_on_disk": 0}] for sub in ("greedy", "lic")}
         assert f"- {name}: greedy " in md
+    assert f"--recompute --out {smoke['md'].resolve()}`" in md  # the command that rebuilds this very report
 
 
 def _check_against_files(rep: dict, out: Path) -> None:
