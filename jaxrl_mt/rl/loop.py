@@ -25,6 +25,7 @@ processes (`completion/max_length`: the max). Checkpoints are written by every p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -55,9 +56,9 @@ from jaxrl_mt.rl.metrics_log import MetricsLog, held_out_before, plot_curves, re
 from jaxrl_mt.rl.multiturn import MultiTurnData
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.probe import make_probe
-from jaxrl_mt.rl.step import (LossConfig, assemble_grouped, assemble_rollouts, completion_logprobs, dapo_num_items,
-                              grouped_completion_logprobs, is_grouped, make_train_step, reference_logprobs,
-                              rollout_prompt_len)
+from jaxrl_mt.rl.step import (LossConfig, assemble_grouped, assemble_rollouts, choose_remat, completion_logprobs,
+                              dapo_num_items, grouped_completion_logprobs, is_grouped, make_train_step,
+                              reference_logprobs, rollout_prompt_len)
 from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
 from jaxrl_mt.scoring import Scorer
 
@@ -133,7 +134,8 @@ class Trainer:
         self.optimizer = optimizer_from_config(rl)
         self.lc = LossConfig(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=rl.beta,
                              kl_estimator=rl.kl_estimator, loss_type=rl.loss_type, temperature=rl.temperature,
-                             max_completion_length=rl.max_new_tokens, remat=rl.remat)
+                             max_completion_length=rl.max_new_tokens,
+                             remat=False if rl.remat == "auto" else rl.remat)  # "auto": per prompt bucket
         self._steps: dict[int, Any] = {}
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
         try:  # the fixed held-out probe (eval.probe_source; None when unset)
@@ -265,13 +267,30 @@ class Trainer:
                                   temperature=self.lc.temperature)
         return np.asarray(fetch_rows(out))[: len(tokens)]
 
+    def _remat(self, P: int) -> bool | str:
+        """`rl.remat` for the step of prompt bucket P; "auto": the cheapest whose estimated activations
+        fit (`rl.step.choose_remat`), the same on every process (the most conservative choice)."""
+        rl = self.c.rl
+        if rl.remat != "auto":
+            return rl.remat
+        rows, G = rl.batch_size * rl.group_size // rl.grad_accum, rl.group_size
+        C = bucket(rl.max_new_tokens, 16)
+        prompts, group = (rows // G, G) if self._grouped() else (rows, 1)  # the flat layout repeats each prompt
+        order = [False, "dots", True]
+        choice = order.index(choose_remat(self.model.cfg, prompts, group, P, C))
+        if self.multi:
+            choice = agree_max_many([choice])[0]
+        self.log(f"rl.remat auto: prompt bucket {P}, {prompts} prompts x {group} rows each -> {order[choice]!r}")
+        return order[choice]
+
     def _train_step(self, P: int, params: Any, opt_state: Any):
         """The jitted step for prompt bucket P; it donates params and optimizer state (updated in place)."""
         if P not in self._steps:
+            lc = dataclasses.replace(self.lc, remat=self._remat(P))
             if self.mesh is None:
-                self._steps[P] = make_train_step(self.model.cfg, self.optimizer, self.lc, P, donate=True)
+                self._steps[P] = make_train_step(self.model.cfg, self.optimizer, lc, P, donate=True)
             else:  # pin outputs to the partition rules (no drift, no recompiles)
-                fn = make_train_step(self.model.cfg, self.optimizer, self.lc, P)
+                fn = make_train_step(self.model.cfg, self.optimizer, lc, P)
                 self._steps[P] = shard_train_step(fn, self.mesh, params, opt_state, donate=True)
         return self._steps[P]
 

@@ -85,7 +85,8 @@ def test_bad_config_values_fail_at_start(tmp_path: Path) -> None:
     base = get_config("cpu")
     base.workdir = str(tmp_path / "w")
     cases = [("rl.alpha", -0.5, "rl.alpha must be >= 0"), ("rl.group_size", 1, "G) must be >= 2"),
-             ("rl.kl_estimator", "k2", "rl.kl_estimator"), ("rl.loss_type", "nope", "rl.loss_type")]
+             ("rl.kl_estimator", "k2", "rl.kl_estimator"), ("rl.loss_type", "nope", "rl.loss_type"),
+             ("rl.remat", "sometimes", "rl.remat must be one of (False, True, 'dots', 'auto'), got 'sometimes'")]
     for key, value, msg in cases:
         c = get_config("cpu")
         c.workdir = str(tmp_path / "w")
@@ -122,6 +123,8 @@ def test_cli_rejects_unknown_key_and_bad_alpha(tmp_path: Path) -> None:
     assert r.returncode != 0 and "alhpa" in r.stderr
     r = _train_cli("--config", "configs/rlsta.py:cpu", f"--config.workdir={tmp_path / 'w'}", "--config.rl.alpha=-1")
     assert r.returncode == 2 and "rl.alpha must be >= 0" in r.stderr
+    r = _train_cli("--config", "configs/rlsta.py:cpu", f"--config.workdir={tmp_path / 'w'}", "--config.rl.remat=maybe")
+    assert r.returncode == 2 and "rl.remat must be one of" in r.stderr, r.stderr  # a string reaches the check
 
 
 def _ref_model(tmp_path: Path, like: Path, **changes) -> Path:
@@ -179,3 +182,32 @@ def test_dapo_steps_carry_the_whole_batch_token_count(tiny_chat_model_dir: Path,
     assert tokens > 0 and num_items.shape == (4,)
     np.testing.assert_array_equal(num_items, np.full(4, tokens / 2, np.float32))
     assert math.isfinite(train_rows(tmp_path / "dapo")[1]["train/loss"])
+
+
+def test_remat_auto_is_chosen_per_prompt_bucket_from_the_step_layout(tiny_chat_model_dir: Path, tmp_path: Path):
+    """rl.remat = "auto": the step's remat is choose_remat's for the layout the step will run: whole
+    groups (prompt once, G completions) or, when micro-batches split groups, every row its own prompt."""
+    from jaxrl_mt.rl.step import choose_remat
+
+    logs: list[str] = []
+    c = tiny_config(tiny_chat_model_dir, tmp_path / "a")
+    c.rl.remat = "auto"
+    c.rl.batch_size, c.rl.group_size = 4, 2
+    t = Trainer(c, log=logs.append)
+    assert t._grouped()
+    want = choose_remat(t.model.cfg, 4, 2, 256, 16)  # 4 prompts x G 2, prompt bucket 256, completions 8 -> 16
+    assert t._remat(256) == want and logs[-1] == f"rl.remat auto: prompt bucket 256, 4 prompts x 2 rows each -> {want!r}"
+    c.rl.grad_accum = 8  # one row per micro-batch: groups split, the flat layout
+    t = Trainer(c, log=logs.append)
+    assert not t._grouped() and t._remat(64) == choose_remat(t.model.cfg, 1, 1, 64, 16)
+    c.rl.remat = True
+    assert Trainer(c)._remat(64) is True  # an explicit choice is kept
+    # the chosen step trains: the loss and the update are those of the explicit setting
+    c = tiny_config(tiny_chat_model_dir, tmp_path / "b", steps=1)
+    c.rl.remat = "auto"
+    Trainer(c).run()
+    c = tiny_config(tiny_chat_model_dir, tmp_path / "c", steps=1)
+    c.rl.remat = choose_remat(t.model.cfg, 2, 2, 256, 16)
+    Trainer(c).run()
+    a, b = train_rows(tmp_path / "b")[1], train_rows(tmp_path / "c")[1]
+    assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-6) and a["reward/total"] == b["reward/total"]
