@@ -76,3 +76,14 @@ def test_bad_group_requests_raise(params):
         s.generate_ids([[5]], SamplingConfig(4), group_size=0)
     with pytest.raises(ValueError, match="max_new_tokens: 2 budgets for 6 rows"):
         s.generate_ids([[5], [6]], SamplingConfig(4), group_size=3, max_new_tokens=[2, 2])
+
+
+def test_row_multiple_pads_rows_to_a_multiple_not_a_power_of_two(params):
+    s = Sampler(params, TINY, eos_ids=TINY.eos_token_id, pad_id=0, row_multiple=8)
+    assert [s.rows_bucket(n) for n in (1, 3, 8, 9, 17, 24, 25)] == [1, 4, 8, 16, 24, 24, 32]
+    prompts = PROMPTS * 3  # 12 prompts x G 2 = 24 rows: 24, not 32
+    cfg = SamplingConfig(6, 0.0)
+    got = s.generate_ids(prompts, cfg, group_size=2)
+    want = Sampler(params, TINY, eos_ids=TINY.eos_token_id, pad_id=0).generate_ids(prompts, cfg, group_size=2)
+    assert got.tokens == want.tokens and len(got.tokens) == 24
+    assert {x[2] for x in s.compiled_shapes} == {24}  # ("grouped", U rows, B rows, P, N)

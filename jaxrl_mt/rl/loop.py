@@ -124,7 +124,8 @@ class Trainer:
         self.multi = spans_processes(self.mesh)  # one global mesh over several processes
         self._check_micro_batch()
         self.ref_params, self.ref_cfg = self._reference()
-        self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch, mesh=self.mesh)
+        # a step's rollout has one row count (batch x G): pad it to a multiple of 8, not the next power of two
+        self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch, mesh=self.mesh, row_multiple=8)
         self.ref_scorer = Scorer(self.ref_params, self.ref_cfg, pad_id=self.model.pad_id,
                                  batch_size=min(16, c.rl.batch_size * c.rl.group_size), mesh=self.mesh)
         self.reward_name = reward_name(c)

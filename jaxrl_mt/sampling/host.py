@@ -32,7 +32,7 @@ class Sampler:
     def __init__(self, params: Params, cfg: ModelConfig, tokenizer: Any = None, *,
                  eos_ids: Sequence[int] = (), pad_id: int = 0, min_prompt_bucket: int = 32,
                  min_new_bucket: int = 16, max_batch: int | None = None, mesh: Any = None,
-                 fuse_weights: bool | None = None):
+                 fuse_weights: bool | None = None, row_multiple: int | None = None):
         self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
         # fused decode weights (`decode_params`): default on the CPU backend, where they are faster;
         # made once per parameter version (`decode_weights`)
@@ -42,6 +42,7 @@ class Sampler:
         self.pad_id = pad_id
         self.min_prompt_bucket, self.min_new_bucket = min_prompt_bucket, min_new_bucket
         self.max_batch = max_batch
+        self.row_multiple = row_multiple  # rows bucket: a multiple of this above it (None: powers of two)
         self.mesh = mesh
         # shapes run so far: (B, P, N) for generate_tokens, ("grouped", U, B, P, N) for generate_tokens
         # with shared prompts, (B, T, S, N) for continue_tokens
@@ -69,12 +70,15 @@ class Sampler:
         self._decode_cache = None
 
     def rows_bucket(self, n: int) -> int:
-        """Rows of a call of n rows: a power of two, padded to a multiple of the mesh's row shards
-        (`parallel.row_shards`), so that the rows (and the KV cache) are split over the devices."""
+        """Rows of a call of n rows: a power of two (with `row_multiple` k: a multiple of k once n > k),
+        padded to a multiple of the mesh's row shards (`parallel.row_shards`), so that the rows (and
+        the KV cache) are split over the devices."""
         from jaxrl_mt.parallel import row_shards, rows_multiple, spans_processes
 
         m = rows_multiple(self.mesh) if spans_processes(self.mesh) else row_shards(self.mesh)  # this process's share
-        return -(-bucket(n, 1) // m) * m
+        k = self.row_multiple
+        rows = -(-n // k) * k if k and n > k else bucket(n, 1)
+        return -(-rows // m) * m
 
     @classmethod
     def from_model(cls, model: Any, *, mesh: Any = None, **kw: Any) -> "Sampler":
