@@ -155,6 +155,7 @@ def _evaluated_on(report: dict[str, Any]) -> list[str]:
     """Which code wrote each model's evaluations (``code.json`` per evaluation folder)."""
     out = ["Code that wrote each evaluation (`models/<name>/<evaluation>/code.json`; a resumed evaluation "
            "lists every invocation with the conversations already on disk when it started):", ""]
+    notes: list[str] = []
     for name, subs in report.get("code", {}).items():
         parts = []
         for sub, entries in subs.items():
@@ -163,9 +164,13 @@ def _evaluated_on(report: dict[str, Any]) -> list[str]:
                 continue
             steps = [_code(e["code"]) + (f" (from conversation {e['conversations_on_disk']})"
                                          if e.get("conversations_on_disk") else "") for e in entries]
-            note = f" [{entries[0]['note']}]" if entries[0].get("note") else ""
-            parts.append(f"{sub} {'; then '.join(steps)}{note}")
+            note = entries[0].get("note")
+            if note and note not in notes:
+                notes.append(note)
+            mark = f" [{notes.index(note) + 1}]" if note else ""
+            parts.append(f"{sub} {'; then '.join(steps)}{mark}")
         out.append(f"- {name}: " + "; ".join(parts))
+    out += [""] + [f"[{i}] {n}" for i, n in enumerate(notes, 1)] if notes else []
     return out if report.get("code") else []
 
 

@@ -98,5 +98,6 @@ def test_the_report_names_the_code_of_each_evaluation() -> None:
     lines = _evaluated_on(report)
     assert "- base: greedy commit aaaaaaaaaaaa; lic not recorded" in lines
     assert ("- rl: greedy commit aaaaaaaaaaaa; then commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py "
-            "(from conversation 17); lic commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py [recorded later]") in lines
+            "(from conversation 17); lic commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py [1]") in lines
+    assert lines[-1] == "[1] recorded later"
     assert _evaluated_on({}) == []
