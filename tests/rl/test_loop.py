@@ -196,7 +196,8 @@ def test_remat_auto_is_chosen_per_prompt_bucket_from_the_step_layout(tiny_chat_m
     t = Trainer(c, log=logs.append)
     assert t._grouped()
     want = choose_remat(t.model.cfg, 4, 2, 256, 16)  # 4 prompts x G 2, prompt bucket 256, completions 8 -> 16
-    assert t._remat(256) == want and logs[-1] == f"rl.remat auto: prompt bucket 256, 4 prompts x 2 rows each -> {want!r}"
+    assert t._remat(256) == want
+    assert logs[-1] == f"rl.remat auto: prompt bucket 256, 4 prompts x 2 rows each -> {want!r}"
     c.rl.grad_accum = 8  # one row per micro-batch: groups split, the flat layout
     t = Trainer(c, log=logs.append)
     assert not t._grouped() and t._remat(64) == choose_remat(t.model.cfg, 1, 1, 64, 16)
