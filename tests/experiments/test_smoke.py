@@ -74,10 +74,9 @@ def test_report_structure(smoke: dict) -> None:
     for head in ("## Held-out accuracy", "## Paired differences", "## LiC metrics", "## Contextual inertia",
                  "## Training runs"):
         assert head in md
-    from jaxrl_mt.experiments.provenance import code_version
-
-    here = code_version()
-    for name in rep["models"]:  # each evaluation ran once, from nothing, on this checkout's code
+    here = rep["manifest"]["code"]  # the invocation's code version (a commit made meanwhile must not matter)
+    assert here and len(here["commit"]) == 40
+    for name in rep["models"]:  # each evaluation ran once, from nothing, on the invocation's code
         assert rep["code"][name] == {sub: [{"code": here, "conversations_on_disk": 0}] for sub in ("greedy", "lic")}
         assert f"- {name}: greedy " in md
     assert f"--recompute --out {smoke['md'].resolve()}`" in md  # the command that rebuilds this very report
