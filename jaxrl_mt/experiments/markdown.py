@@ -153,6 +153,8 @@ def _code(code: dict[str, Any] | None) -> str:
 
 def _evaluated_on(report: dict[str, Any]) -> list[str]:
     """Which code wrote each model's evaluations (``code.json`` per evaluation folder)."""
+    if not report.get("code"):
+        return []
     out = ["Code that wrote each evaluation (`models/<name>/<evaluation>/code.json`; a resumed evaluation "
            "lists every invocation with the conversations already on disk when it started):", ""]
     notes: list[str] = []
@@ -170,8 +172,9 @@ def _evaluated_on(report: dict[str, Any]) -> list[str]:
             mark = f" [{notes.index(note) + 1}]" if note else ""
             parts.append(f"{sub} {'; then '.join(steps)}{mark}")
         out.append(f"- {name}: " + "; ".join(parts))
-    out += [""] + [f"[{i}] {n}" for i, n in enumerate(notes, 1)] if notes else []
-    return out if report.get("code") else []
+    if notes:
+        out += [""] + [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
+    return out
 
 
 def _runs(report: dict[str, Any]) -> list[str]:

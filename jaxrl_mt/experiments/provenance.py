@@ -31,12 +31,12 @@ def code_version(root: Path = ROOT) -> dict[str, Any] | None:
 
 
 def _conversations_on_disk(workdir: Path) -> int:
-    """Complete transcript lines already in ``workdir/transcripts.jsonl`` (0 when there is none)."""
+    """Conversations the evaluation's resume will keep from ``workdir/transcripts.jsonl`` (0: none):
+    read by its own `TranscriptStore`, which drops (and removes) a last line cut short."""
+    from jaxrl_mt.eval.transcripts import TranscriptStore  # json only: no model code
+
     path = workdir / "transcripts.jsonl"
-    if not path.is_file():
-        return 0
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip().endswith(b"}"))
+    return len(TranscriptStore(path).load()) if path.is_file() else 0
 
 
 def record_evaluation(workdir: str | Path, root: Path = ROOT) -> list[dict[str, Any]]:

@@ -60,7 +60,7 @@ def validate_config(c: Any) -> None:
         (rl.anchor_prompt in ("full", "merged"), f"rl.anchor_prompt must be full|merged, got {rl.anchor_prompt!r}"),
         (rl.temperature > 0, f"rl.temperature must be > 0 for GRPO rollouts, got {rl.temperature}"),
         (rl.max_new_tokens >= 1, f"rl.max_new_tokens must be >= 1, got {rl.max_new_tokens}"),
-        (isinstance(rl.remat, bool) or rl.remat in REMAT_CHOICES,
+        (rl.remat in REMAT_CHOICES,
          f"rl.remat must be one of {REMAT_CHOICES}, got {rl.remat!r}"),
         (c.data.add_source or c.data.refine_source, "no data: set data.add_source and/or data.refine_source"),
         (c.method in METHODS, f"method must be one of {METHODS}, got {c.method!r}"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -62,8 +63,11 @@ def test_a_resumed_evaluation_keeps_one_entry_per_invocation(tmp_path: Path) -> 
     first = _checkout(repo)
     assert read_evaluation_code(wd) == []
     assert record_evaluation(wd, repo) == [{"code": {"commit": first, "dirty": []}, "conversations_on_disk": 0}]
-    # the first invocation wrote two conversations and a torn third line, then was killed
-    (wd / "transcripts.jsonl").write_text('{"conv_id": "a"}\n{"conv_id": "b"}\n{"conv_id": "c", "tur')
+    # the first invocation wrote two conversations and a torn third line ending in "}", then was killed
+    rec = {"task_id": "t", "kind": "full", "run": 0, "score": 1.0, "turns": [{"assistant": "{x}"}]}
+    lines = [json.dumps({"conv_id": c, **rec}) for c in "abc"]
+    (wd / "transcripts.jsonl").write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:-4])
+    assert lines[2][:-4].endswith("}")
     (repo / "jaxrl_mt" / "a.py").write_text("x = 2\n")
     _git(repo, "commit", "-qam", "two")
     second = _git(repo, "rev-parse", "HEAD")
