@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.data.pipeline import make_iterator
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.models.hf_io import export_hf_folder
-from jaxrl_mt.models.registry import Model, load_model
+from jaxrl_mt.models.registry import load_model
 from jaxrl_mt.parallel import (agree_max_many, allgather_ints, check_same_rows, fetch_rows, gather_to_host,
                                mesh_from_spec, mean_over_processes, put_replicated, put_rows, rows_multiple,
                                shard_params, shard_train_state, shard_train_step, spans_processes)
@@ -55,9 +54,10 @@ from jaxrl_mt.rewards.answer_stats import answer_stats
 from jaxrl_mt.rl.metrics_log import MetricsLog, held_out_before, plot_curves, read_metrics
 from jaxrl_mt.rl.multiturn import MultiTurnData
 from jaxrl_mt.rl.optim import optimizer_from_config
+from jaxrl_mt.rl.policy_io import load_policy
 from jaxrl_mt.rl.probe import make_probe
 from jaxrl_mt.rl.step import (LossConfig, assemble_grouped, assemble_rollouts, choose_remat, completion_logprobs,
-                              dapo_num_items, grouped_completion_logprobs, is_grouped, make_train_step,
+                              dapo_num_items, grouped_completion_logprobs, is_grouped, make_train_step, micro_batch,
                               reference_logprobs, rollout_prompt_len)
 from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
 from jaxrl_mt.scoring import Scorer
@@ -71,30 +71,6 @@ RECIPES: dict[str, Callable[[], Any]] = {"rlsta": MultiTurnData, "grpo": MultiTu
 
 class TrainingError(RuntimeError):
     """Training stopped (non-finite loss or gradient); the last good checkpoint is kept."""
-
-
-# ----------------------------------------------------------------------------- policy I/O
-
-
-def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
-    """The policy of a training run: its base model with the checkpoint's parameters."""
-    wd = Path(workdir)
-    cfg_path = wd / "config.json"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"{wd}: not a training workdir (no config.json)")
-    conf = json.loads(cfg_path.read_text())
-    model = load_model(conf["model"], param_dtype=conf.get("param_dtype", "float32"),
-                       dtype=conf.get("dtype", "float32"))
-    ck = Checkpointer(wd / "checkpoints", read_only=True)
-    if ck.latest_step() is None:
-        raise FileNotFoundError(f"{wd}/checkpoints: no checkpoint")
-    opt = optimizer_from_config(conf["rl"])
-    target = {"params": model.params, "opt_state": opt.init(model.params), "rng": jax.random.PRNGKey(0)}
-    state, _ = ck.restore(step, target=target)
-    ck.close()
-    model.params = state["params"]
-    model.spec = f"workdir:{wd}"
-    return model
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -306,7 +282,7 @@ class Trainer:
         acc: dict[str, list[float]] = {}
         for _ in range(c.mu):
             for s in range(0, n, mb):
-                micro = _micro_batch(batch, s, mb, c.group_size)
+                micro = micro_batch(batch, s, mb, c.group_size)
                 if self.mesh is not None:  # one process: shard_batch; several: per-process rows
                     micro = dict(zip(micro, put_rows(self.mesh, list(micro.values()), pad=False)))
                 params, opt_state, m = step_fn(params, opt_state, micro)
@@ -445,14 +421,6 @@ class Trainer:
             (self.wd / "summary.txt").write_text("\n".join(lines) + "\n")
         self.log("\n".join(lines))
         return {"evals": evals, "export": str(export_dir) if export_dir else None, "metrics": train_rows}
-
-
-def _micro_batch(batch: dict[str, np.ndarray], start: int, rows: int, group: int) -> dict[str, np.ndarray]:
-    """Rows [start, start + rows) of a rollout batch; of a grouped one, their prompts too (whole groups)."""
-    if not is_grouped(batch):
-        return {k: v[start:start + rows] for k, v in batch.items()}
-    lo, hi = start // group, (start + rows) // group
-    return {k: (v[lo:hi] if k.startswith("prompt_") else v[start:start + rows]) for k, v in batch.items()}
 
 
 def _fmt(d: dict[str, float]) -> str:

@@ -253,3 +253,11 @@ def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, l
         return keep(new_params, params), keep(new_opt, opt_state), metrics
 
     return jax.jit(step, donate_argnums=(0, 1) if donate else ())
+
+
+def micro_batch(batch: dict[str, np.ndarray], start: int, rows: int, group: int) -> dict[str, np.ndarray]:
+    """Rows [start, start + rows) of a rollout batch; of a grouped one, their prompts too (whole groups)."""
+    if not is_grouped(batch):
+        return {k: v[start:start + rows] for k, v in batch.items()}
+    lo, hi = start // group, (start + rows) // group
+    return {k: (v[lo:hi] if k.startswith("prompt_") else v[start:start + rows]) for k, v in batch.items()}
