@@ -30,7 +30,7 @@ from jaxrl_mt.experiments.common import compress_transcripts, eval_config, write
 from jaxrl_mt.experiments.provenance import code_version, record_evaluation
 from jaxrl_mt.experiments.report import RUN_FILES, build, write
 
-__all__ = ["main", "resolve_models"]
+__all__ = ["evaluation_jobs", "greedy_only", "main", "resolve_models"]
 
 BASE = "builtin:smollm2-135m-instruct"
 # The experiment presets' reply budget and system prompt (configs/rlsta.py:experiment, eval.max_new_tokens and
@@ -70,18 +70,28 @@ def _subset(heldout: Path, out: Path, limit: int, every: int) -> tuple[Path, Pat
     return greedy, lic, tasks
 
 
+def greedy_only(a: argparse.Namespace) -> list[str]:
+    """The model names of ``--greedy-only`` (evaluated without the LiC runs, e.g. ablations)."""
+    return [x.strip() for x in (a.greedy_only or "").split(",") if x.strip()]
+
+
+def evaluation_jobs(name: str, greedy: Path, lic: Path, a: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """``[(subfolder, evaluate config fields)]`` of one model: greedy always, LiC unless skipped."""
+    jobs = [("greedy", dict(dataset=(f"tasks:{greedy}",), scenarios="full,sharded,mt_refine", runs=1,
+                            temperature=0.0, protocol="final_turn"))]
+    if a.lic_runs and name not in greedy_only(a):
+        jobs.append(("lic", dict(dataset=(f"tasks:{lic}",), scenarios="full,sharded", runs=a.lic_runs,
+                                 temperature=1.0, protocol="lic")))
+    return jobs
+
+
 def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: argparse.Namespace) -> None:
     """Runs (or resumes) the greedy and LiC evaluations of one model into ``OUT/models/<name>/``."""
     from jaxrl_mt.evaluate import evaluate, load_eval_model
 
     base = out / "models" / m["name"]
-    jobs = [("greedy", dict(dataset=(f"tasks:{greedy}",), scenarios="full,sharded,mt_refine", runs=1,
-                            temperature=0.0, protocol="final_turn"))]
-    if a.lic_runs:
-        jobs.append(("lic", dict(dataset=(f"tasks:{lic}",), scenarios="full,sharded", runs=a.lic_runs,
-                                 temperature=1.0, protocol="lic")))
     model = None
-    for sub, kw in jobs:
+    for sub, kw in evaluation_jobs(m["name"], greedy, lic, a):
         wd = base / sub
         if (wd / "transcripts.jsonl.gz").is_file():
             continue  # finished and compressed by an earlier invocation
@@ -109,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default=BASE, help="model spec of 'base'")
     ap.add_argument("--limit", type=int, default=0, help="evaluate the first N held-out problems (0: all)")
     ap.add_argument("--lic-runs", type=int, default=4, help="LiC runs per problem at T=1 (0: skip LiC)")
+    ap.add_argument("--greedy-only", default="", help="comma-separated model names evaluated without LiC")
     ap.add_argument("--lic-every", type=int, default=4, help="LiC on every k-th evaluated problem")
     ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="reply budget per turn, every model")
     ap.add_argument("--system", default=SYSTEM, help="system prompt, every model ('': the template's default)")
@@ -122,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     out = md.with_suffix("")
     if not a.recompute:
         models = resolve_models(a.models, a.base)
+        unknown = sorted(set(greedy_only(a)) - {m["name"] for m in models})
+        if unknown:
+            raise SystemExit(f"--greedy-only: {unknown} are not among the --models names "
+                             f"{[m['name'] for m in models]}")
         out.mkdir(parents=True, exist_ok=True)
         greedy, lic, tasks = _subset(Path(a.heldout), out, a.limit, a.lic_every)
         from jaxrl_mt.experiments.analysis import family_of
@@ -129,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = {"models": models, "heldout": a.heldout, "n_problems": len(tasks),
                     "families": sorted({family_of(t.task_id) for t in tasks}),
                     "lic_problems": len(tasks[::a.lic_every]) if a.lic_runs else 0, "lic_runs": a.lic_runs,
+                    "greedy_only": greedy_only(a),
                     "max_new_tokens": a.max_new_tokens, "system": a.system, "seed": a.seed, "bootstrap": a.bootstrap,
                     "code": code_version(),
                     "command": "python -m jaxrl_mt.experiments.compare " + " ".join(argv if argv is not None

@@ -239,7 +239,10 @@ def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
         f"Held-out set: `{man['heldout']}` ({man['n_problems']} problems, families "
         f"{', '.join(man['families'])}; each as FULL, MT-Add and MT-Refine).",
         f"Greedy replies of at most {man['max_new_tokens']} tokens; LiC: {man['lic_runs']} runs at T = 1 on "
-        f"{man['lic_problems']} problems. Bootstrap: {report['n_bootstrap']} replicates over problems.",
+        f"{man['lic_problems']} problems"
+        + (f" (not run for {', '.join(f'`{n}`' for n in man['greedy_only'])}: greedy only)"
+           if man.get("greedy_only") else "")
+        + f". Bootstrap: {report['n_bootstrap']} replicates over problems.",
         "",
         f"Command: `{man['command']}`",
         f"Last invocation on: {_code(man.get('code'))}.",

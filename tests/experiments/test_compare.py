@@ -1,0 +1,35 @@
+"""compare's job list: which evaluations each model gets (greedy always; LiC unless --greedy-only)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from jaxrl_mt.experiments.compare import evaluation_jobs, greedy_only, main
+
+
+def _args(lic_runs: int = 4, only: str = "") -> argparse.Namespace:
+    return argparse.Namespace(lic_runs=lic_runs, greedy_only=only)
+
+
+def test_greedy_only_models_skip_the_lic_runs_and_the_others_keep_them() -> None:
+    a = _args(only=" rlsta_a05, rlsta_a2 ,")
+    assert greedy_only(a) == ["rlsta_a05", "rlsta_a2"]
+    g, lic = Path("g.jsonl"), Path("l.jsonl")
+    full = evaluation_jobs("rlsta_exp", g, lic, a)
+    assert [sub for sub, _ in full] == ["greedy", "lic"]
+    assert full[0][1] == dict(dataset=("tasks:g.jsonl",), scenarios="full,sharded,mt_refine", runs=1,
+                              temperature=0.0, protocol="final_turn")
+    assert full[1][1] == dict(dataset=("tasks:l.jsonl",), scenarios="full,sharded", runs=4, temperature=1.0,
+                              protocol="lic")
+    assert [sub for sub, _ in evaluation_jobs("rlsta_a2", g, lic, a)] == ["greedy"]
+    assert [sub for sub, _ in evaluation_jobs("rlsta_exp", g, lic, _args(lic_runs=0))] == ["greedy"]
+
+
+def test_a_greedy_only_name_that_is_not_a_model_fails_before_anything_runs(tmp_path: Path) -> None:
+    out = tmp_path / "r.md"
+    with pytest.raises(SystemExit, match=r"--greedy-only: \['rlsta_a5'\] are not among the --models names"):
+        main(["--models", "base", "--greedy-only", "rlsta_a5", "--out", str(out)])
+    assert not out.with_suffix("").exists()
