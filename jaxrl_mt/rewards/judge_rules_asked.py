@@ -222,5 +222,5 @@ def fits_asked(sentence: str, value: Value, asked: Asked) -> bool:
     if asked.unit is not None and not bare and asked.unit not in counted_nouns(after) \
             and not value.text.endswith("%") and not (currency and asked.unit in _MONEY_UNITS):
         return False
-    return not asked.money or value.text[0] in "$\u00a3\u20ac" or bool(_MONEY_AFTER_RE.match(after)) \
+    return not asked.money or currency or bool(_MONEY_AFTER_RE.match(after)) \
         or (bare and bool(_MONEY_TALK_RE.search(sentence)))

@@ -15,8 +15,8 @@ import re
 from jaxrl_mt.rewards.judge_rules_asked import (
     WORD_RE,
     Asked,
-    counted_nouns,
     Value,
+    counted_nouns,
     fits_asked,
     is_question,
     main_value,
