@@ -13,7 +13,11 @@ compilation); steady state is the median of the repeats.
 
 Decode is bound by reading the weights once per step, so the bench measures the memory read
 bandwidth itself (a numpy sum over a large array, best of a few) and reports achieved decode
-steps/s as a fraction of bandwidth / parameter bytes.
+steps/s as a fraction of bandwidth / parameter bytes (the weight-read roofline). `sampling` also
+measures the host's matrix-product rate (a jitted fp32 N x N x N product, best of a few) and
+reports the decode loop against both roofs, min(bandwidth / bytes, FLOP/s / FLOPs per step): on a
+host with narrow vector units (AVX2) the FLOP roof of a batch-8 step can lie below the read roof,
+and only the two-roof fraction compares hosts.
 """
 
 from __future__ import annotations
@@ -70,6 +74,33 @@ def measure_bandwidth(mb: int = 512, repeats: int = 5, threads: int | None = Non
             list(ex.map(np.sum, parts))
             best = min(best, time.perf_counter() - t0)
     return a.nbytes / best
+
+
+def measure_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
+    """Matrix-product rate in FLOP/s of the JAX backend: best time of a jitted fp32 [n, n] x [n, n]."""
+    import jax.numpy as jnp
+
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()  # compile
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def two_roofs(cfg: Any, *, batch: int, prompt_len: int, new_tokens: int, bandwidth: float, param_bytes: int,
+              flops: float) -> dict[str, Any]:
+    """The decode step's roofs in steps/s: weight reads (bandwidth / parameter bytes) and arithmetic
+    (FLOP/s / the step's model FLOPs, ``roofline.forward_flops_per_token`` x rows at the mean context)."""
+    from jaxrl_mt.benchmarks.roofline import forward_flops_per_token, mean_decode_context
+
+    per_step = batch * forward_flops_per_token(cfg, round(mean_decode_context(prompt_len, new_tokens)))
+    memory, compute = bandwidth / param_bytes, flops / per_step
+    return {"matmul_gflop_s": flops / 1e9, "decode_flops_per_step": per_step, "compute_roof_steps_per_s": compute,
+            "two_roof_steps_per_s": min(memory, compute), "bound": "memory" if memory <= compute else "compute"}
 
 
 def param_stats(params: Any) -> tuple[int, int]:
@@ -226,9 +257,13 @@ def run(mode: str, model_spec: str, *, batch: int, new_tokens: int, prompt_len: 
         if "decode_tokens_per_s" in r["ours"]:
             r["ratio_decode_tokens_per_s"] = (r["ours"]["decode_tokens_per_s"]
                                               / r["transformers"]["decode_tokens_per_s"])
+    if mode == "sampling":
+        r.update(two_roofs(model.cfg, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, bandwidth=bw,
+                           param_bytes=n_bytes, flops=measure_matmul_flops()))
     for side in ("ours", "transformers"):
         if "decode_steps_per_s" in r.get(side, {}):
             r[side]["decode_roofline_fraction"] = r[side]["decode_steps_per_s"] / roofline
+            r[side]["decode_two_roof_fraction"] = r[side]["decode_steps_per_s"] / r["two_roof_steps_per_s"]
     return {"mode": mode, "model": model_spec, "batch": batch, "new_tokens": new_tokens,
             "prompt_len": prompt_len, "repeats": repeats, "cpus": os.cpu_count(),
             "load_average": list(os.getloadavg()), "backend": jax.default_backend(),
@@ -249,6 +284,11 @@ def format_report(r: dict[str, Any]) -> str:
              + (f"; torch threads = {r['torch_threads']} (= CPU count)" if "torch_threads" in r else ""),
              f"memory read bandwidth {r['bandwidth_gb_s']:.1f} GB/s (numpy sum over {r['bandwidth_mb']} MB, "
              f"best of 5) -> weight-read roofline {r['roofline_steps_per_s']:.1f} forward steps/s"]
+    if "two_roof_steps_per_s" in r:
+        lines.append(f"matrix products {r['matmul_gflop_s']:.1f} GFLOP/s (jitted fp32 1024^3, best of 5) -> compute "
+                     f"roof {r['compute_roof_steps_per_s']:.1f} decode steps/s "
+                     f"({r['decode_flops_per_step'] / 1e9:.2f} GFLOP per step); the decode step is "
+                     f"{r['bound']}-bound on this host: two-roof limit {r['two_roof_steps_per_s']:.1f} steps/s")
     unit = "decode steps/s" if sampling else "forward passes/s"
     for side, name in (("ours", "ours (JAX)"), ("transformers", "transformers")):
         if side not in r:
@@ -261,7 +301,8 @@ def format_report(r: dict[str, Any]) -> str:
         if "decode_s" in s:
             lines.append(f"{'':<13} of which prefill + first token {s['prefill_s']:.3f} s (a 1-token call); "
                          f"decode loop alone {s['decode_tokens_per_s']:.1f} tok/s, "
-                         f"{s['decode_steps_per_s']:.2f} steps/s = {s['decode_roofline_fraction']:.2f} of roofline")
+                         f"{s['decode_steps_per_s']:.2f} steps/s = {s['decode_roofline_fraction']:.2f} of roofline, "
+                         f"{s['decode_two_roof_fraction']:.2f} of the two-roof limit")
     if "ratio_tokens_per_s" in r:
         lines.append(f"ratio ours / transformers: {r['ratio_tokens_per_s']:.2f}x tokens/s"
                      + (f" ({r['ratio_decode_tokens_per_s']:.2f}x in the decode loop alone)"

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from jaxrl_mt.benchmarks.engine import main, measure_bandwidth, random_prompts
+from jaxrl_mt.benchmarks.engine import main, measure_bandwidth, measure_matmul_flops, random_prompts, two_roofs
+from jaxrl_mt.models.config import ModelConfig
 from tests.test_sampling import tiny_hf_llama
 
 
@@ -50,6 +51,16 @@ def test_sampling_smoke(folder, tmp_path, capsys):
     assert r["ratio_decode_tokens_per_s"] == pytest.approx(r["ours"]["decode_tokens_per_s"]
                                                            / r["transformers"]["decode_tokens_per_s"])
     assert "decode loop alone" in text
+    # the compute roof: the step's FLOPs (2*N + attention over the mean context 9 + 20/2 = 19) x 3 rows
+    from jaxrl_mt.benchmarks.roofline import forward_flops_per_token
+    from jaxrl_mt.models.registry import load_model
+
+    assert r["decode_flops_per_step"] == 3 * forward_flops_per_token(load_model(str(folder), with_tokenizer=False).cfg, 19)
+    assert r["compute_roof_steps_per_s"] == pytest.approx(r["matmul_gflop_s"] * 1e9 / r["decode_flops_per_step"])
+    assert r["two_roof_steps_per_s"] == min(r["compute_roof_steps_per_s"], r["roofline_steps_per_s"])
+    assert r["ours"]["decode_two_roof_fraction"] == pytest.approx(r["ours"]["decode_steps_per_s"]
+                                                                   / r["two_roof_steps_per_s"])
+    assert "-bound on this host: two-roof limit" in text and "of the two-roof limit" in text
     assert "ratio ours / transformers" in text and "torch threads = " in text and "of roofline" in text
 
 
@@ -62,6 +73,20 @@ def test_scoring_smoke(folder, tmp_path, capsys):
 
 def test_helpers():
     assert measure_bandwidth(8, repeats=2) > 1e8  # bytes/s: any machine reads faster than 100 MB/s
+    assert measure_matmul_flops(128, repeats=2) > 1e8  # FLOP/s: any backend multiplies faster than 0.1 GFLOP/s
+
+
+def test_two_roofs_by_hand():
+    # L 2, D 4, F 8, Hq 2, Hkv 1, K 2, V 10: N = 2 * (4*(2+2)*2 + 2*2*4 + 3*4*8) + 10*4 = 2*144 + 40 = 328;
+    # context 6 + 4/2 = 8: attention 4*2*2*2*8 = 256; per token 2*328 + 256 = 912; 2 rows: 1824 FLOPs
+    cfg = ModelConfig(vocab_size=10, hidden_size=4, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
+                      head_dim=2)
+    r = two_roofs(cfg, batch=2, prompt_len=6, new_tokens=4, bandwidth=1000.0, param_bytes=100, flops=18240.0)
+    assert r["decode_flops_per_step"] == 1824
+    assert r["compute_roof_steps_per_s"] == 10.0 and r["two_roof_steps_per_s"] == 10.0  # memory roof 10 too
+    assert r["bound"] == "memory"  # a tie counts as memory-bound
+    r = two_roofs(cfg, batch=2, prompt_len=6, new_tokens=4, bandwidth=1000.0, param_bytes=100, flops=9120.0)
+    assert (r["compute_roof_steps_per_s"], r["two_roof_steps_per_s"], r["bound"]) == (5.0, 5.0, "compute")
     rows = random_prompts(50, 4, 8, exclude=[7, 9])
     assert [len(r) for r in rows] == [8, 7, 6, 5]
     assert all(3 <= t < 50 and t not in (7, 9) for r in rows for t in r)
