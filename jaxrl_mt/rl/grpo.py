@@ -74,6 +74,23 @@ def group_advantages(
     return advantages.reshape(-1)  # [N]
 
 
+def frac_zero_std(rewards: jax.Array, group_size: int) -> jax.Array:
+    """Share of groups whose rewards are all equal (TRL's logged ``frac_reward_zero_std``).
+
+    Args:
+      rewards: ``[N]`` rewards, consecutive groups of ``group_size``.
+      group_size: ``G``.
+
+    Returns:
+      A scalar in [0, 1]: groups with (numerically) zero standard deviation over all groups. Under
+      ``scale_rewards`` such groups give zero advantages; when another reward term varies inside
+      them, that term alone sets the group's advantages, whatever its weight.
+    """
+    grouped = jnp.asarray(rewards).reshape(-1, group_size)  # [B, G]
+    std = jnp.std(grouped, axis=1)  # [B]
+    return jnp.mean(jnp.isclose(std, 0.0).astype(jnp.float32))
+
+
 def per_token_kl(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:
     """Per-token estimate of KL(policy || reference) from sampled-token log-probabilities.
 

@@ -47,7 +47,7 @@ from jaxrl_mt.parallel import (agree_max_many, allgather_ints, check_same_rows, 
                                shard_params, shard_train_state, shard_train_step, spans_processes)
 from jaxrl_mt.rewards.registry import RewardEnv, check_output, make_reward
 from jaxrl_mt.rl.data import ConfigError, config_to_dict, load_scenarios, load_tasks, reward_name, validate_config
-from jaxrl_mt.rl.grpo import group_advantages
+from jaxrl_mt.rl.grpo import frac_zero_std, group_advantages
 from jaxrl_mt.rl.histories import TrainItem
 from jaxrl_mt.rl.icpo import ICPOData
 from jaxrl_mt.rewards.answer_stats import answer_stats
@@ -204,7 +204,10 @@ class Trainer:
             batch["old_logp"] = self._completion_logprobs(params, self.model.cfg, batch, P)
         score_s = time.perf_counter() - t1
         lens = res.lengths.astype(np.float64)
-        m = {"reward/total": float(reward.mean()), "reward/group_std": float(reward.reshape(-1, G).std(1).mean())}
+        m = {"reward/total": float(reward.mean()), "reward/group_std": float(reward.reshape(-1, G).std(1).mean()),
+             "reward/frac_zero_std": float(frac_zero_std(reward, G))}
+        if "verifier" in comps:  # groups the verifier cannot rank: any other term alone sets their advantages
+            m["reward/verifier_frac_zero_std"] = float(frac_zero_std(np.asarray(comps["verifier"]), G))
         m.update({f"reward/{k}": float(np.mean(v)) for k, v in comps.items()})
         m.update(answer_stats(res.texts, [it.answer for it in items for _ in range(G)]))
         m.update({

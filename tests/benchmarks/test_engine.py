@@ -55,7 +55,8 @@ def test_sampling_smoke(folder, tmp_path, capsys):
     from jaxrl_mt.benchmarks.roofline import forward_flops_per_token
     from jaxrl_mt.models.registry import load_model
 
-    assert r["decode_flops_per_step"] == 3 * forward_flops_per_token(load_model(str(folder), with_tokenizer=False).cfg, 19)
+    cfg = load_model(str(folder), with_tokenizer=False).cfg
+    assert r["decode_flops_per_step"] == 3 * forward_flops_per_token(cfg, 19)
     assert r["compute_roof_steps_per_s"] == pytest.approx(r["matmul_gflop_s"] * 1e9 / r["decode_flops_per_step"])
     assert r["two_roof_steps_per_s"] == min(r["compute_roof_steps_per_s"], r["roofline_steps_per_s"])
     assert r["ours"]["decode_two_roof_fraction"] == pytest.approx(r["ours"]["decode_steps_per_s"]

@@ -131,6 +131,16 @@ def test_group_advantages_jit_and_errors():
 # ---------------------------------------------------------------------------------------------
 # KL estimators
 # ---------------------------------------------------------------------------------------------
+def test_frac_zero_std_hand_values():
+    # groups of 3: [1, 1, 1] equal, [0, 1, 0] not, [0.25, 0.25, 0.25] equal, [0, 0, 1e-3] not -> 2 / 4
+    r = jnp.array([1, 1, 1, 0, 1, 0, 0.25, 0.25, 0.25, 0, 0, 1e-3], jnp.float32)
+    assert float(grpo.frac_zero_std(r, 3)) == 0.5
+    assert float(grpo.frac_zero_std(r, 12)) == 0.0 and float(grpo.frac_zero_std(r, 1)) == 1.0
+    # an all-equal group has zero advantages; any other group does not
+    adv = np.asarray(grpo.group_advantages(r, 3)).reshape(4, 3)
+    assert [bool(np.all(a == 0)) for a in adv] == [True, False, True, False]
+
+
 def test_per_token_kl_values():
     logp = jnp.array([[-1.0, -2.0]])  # [1, 2]
     ref = jnp.array([[-1.5, -1.0]])  # [1, 2]

@@ -77,6 +77,9 @@ def test_killed_run_resumes_identically(tiny_chat_model_dir: Path, tmp_path: Pat
             compared += 1
     assert compared > 30
     assert a[5]["train/kl"] > 0  # the policy moved away from the reference
+    for r in a.values():  # 2 groups a step; a group the total reward ranks is one the verifier or the anchor ranks
+        assert r["reward/frac_zero_std"] in (0.0, 0.5, 1.0) and r["reward/verifier_frac_zero_std"] in (0.0, 0.5, 1.0)
+        assert r["reward/verifier_frac_zero_std"] >= r["reward/frac_zero_std"]
     for f in ("summary.txt", "curves.png", "samples.md", "config.json"):
         assert (full / f).exists(), f
 
