@@ -21,7 +21,7 @@ import numpy as np
 from jaxrl_mt.rewards.verifier import extract_answer, verify
 
 __all__ = ["CI_LEVEL", "bootstrap_mean", "bootstrap_paired", "bootstrap_ratio", "family_of", "first_answer_turns",
-           "inertia", "last_reply_scores", "response_types_per_turn"]
+           "final_reply_lengths", "inertia", "last_reply_scores", "response_types_per_turn"]
 
 CI_LEVEL = 0.95
 Record = Mapping[str, Any]
@@ -158,3 +158,19 @@ def first_answer_turns(records: Iterable[Record], kind: str) -> list[int | None]
     """Per conversation of one kind, the 1-based turn of the judge's first answer attempt (or None)."""
     return [next((k + 1 for k, t in enumerate(r["turns"]) if t.get("answer_attempt")), None)
             for r in records if r["kind"] == kind]
+
+
+def final_reply_lengths(records: Iterable[Record], kind: str) -> dict[str, dict[str, float]]:
+    """Per task (mean over runs) of one kind, the last reply's new tokens and whether the reply
+    budget cut it (``finish_reason == "length"``): ``{"tokens": {task: n}, "cut": {task: 0-1}}``.
+    Conversations whose last turn records no ``new_tokens`` are skipped."""
+    tokens: dict[str, list[float]] = defaultdict(list)
+    cut: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if r["kind"] != kind or not r["turns"] or r["turns"][-1].get("new_tokens") is None:
+            continue
+        last = r["turns"][-1]
+        tokens[r["task_id"]].append(float(last["new_tokens"]))
+        cut[r["task_id"]].append(float(last.get("finish_reason") == "length"))
+    return {"tokens": {t: float(np.mean(v)) for t, v in sorted(tokens.items())},
+            "cut": {t: float(np.mean(v)) for t, v in sorted(cut.items())}}

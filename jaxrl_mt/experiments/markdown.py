@@ -129,6 +129,20 @@ def _behaviour(report: dict[str, Any]) -> list[str]:
         )
     out += [
         "",
+        "Final replies (greedy): mean length in tokens, and the share cut by the "
+        f"{report['manifest']['max_new_tokens']}-token reply budget (a cut reply's last number is often not its "
+        "answer).",
+        "",
+        "| model | " + " | ".join(f"{KIND_NAMES[k]} tokens | {KIND_NAMES[k]} cut" for k in GREEDY_KINDS) + " |",
+        "|---|" + "---:|---:|" * len(GREEDY_KINDS),
+    ]
+    for n, m in report["models"].items():
+        fr = m.get("final_reply")
+        if fr:
+            out.append(f"| {n} | " + " | ".join(f"{fr[k]['tokens']['mean']:.1f} | {_pct(fr[k]['cut'])}"
+                                                  for k in GREEDY_KINDS) + " |")
+    out += [
+        "",
         "Response types per turn (judge labels, MT-Add, greedy) and the turn of the first answer attempt:",
         "",
         "| model | turn | labels | first answer turn: mean (MT-Add) | never answered |",

@@ -61,3 +61,19 @@ def test_response_types_first_answer_and_family() -> None:
                                                           2: {"answer_attempt": 1, "discussion": 1}}
     assert A.first_answer_turns(recs, "sharded") == [2, None]
     assert A.family_of(recs[0]["task_id"]) == "heldout1" and A.family_of("gsm8k/test/2") == "gsm8k"
+
+
+def test_final_reply_lengths_per_task_from_the_last_turn() -> None:
+    def with_len(r: dict, n: int | None, reason: str) -> dict:
+        if n is not None:
+            r["turns"][-1].update(new_tokens=n, finish_reason=reason)
+        return r
+
+    recs = [with_len(rec("a", "full", "5", ["x"]), 64, "length"),
+            with_len(rec("a", "full", "5", ["y"], run=1), 10, "stop"),
+            with_len(rec("b", "full", "3", ["1", "z"]), 20, "stop"),
+            with_len(rec("c", "full", "3", ["q"]), None, ""),  # no length recorded: skipped
+            with_len(rec("d", "sharded", "3", ["q"]), 64, "length")]
+    out = A.final_reply_lengths(recs, "full")
+    assert out == {"tokens": {"a": 37.0, "b": 20.0}, "cut": {"a": 0.5, "b": 0.0}}
+    assert A.final_reply_lengths(recs, "sharded") == {"tokens": {"d": 64.0}, "cut": {"d": 1.0}}

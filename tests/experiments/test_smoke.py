@@ -93,6 +93,10 @@ def _check_against_files(rep: dict, out: Path) -> None:
                    if r["kind"] == kind}
             means[name, kind] = acc
             assert m["strict"][kind]["mean"] == pytest.approx(np.mean(list(acc.values())), abs=1e-12)
+            last = [r["turns"][-1] for r in recs if r["kind"] == kind]  # one run per problem
+            fr = m["final_reply"][kind]
+            assert fr["tokens"]["mean"] == pytest.approx(np.mean([t["new_tokens"] for t in last]))
+            assert fr["cut"]["mean"] == pytest.approx(np.mean([t["finish_reason"] == "length" for t in last]))
         lic = _records(out / "models" / name / "lic" / "transcripts.jsonl")
         for kind in ("full", "sharded"):
             by_task: dict[str, list[float]] = {}
