@@ -172,11 +172,13 @@ def _evaluated_on(report: dict[str, Any]) -> list[str]:
     out = ["Code that wrote each evaluation (`models/<name>/<evaluation>/code.json`; a resumed evaluation "
            "lists every invocation with the conversations already on disk when it started):", ""]
     notes: list[str] = []
+    greedy_only = set(report.get("manifest", {}).get("greedy_only") or [])
     for name, subs in report.get("code", {}).items():
         parts = []
         for sub, entries in subs.items():
             if not entries:
-                parts.append(f"{sub} not recorded")
+                parts.append(f"{sub} not run (--greedy-only)" if sub == "lic" and name in greedy_only
+                             else f"{sub} not recorded")
                 continue
             steps = [_code(e["code"]) + (f" (from conversation {e['conversations_on_disk']})"
                                          if e.get("conversations_on_disk") else "") for e in entries]

@@ -95,12 +95,15 @@ def test_the_report_names_the_code_of_each_evaluation() -> None:
     from jaxrl_mt.experiments.markdown import _evaluated_on
 
     a, b = {"commit": "a" * 40, "dirty": []}, {"commit": "b" * 40, "dirty": ["jaxrl_mt/x.py"]}
-    report = {"code": {"base": {"greedy": [{"code": a, "conversations_on_disk": 0}], "lic": []},
+    report = {"manifest": {"greedy_only": ["abl"]},
+              "code": {"base": {"greedy": [{"code": a, "conversations_on_disk": 0}], "lic": []},
+                       "abl": {"greedy": [{"code": a, "conversations_on_disk": 0}], "lic": []},
                        "rl": {"greedy": [{"code": a, "conversations_on_disk": 0},
                                          {"code": b, "conversations_on_disk": 17}],
                               "lic": [{"code": b, "conversations_on_disk": 0, "note": "recorded later"}]}}}
     lines = _evaluated_on(report)
     assert "- base: greedy commit aaaaaaaaaaaa; lic not recorded" in lines
+    assert "- abl: greedy commit aaaaaaaaaaaa; lic not run (--greedy-only)" in lines
     assert ("- rl: greedy commit aaaaaaaaaaaa; then commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py "
             "(from conversation 17); lic commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py [1]") in lines
     assert lines[-1] == "[1] recorded later"
