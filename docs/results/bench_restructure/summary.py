@@ -26,6 +26,26 @@ def main() -> None:
                 line += f", max |logprob diff| {max(x['max_abs_logprob_diff'] for x in d):.2e}"
             print(line)
 
+    for side in ("old", "new"):  # run_grpo_sim.sh: the GRPO step against TRL
+        path = f"{HERE}/grpo_{side}.json"
+        if os.path.isfile(path):
+            r = json.load(open(path))["results"]
+            o, t = r["ours"], r["trl"]
+            ph = " ".join(f"{k} {v:.1f}" for k, v in o["phases_steady_s"].items())
+            print(f"grpo     {side}: steady step ours {o['steady_step_s']:.2f} s ({ph}), "
+                  f"TRL {t['steady_step_s']:.2f} s -> TRL / ours {t['steady_step_s'] / o['steady_step_s']:.2f}x; "
+                  "peak RSS ours "
+                  f"{o['peak_rss_mb'] / 1024:.2f} GB, TRL {t['peak_rss_mb'] / 1024:.2f} GB")
+    for side in ("old", "new"):  # run_grpo_sim.sh: the LiC simulator against plain batched generation
+        ratios = []
+        for f in sorted(glob.glob(f"{HERE}/sim_{side}_*.txt")):
+            line = [x for x in open(f).read().splitlines() if x.startswith("ratio simulator / plain:")]
+            if line:
+                ratios.append(float(line[-1].split(":")[1]))
+        if ratios:
+            print(f"simulator {side}: n={len(ratios)} ratio simulator / plain median {st.median(ratios):.3f} "
+                  f"{['%.2f' % v for v in ratios]}")
+
 
 if __name__ == "__main__":
     main()
