@@ -281,6 +281,7 @@ def _check_settings(out: Path, settings: Mapping[str, Any]) -> None:
         when ``out`` holds transcripts but no settings (they would be overwritten).
     """
     path = out / "settings.json"
+    settings = json.loads(json.dumps(settings))  # as stored: tuples become lists, so a resumed run compares equal
     if path.exists():
         old = json.loads(path.read_text(encoding="utf-8"))
         for k in sorted(set(old) | set(settings)):

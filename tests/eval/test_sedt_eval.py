@@ -219,3 +219,15 @@ def test_blocks_are_written_as_they_finish_and_a_killed_run_resumes_to_the_same_
     with pytest.raises(ValueError, match="without settings.json"):
         run_blocks(s, plan(DEFAULT_SOURCE, 3, 2), sampling, cfg=cfg, seed=3, out=b, block=2, settings=settings)
     assert (b / "transcripts.jsonl").read_text() == (tmp_path / "a" / "transcripts.jsonl").read_text()
+
+
+def test_settings_with_tuples_resume_as_the_same_settings(tmp_path) -> None:
+    """The stored settings.json turns tuples into lists: the check compares them as stored (a
+    SeDTConfig's ``anchors`` and ``answer_formats`` are tuples of pairs)."""
+    from jaxrl_mt.eval.sedt_eval import _check_settings
+
+    settings = {"sedt_config": {"anchors": (("math", "Compute"),), "w_sem": 0.6}, "seed": 0}
+    _check_settings(tmp_path, settings)
+    _check_settings(tmp_path, settings)  # the same run again: no error
+    with pytest.raises(ValueError, match=r"holds a run with seed=0, not 1"):
+        _check_settings(tmp_path, {**settings, "seed": 1})
