@@ -91,14 +91,15 @@ def measure_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
     return 2 * n**3 / best
 
 
-def two_roofs(cfg: Any, *, batch: int, prompt_len: int, new_tokens: int, bandwidth: float, param_bytes: int,
+def two_roofs(cfg: Any, *, batch: int, prompt_len: int, new_tokens: int, memory_roof: float,
               flops: float) -> dict[str, Any]:
-    """The decode step's roofs in steps/s: weight reads (bandwidth / parameter bytes) and arithmetic
-    (FLOP/s / the step's model FLOPs, ``roofline.forward_flops_per_token`` x rows at the mean context)."""
+    """The decode step's roofs in steps/s: `memory_roof` (weight reads: bandwidth / parameter bytes, the
+    run's ``roofline``) and arithmetic (FLOP/s / the step's model FLOPs, ``roofline.forward_flops_per_token``
+    x rows at the mean context); the limit is the lower."""
     from jaxrl_mt.benchmarks.roofline import forward_flops_per_token, mean_decode_context
 
     per_step = batch * forward_flops_per_token(cfg, round(mean_decode_context(prompt_len, new_tokens)))
-    memory, compute = bandwidth / param_bytes, flops / per_step
+    memory, compute = memory_roof, flops / per_step
     return {"matmul_gflop_s": flops / 1e9, "decode_flops_per_step": per_step, "compute_roof_steps_per_s": compute,
             "two_roof_steps_per_s": min(memory, compute), "bound": "memory" if memory <= compute else "compute"}
 
@@ -258,8 +259,8 @@ def run(mode: str, model_spec: str, *, batch: int, new_tokens: int, prompt_len: 
             r["ratio_decode_tokens_per_s"] = (r["ours"]["decode_tokens_per_s"]
                                               / r["transformers"]["decode_tokens_per_s"])
     if mode == "sampling":
-        r.update(two_roofs(model.cfg, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, bandwidth=bw,
-                           param_bytes=n_bytes, flops=measure_matmul_flops()))
+        r.update(two_roofs(model.cfg, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
+                           memory_roof=roofline, flops=measure_matmul_flops()))
     for side in ("ours", "transformers"):
         if "decode_steps_per_s" in r.get(side, {}):
             r[side]["decode_roofline_fraction"] = r[side]["decode_steps_per_s"] / roofline

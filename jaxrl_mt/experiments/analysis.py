@@ -35,6 +35,20 @@ def family_of(task_id: str) -> str:
     return parts[0]
 
 
+def _last_reply_means(records: Iterable[Record], kind: str, value: Callable[[Record], Sequence[float] | None],
+                      keep: Callable[[str], bool] | None = None) -> dict[str, list[float]]:
+    """Task id -> per-column means over its runs of ``value(record)`` (None skips the record), taking
+    the records of one kind with at least one turn whose task passes `keep`."""
+    runs: dict[str, list[Sequence[float]]] = defaultdict(list)
+    for r in records:
+        if r["kind"] != kind or (keep is not None and not keep(r["task_id"])) or not r["turns"]:
+            continue
+        v = value(r)
+        if v is not None:
+            runs[r["task_id"]].append(v)
+    return {t: [float(np.mean(col)) for col in zip(*v)] for t, v in sorted(runs.items())}
+
+
 def last_reply_scores(records: Iterable[Record], kind: str, mode: str = "strict",
                       keep: Callable[[str], bool] | None = None) -> dict[str, float]:
     """Task id -> mean over its runs of the verifier on the conversation's last reply.
@@ -45,12 +59,9 @@ def last_reply_scores(records: Iterable[Record], kind: str, mode: str = "strict"
       mode: verifier mode (``strict`` | ``lenient``).
       keep: optional filter on task ids.
     """
-    runs: dict[str, list[float]] = defaultdict(list)
-    for r in records:
-        if r["kind"] != kind or (keep is not None and not keep(r["task_id"])) or not r["turns"]:
-            continue
-        runs[r["task_id"]].append(float(verify(r["turns"][-1]["assistant"], r["gold"], mode)))
-    return {t: float(np.mean(v)) for t, v in sorted(runs.items())}
+    means = _last_reply_means(records, kind, lambda r: (float(verify(r["turns"][-1]["assistant"], r["gold"], mode)),),
+                              keep)
+    return {t: m[0] for t, m in means.items()}
 
 
 def _quantiles(reps: np.ndarray) -> tuple[float, float]:
@@ -164,13 +175,12 @@ def final_reply_lengths(records: Iterable[Record], kind: str) -> dict[str, dict[
     """Per task (mean over runs) of one kind, the last reply's new tokens and whether the reply
     budget cut it (``finish_reason == "length"``): ``{"tokens": {task: n}, "cut": {task: 0-1}}``.
     Conversations whose last turn records no ``new_tokens`` are skipped."""
-    tokens: dict[str, list[float]] = defaultdict(list)
-    cut: dict[str, list[float]] = defaultdict(list)
-    for r in records:
-        if r["kind"] != kind or not r["turns"] or r["turns"][-1].get("new_tokens") is None:
-            continue
+
+    def value(r: Record) -> tuple[float, float] | None:
         last = r["turns"][-1]
-        tokens[r["task_id"]].append(float(last["new_tokens"]))
-        cut[r["task_id"]].append(float(last.get("finish_reason") == "length"))
-    return {"tokens": {t: float(np.mean(v)) for t, v in sorted(tokens.items())},
-            "cut": {t: float(np.mean(v)) for t, v in sorted(cut.items())}}
+        if last.get("new_tokens") is None:
+            return None
+        return float(last["new_tokens"]), float(last.get("finish_reason") == "length")
+
+    means = _last_reply_means(records, kind, value)
+    return {"tokens": {t: m[0] for t, m in means.items()}, "cut": {t: m[1] for t, m in means.items()}}

@@ -220,7 +220,7 @@ def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions:
     return out, state.cache
 
 
-decode_params_jit = jax.jit(decode_params, static_argnames=("cfg",))
+decode_params_jit = jax.jit(decode_params, static_argnames=("cfg", "unstack"))
 
 
 @functools.partial(jax.jit, static_argnames=("capacity",))

@@ -82,11 +82,11 @@ def test_two_roofs_by_hand():
     # context 6 + 4/2 = 8: attention 4*2*2*2*8 = 256; per token 2*328 + 256 = 912; 2 rows: 1824 FLOPs
     cfg = ModelConfig(vocab_size=10, hidden_size=4, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
                       head_dim=2)
-    r = two_roofs(cfg, batch=2, prompt_len=6, new_tokens=4, bandwidth=1000.0, param_bytes=100, flops=18240.0)
+    r = two_roofs(cfg, batch=2, prompt_len=6, new_tokens=4, memory_roof=10.0, flops=18240.0)
     assert r["decode_flops_per_step"] == 1824
     assert r["compute_roof_steps_per_s"] == 10.0 and r["two_roof_steps_per_s"] == 10.0  # memory roof 10 too
     assert r["bound"] == "memory"  # a tie counts as memory-bound
-    r = two_roofs(cfg, batch=2, prompt_len=6, new_tokens=4, bandwidth=1000.0, param_bytes=100, flops=9120.0)
+    r = two_roofs(cfg, batch=2, prompt_len=6, new_tokens=4, memory_roof=10.0, flops=9120.0)
     assert (r["compute_roof_steps_per_s"], r["two_roof_steps_per_s"], r["bound"]) == (5.0, 5.0, "compute")
     rows = random_prompts(50, 4, 8, exclude=[7, 9])
     assert [len(r) for r in rows] == [8, 7, 6, 5]
