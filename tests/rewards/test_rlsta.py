@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -152,3 +153,25 @@ def test_paper_presets_settings():
     assert (cpu.rl.loss_type, cpu.rl.anchor_prompt) == ("grpo", "full")  # other presets unchanged
     with pytest.raises(ValueError, match="'paper', 'paper_described', 'cpu' or 'experiment'"):
         get_config("papers")
+
+
+def test_alpha_acts_only_in_groups_with_two_correct_answers():
+    """The reading of the alpha ablation (docs/results/experiment.md): with group-normalised advantages
+    and the wrong-answer mask, alpha cancels in a group with no correct answer (rewards alpha x R_s)
+    and in one with a single correct answer (rewards [1 + alpha s, 0, 0]: z-scores [2, -1, -1] / sqrt(3)
+    for any alpha); only a group with two or more correct answers ranks them by alpha x R_s."""
+    from jaxrl_mt.rewards.anchor import zero_anchor_for_wrong
+    from jaxrl_mt.rl.grpo import group_advantages
+
+    rv = np.array([0, 0, 0, 1, 0, 0, 1, 1, 0], np.float64)  # groups: none, one, two correct
+    rs = zero_anchor_for_wrong(np.array([0.2, 0.3, 0.4, 0.5, 0.3, 0.4, 0.5, 0.3, 0.4]), rv, 3)
+    adv = {a: np.asarray(group_advantages(jnp.asarray(rv + a * rs, jnp.float32), 3, eps=0.0)) for a in (0.5, 1.0, 2.0)}
+    np.testing.assert_allclose(adv[1.0][:3], [-1.0, 0.0, 1.0], atol=1e-5)  # z-scores of R_s alone
+    np.testing.assert_allclose(adv[1.0][3:6], np.array([2, -1, -1]) / np.sqrt(3), atol=1e-5)
+    for a in (0.5, 2.0):
+        np.testing.assert_allclose(adv[a][:6], adv[1.0][:6], atol=1e-5)  # alpha cancels in both
+        assert abs(adv[a][6] - adv[a][7]) > 0.05 and abs(adv[a][6] - adv[1.0][6]) > 1e-3  # and acts here
+    # with TRL's eps = 1e-4 the cancellation holds up to eps / group std (here 2e-3 at most)
+    near = {a: np.asarray(group_advantages(jnp.asarray(rv + a * rs, jnp.float32), 3)) for a in (0.5, 2.0)}
+    np.testing.assert_allclose(near[0.5][:6], near[2.0][:6], atol=3e-3)
+    assert np.max(np.abs(near[0.5][:6] - near[2.0][:6])) > 1e-6  # but not exactly: a seed of divergence at T = 1
