@@ -1,18 +1,15 @@
 """Where a decode step's time goes (embedded model, batch 8, one token, cache of 128 slots), idle host.
 
-Times (median of 20 after warm-up) of jitted pieces: the whole forward step (stacked and unstacked
-weights), the layer matmuls alone (x @ W for every layer's 4 matrices), the head alone, and numpy's
-BLAS doing the same matmuls. Prints ms and the GB/s each reaches on the weights it reads.
+Times (median of 20 after a warm-up call, `benchmarks.engine.time_calls`) of jitted pieces: the whole forward
+step (stacked and unstacked weights), the layer matmuls alone (x @ W for every layer's 4 matrices), the head
+alone, and numpy's BLAS doing the same matmuls. Prints ms and the GB/s each reaches on the weights it reads.
 Run from the repository root on an idle host: python docs/results/bench_decode/decode_parts.py
 (decode_parts_session10.txt: its output, then the unstacked-weights A/B of `Sampler(unstack_layers=True)`)."""
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mt.benchmarks.engine import measure_bandwidth
+from jaxrl_mt.benchmarks.engine import measure_bandwidth, time_calls
 from jaxrl_mt.models.decoder import decode_params, forward, init_cache
 from jaxrl_mt.models.registry import load_model
 
@@ -28,14 +25,8 @@ pos = jnp.full((B, 1), 100, jnp.int32)
 live = jnp.ones((B, 1), bool)
 
 def timeit(f, *a, n=20):
-    jax.block_until_ready(f(*a))
-    jax.block_until_ready(f(*a))
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*a))
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    """Median ms of n calls after one warm-up (compile) call, with the project's bench timer."""
+    return time_calls(lambda: jax.block_until_ready(f(*a)), n)[0].steady_s * 1e3
 
 step = jax.jit(lambda p, c: forward(p, cfg, tok, pos, live, c, logits="last")[0])
 mats = {k: v for k, v in dp["layers"].items() if v.ndim == 3}
@@ -79,12 +70,7 @@ def np_mm():
         for w in mn.values():
             xin = xn if w.shape[1] == cfg.hidden_size else np.full((B, w.shape[1]), 0.01, np.float32)
             xin @ w[li]
-ts = []
-for _ in range(10):
-    t0 = time.perf_counter()
-    np_mm()
-    ts.append(time.perf_counter() - t0)
-ms = statistics.median(ts) * 1e3
+ms = time_calls(np_mm, 10)[0].steady_s * 1e3
 print(f"{'layer matmuls, numpy BLAS':40s} {ms:7.2f} ms  {wbytes/ms/1e6:6.1f} GB/s")
 
 # the attention's share: the same step with caches of 16, 128 and 512 slots (index at 3/4)
