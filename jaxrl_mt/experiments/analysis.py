@@ -16,14 +16,17 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import re
+
 import numpy as np
 
 from jaxrl_mt.rewards.verifier import extract_answer, verify
 
 __all__ = ["CI_LEVEL", "bootstrap_mean", "bootstrap_paired", "bootstrap_ratio", "family_of", "first_answer_turns",
-           "final_reply_lengths", "inertia", "last_reply_scores", "response_types_per_turn"]
+           "final_reply_lengths", "inertia", "last_reply_scores", "response_types_per_turn", "restates_user"]
 
 CI_LEVEL = 0.95
+ECHO_SHARE = 0.8  # a reply with at least this share of its words in the user's message restates it
 Record = Mapping[str, Any]
 
 
@@ -171,16 +174,32 @@ def first_answer_turns(records: Iterable[Record], kind: str) -> list[int | None]
             for r in records if r["kind"] == kind]
 
 
+def restates_user(user: str, reply: str, share: float = ECHO_SHARE) -> bool:
+    """Whether `reply` only restates the user's message: it states no number the message lacks and at
+    least `share` of its words (lower-cased runs of letters and digits) occur in the message.
+    "Later, 5 more cars drive in." restates "Later, 5 more cars drive in."; "There are 14 cars." and
+    "Sven's final score is 100." (to "What is Sven's final score?") do not. An empty reply restates nothing."""
+    words = re.findall(r"[a-z0-9]+", reply.lower())
+    if not words:
+        return False
+    given = set(re.findall(r"[a-z0-9]+", user.lower()))
+    if any(w not in given for w in words if w.isdigit()):
+        return False
+    return sum(w in given for w in words) >= share * len(words)
+
+
 def final_reply_lengths(records: Iterable[Record], kind: str) -> dict[str, dict[str, float]]:
-    """Per task (mean over runs) of one kind, the last reply's new tokens and whether the reply
-    budget cut it (``finish_reason == "length"``): ``{"tokens": {task: n}, "cut": {task: 0-1}}``.
+    """Per task (mean over runs) of one kind, the last reply's new tokens, whether the reply budget
+    cut it (``finish_reason == "length"``) and whether it only restates the last user message
+    (`restates_user`): ``{"tokens": {task: n}, "cut": {task: 0-1}, "echo": {task: 0-1}}``.
     Conversations whose last turn records no ``new_tokens`` are skipped."""
 
-    def value(r: Record) -> tuple[float, float] | None:
+    def value(r: Record) -> tuple[float, float, float] | None:
         last = r["turns"][-1]
         if last.get("new_tokens") is None:
             return None
-        return float(last["new_tokens"]), float(last.get("finish_reason") == "length")
+        echo = restates_user(last.get("user") or "", last.get("assistant") or "")
+        return float(last["new_tokens"]), float(last.get("finish_reason") == "length"), float(echo)
 
     means = _last_reply_means(records, kind, value)
-    return {"tokens": {t: m[0] for t, m in means.items()}, "cut": {t: m[1] for t, m in means.items()}}
+    return {f: {t: m[i] for t, m in means.items()} for i, f in enumerate(("tokens", "cut", "echo"))}

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jaxrl_mt.experiments.analysis import ECHO_SHARE
 from jaxrl_mt.experiments.common import GREEDY_KINDS, KIND_NAMES, ROOT
 
 __all__ = ["render"]
@@ -129,18 +130,21 @@ def _behaviour(report: dict[str, Any]) -> list[str]:
         )
     out += [
         "",
-        "Final replies (greedy): mean length in tokens, and the share cut by the "
+        "Final replies (greedy): mean length in tokens, the share cut by the "
         f"{report['manifest']['max_new_tokens']}-token reply budget (a cut reply's last number is often not its "
-        "answer).",
+        f"answer), and the share that only restates the last user message (echo: no number the message lacks, and "
+        f"at least {ECHO_SHARE:.0%} of the reply's words are in it).",
         "",
-        "| model | " + " | ".join(f"{KIND_NAMES[k]} tokens | {KIND_NAMES[k]} cut" for k in GREEDY_KINDS) + " |",
-        "|---|" + "---:|---:|" * len(GREEDY_KINDS),
+        "| model | " + " | ".join(f"{KIND_NAMES[k]} tokens | {KIND_NAMES[k]} cut | {KIND_NAMES[k]} echo"
+                                 for k in GREEDY_KINDS) + " |",
+        "|---|" + "---:|---:|---:|" * len(GREEDY_KINDS),
     ]
     for n, m in report["models"].items():
         fr = m.get("final_reply")
         if fr:
-            out.append(f"| {n} | " + " | ".join(f"{fr[k]['tokens']['mean']:.1f} | {_pct(fr[k]['cut'])}"
-                                                  for k in GREEDY_KINDS) + " |")
+            out.append(f"| {n} | " + " | ".join(
+                f"{fr[k]['tokens']['mean']:.1f} | {_pct(fr[k]['cut'])} | {_pct(fr[k]['echo'])}"
+                for k in GREEDY_KINDS) + " |")
     out += [
         "",
         "Response types per turn (judge labels, MT-Add, greedy) and the turn of the first answer attempt:",

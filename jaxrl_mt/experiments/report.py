@@ -66,7 +66,7 @@ def _model_section(recs: list[dict], lic_recs: list[dict] | None, n_boot: int, s
     sec["inertia"] = inert
     sec["response_types"] = {k: A.response_types_per_turn(recs, k) for k in GREEDY_KINDS}
     lengths = {k: A.final_reply_lengths(recs, k) for k in GREEDY_KINDS}
-    sec["final_reply"] = {k: {f: A.bootstrap_mean(v[f], n_boot=n_boot, seed=seed) for f in ("tokens", "cut")}
+    sec["final_reply"] = {k: {f: A.bootstrap_mean(v[f], n_boot=n_boot, seed=seed) for f in ("tokens", "cut", "echo")}
                           for k, v in lengths.items()}
     sec["first_answer_turn"] = {k: first_answer_turn_stats(A.first_answer_turns(recs, k)) for k in GREEDY_KINDS}
     if lic_recs:

@@ -74,6 +74,27 @@ def test_final_reply_lengths_per_task_from_the_last_turn() -> None:
             with_len(rec("b", "full", "3", ["1", "z"]), 20, "stop"),
             with_len(rec("c", "full", "3", ["q"]), None, ""),  # no length recorded: skipped
             with_len(rec("d", "sharded", "3", ["q"]), 64, "length")]
+    recs[0]["turns"][-1]["user"] = "x or y?"  # its reply "x" only restates it
+    recs[1]["turns"][-1]["user"] = "z"
     out = A.final_reply_lengths(recs, "full")
-    assert out == {"tokens": {"a": 37.0, "b": 20.0}, "cut": {"a": 0.5, "b": 0.0}}
-    assert A.final_reply_lengths(recs, "sharded") == {"tokens": {"d": 64.0}, "cut": {"d": 1.0}}
+    assert out == {"tokens": {"a": 37.0, "b": 20.0}, "cut": {"a": 0.5, "b": 0.0}, "echo": {"a": 0.5, "b": 0.0}}
+    assert A.final_reply_lengths(recs, "sharded") == {"tokens": {"d": 64.0}, "cut": {"d": 1.0}, "echo": {"d": 0.0}}
+
+
+def test_restates_user_on_real_final_turns() -> None:
+    """Final turns of the held-out evaluation (docs/results/rlsta_cpu, greedy): the merged-anchor
+    run's replies that repeat the user's shard, and answers that reuse its words but add a value."""
+    echo = [("Later, 5 more cars drive in.", "Later, 5 more cars drive in."),  # rlsta_merged
+            ("The kids eat 2 cookies from the jar.", "The kids ate 2 cookies from the jar."),  # 6 of 7 words
+            ("Sven wins 6 points in the next round.", "Sven wins 6 points in the next round.")]
+    not_echo = [("How many roses are in the garden at the end?",  # rlsta_merged, turn 1: 8 of 10 words, but
+                 "There are 100 roses in the garden at the end."),  # it states a number the user did not
+                ("What is Sven's final score?", "Sven's final score is 100."),
+                ("Later, 5 more cars drive in.",  # rlsta_exp
+                 "If 5 more cars drive in, then the total number of cars in the parking lot will be 90 cars (the "
+                 "original number of cars) + 5 more cars (the new number of cars) = 105 cars."),
+                ("2 people leave during the break.", "Two people left during the break."),  # 4 of 6: missed
+                ("Later, 5 more cars drive in.", "")]
+    assert all(A.restates_user(u, r) for u, r in echo)
+    assert not any(A.restates_user(u, r) for u, r in not_echo)
+    assert A.restates_user("2 people leave during the break.", "Two people left during the break.", share=0.6)

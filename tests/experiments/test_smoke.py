@@ -13,6 +13,7 @@ import pytest
 from configs.grpo import get_config as grpo_config
 from configs.rlsta import get_config as rlsta_config
 from jaxrl_mt.experiments import compare, heldout
+from jaxrl_mt.experiments.analysis import restates_user
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.loop import Trainer
 
@@ -97,6 +98,8 @@ def _check_against_files(rep: dict, out: Path) -> None:
             fr = m["final_reply"][kind]
             assert fr["tokens"]["mean"] == pytest.approx(np.mean([t["new_tokens"] for t in last]))
             assert fr["cut"]["mean"] == pytest.approx(np.mean([t["finish_reason"] == "length" for t in last]))
+            echo = [restates_user(t["user"], t["assistant"]) for t in last]
+            assert fr["echo"]["mean"] == pytest.approx(np.mean(echo))
         lic = _records(out / "models" / name / "lic" / "transcripts.jsonl")
         for kind in ("full", "sharded"):
             by_task: dict[str, list[float]] = {}
