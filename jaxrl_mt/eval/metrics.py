@@ -28,6 +28,7 @@ __all__ = [
     "PERCENTILE_METHOD",
     "aggregate",
     "bootstrap_ci",
+    "paired_bootstrap_ci",
     "first_answer_turn_stats",
     "instruction_metrics",
     "last_reply_correct",
@@ -149,12 +150,51 @@ def bootstrap_ci(
     Returns:
       ``(lo, hi)`` on the 0-100 scale.
     """
+    table, _ = _metric_table(scores_by_instruction, scale)
+    return _percentile_ci(table[:, _metric_column(metric, n_boot, alpha)], n_boot, alpha, seed)
+
+
+def paired_bootstrap_ci(
+    before: Mapping[str, Sequence[float]],
+    after: Mapping[str, Sequence[float]],
+    metric: str = "P",
+    n_boot: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+    scale: float | None = None,
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of ``metric(after) - metric(before)``, paired.
+
+    Each replicate draws the instructions both sides hold, with replacement, and averages the
+    per-instruction differences, so both sides always see the same instructions.
+
+    Args:
+      before, after: instruction id -> its N run scores (the ids both hold are used).
+      metric, n_boot, alpha, seed, scale: as in ``bootstrap_ci``.
+
+    Returns:
+      ``(lo, hi)`` of the difference on the 0-100 scale.
+    """
+    common = sorted(set(before) & set(after))
+    if not common:
+        raise ValueError("paired_bootstrap_ci: no instruction is in both score sets")
+    col = _metric_column(metric, n_boot, alpha)
+    b, _ = _metric_table({k: before[k] for k in common}, scale)
+    a, _ = _metric_table({k: after[k] for k in common}, scale)
+    return _percentile_ci(a[:, col] - b[:, col], n_boot, alpha, seed)
+
+
+def _metric_column(metric: str, n_boot: int, alpha: float) -> int:
+    """The column of `metric` in the metric table, after checking the bootstrap settings."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; expected one of {METRICS}")
     if n_boot < 1 or not 0 < alpha < 1:
         raise ValueError(f"bootstrap_ci: need n_boot >= 1 and 0 < alpha < 1, got {n_boot}, {alpha}")
-    table, _ = _metric_table(scores_by_instruction, scale)
-    values = table[:, METRICS.index(metric)]  # [I]
+    return METRICS.index(metric)
+
+
+def _percentile_ci(values: np.ndarray, n_boot: int, alpha: float, seed: int) -> tuple[float, float]:
+    """Percentile interval of the mean of `values` [I] over `n_boot` resamples of its entries."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, values.size, size=(n_boot, values.size))  # [B, I]
     replicates = values[idx].mean(axis=1)  # [B]

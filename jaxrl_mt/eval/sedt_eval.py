@@ -6,8 +6,7 @@ A paired design: each conversation's earlier turns are simulated ONCE (turn by t
 call per turn, KV cache kept, ``jaxrl_mt.sedt.run_until_final``); its final turn is then answered
 once per arm from that same history, with the same seed and sampling settings:
 
-- ``sharded (no format)``: the final shard as it is (the old plain arm; only when a format
-  instruction is in use, to measure what the instruction alone does);
+- ``sharded (no format)``: the final shard as it is (only with a format instruction: what it alone does);
 - ``sharded``: the final shard plus the answer-format instruction on its own line;
 - ``restated (control)``: every shard restated in one message, no relevance annotation and no
   self-correction (``jaxrl_mt.sedt.restate_final_turn``: SeDT's prompt minus the return-to-go,
@@ -20,14 +19,14 @@ Every arm but the first ends its final message with the SAME answer instruction 
 for math); ``--no-format`` drops it from every arm. The report then separates the steps: format
 only (sharded - no format), restating (control - sharded), the annotation (SeDT without
 correction - control) and the self-correction. The final turn is scored with the strict
-verifier; P / A90 / U90-10 (``jaxrl_mt.eval.metrics``) per arm, plus the trigger rate,
+verifier; P / A90 / U90-10 (``jaxrl_mt.eval.metrics``) per arm, with 95% bootstrap intervals over
+problems of P and (paired) of each step's dP, plus the trigger rate,
 replacements and the correction outcomes (helped: the correction right where the SeDT answer
 was wrong; hurt: the reverse, impossible under the default guard ``"no_answer"``; the
 coverage-only guard is the ablation ``--set guard=coverage``); the lenient verifier's counts are
 in ``results.json`` under ``sedt.lenient``.
 
-The default source is the shipped GSM8K *test* sample (``gsm8k:@gsm8k/test_sample.jsonl``), not
-the training sample the RL recipes draw from.
+Default source: the shipped GSM8K *test* sample (``gsm8k:@gsm8k/test_sample.jsonl``), not the RL training one.
 
 Writes ``settings.json``, ``transcripts.jsonl`` (one line per conversation) and ``blocks.jsonl``
 into ``--out`` as it goes, ``--block`` problems at a time (a killed run resumes after its last
@@ -55,7 +54,7 @@ from jaxrl_mt.data.jsonl_log import read_jsonl_log
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.data.scenarios import build_scenario
-from jaxrl_mt.eval.metrics import aggregate
+from jaxrl_mt.eval.metrics import aggregate, bootstrap_ci, paired_bootstrap_ci
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.sampling import SamplingConfig
 from jaxrl_mt.sedt import (CONFIRMED, GivenUser, SeDTConfig, restate_final_turn, run_until_final, sedt_final_turn,
@@ -165,14 +164,18 @@ def final_arms(sampler: Any, held: list[ConversationRun], finals: Sequence[str],
     return arms, infos, fmts
 
 
-def step_differences(metrics: Mapping[str, Mapping[str, float]], correct: Mapping[str, int]) -> list[dict[str, Any]]:
-    """What each step adds: P / A90 / U90-10 and correct-count differences between consecutive arms."""
+def step_differences(metrics: Mapping[str, Mapping[str, float]], correct: Mapping[str, int],
+                     by_task: Mapping[str, Mapping[str, Sequence[float]]] | None = None) -> list[dict[str, Any]]:
+    """What each step adds: P / A90 / U90-10 and correct-count differences between consecutive arms;
+    with `by_task` (arm -> task -> run scores) also the paired 95% bootstrap interval of dP."""
     out = []
     for what, before, after in STEPS:
         if before in metrics and after in metrics:
             d = {k: metrics[after][k] - metrics[before][k] for k in ("P", "A90", "U90_10")}
             out.append({"step": what, "from": before, "to": after, **{f"d{k}": v for k, v in d.items()},
                         "dcorrect": correct[after] - correct[before]})
+            if by_task is not None:
+                out[-1]["dP_ci"] = paired_bootstrap_ci(by_task[before], by_task[after], "P", scale=100)
     return out
 
 
@@ -231,7 +234,8 @@ def results_from_records(records: Sequence[Mapping[str, Any]], sampling: Samplin
     return {
         "n_problems": n_tasks, "n_conversations": len(records), "n_runs_per_problem": len(records) // n_tasks,
         "arms": names, "answer_format": sorted({r["answer_format"] for r in records}), "metrics": metrics,
-        "correct": correct, "steps": step_differences(metrics, correct),
+        "correct": correct, "steps": step_differences(metrics, correct, by_task),
+        "P_ci": {n: bootstrap_ci(by_task[n], "P", scale=100) for n in names},
         "sedt": {"guard": cfg.guard, **summarize(infos), **correction_outcomes(infos, golds),
                  "lenient": correction_outcomes(infos, golds, "lenient"),
                  "mean_uncertain_fraction": float(np.mean([np.mean([x != CONFIRMED for x in y]) for y in labels])),
@@ -350,10 +354,10 @@ def report_md(results: Mapping[str, Any]) -> str:
     fmt = results["answer_format"]
     lines = [f"# SeDT and its controls ({results['n_problems']} GSM8K problems, N = "
              f"{results['n_runs_per_problem']}, strict verifier on the final turn, same histories)", "",
-             "| arm | P | A90 | U90-10 | correct |", "|---|---:|---:|---:|---:|"]
+             "| arm | P [95% CI] | A90 | U90-10 | correct |", "|---|---:|---:|---:|---:|"]
     for name in results["arms"]:
-        m = results["metrics"][name]
-        lines.append(f"| {name} | {m['P']:.1f} | {m['A90']:.1f} | {m['U90_10']:.1f} | "
+        m, (lo, hi) = results["metrics"][name], results["P_ci"][name]
+        lines.append(f"| {name} | {m['P']:.1f} [{lo:.1f}, {hi:.1f}] | {m['A90']:.1f} | {m['U90_10']:.1f} | "
                      f"{results['correct'][name]}/{results['n_conversations']} |")
     if any(fmt):
         lines += ["", f"Every arm but `{NO_FORMAT}` ends its final message with the same instruction: "
@@ -361,9 +365,11 @@ def report_md(results: Mapping[str, Any]) -> str:
                   f"`{NO_FORMAT}`."]
     else:
         lines += ["", "No arm gets an answer-format instruction (`--no-format`)."]
-    lines += ["", "| step | from -> to | dP | dA90 | dU90-10 | d correct |", "|---|---|---:|---:|---:|---:|"]
+    lines += ["", "| step | from -> to | dP [paired 95% CI] | dA90 | dU90-10 | d correct |",
+              "|---|---|---:|---:|---:|---:|"]
     for d in results["steps"]:
-        lines.append(f"| {d['step']} | {d['from']} -> {d['to']} | {d['dP']:+.1f} | {d['dA90']:+.1f} | "
+        lines.append(f"| {d['step']} | {d['from']} -> {d['to']} | {d['dP']:+.1f} [{d['dP_ci'][0]:+.1f}, "
+                     f"{d['dP_ci'][1]:+.1f}] | {d['dA90']:+.1f} | "
                      f"{d['dU90_10']:+.1f} | {d['dcorrect']:+d} |")
     s = results["sedt"]
     lines += ["", f"- guard: {s['guard']}",

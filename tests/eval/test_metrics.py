@@ -12,6 +12,7 @@ from jaxrl_mt.eval.metrics import (
     PERCENTILE_METHOD,
     aggregate,
     bootstrap_ci,
+    paired_bootstrap_ci,
     first_answer_turn_stats,
     instruction_metrics,
     lic_ratio,
@@ -118,6 +119,27 @@ def test_bootstrap_two_point_distribution():
     # 1/4, 1/2, 1/4, so the 2.5% and 97.5% quantiles of 4000 replicates are 0 and 100.
     scores = {"zero": binary(0), "full": binary(10)}
     assert bootstrap_ci(scores, "P", n_boot=4000) == (0.0, 100.0)
+
+
+def test_paired_bootstrap_by_hand():
+    # after - before per instruction: +100 on "a", 0 on "b" (the extra "only" is not in both: ignored).
+    # A replicate's mean difference is 0, 50 or 100 with probability 1/4, 1/2, 1/4 -> (0, 100).
+    before = {"a": binary(0), "b": binary(10), "only": binary(0)}
+    after = {"a": binary(10), "b": binary(10)}
+    assert paired_bootstrap_ci(before, after, "P", n_boot=4000) == (0.0, 100.0)
+    # the same shift on every instruction is a certain +20, however different the instructions are;
+    # unpaired intervals of the two sides would overlap widely
+    rng = np.random.default_rng(0)
+    base = {f"i{k}": (rng.random(10) < rng.random()).astype(float).tolist() for k in range(20)}
+    shifted = {k: [1.0 if j < 2 else x for j, x in enumerate(sorted(v))] for k, v in base.items()}
+    diffs = [100 * (np.mean(shifted[k]) - np.mean(base[k])) for k in base]
+    lo, hi = paired_bootstrap_ci(base, shifted, "P", scale=100)
+    assert min(diffs) <= lo <= np.mean(diffs) <= hi <= max(diffs)
+    assert paired_bootstrap_ci(base, base, "P", scale=100) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="no instruction"):
+        paired_bootstrap_ci({"x": binary(1)}, {"y": binary(1)})
+    with pytest.raises(ValueError, match="unknown metric"):
+        paired_bootstrap_ci(before, after, "Q")
 
 
 def test_bootstrap_constant_and_deterministic():

@@ -152,6 +152,10 @@ def test_a_case_where_only_the_annotation_changes_the_outcome(tiny_model):
     assert results["correct"] == {NO_FORMAT: 0, PLAIN: 0, CONTROL: 0, SEDT_NC: 4, SEDT: 4}
     steps = {d["to"]: d["dP"] for d in results["steps"]}
     assert steps == {PLAIN: 0.0, CONTROL: 0.0, SEDT_NC: 100.0, SEDT: 0.0}
+    # every problem moves from 0 to 100 on the annotation step and nowhere else: certain intervals
+    assert {d["to"]: d["dP_ci"] for d in results["steps"]} == {PLAIN: (0.0, 0.0), CONTROL: (0.0, 0.0),
+                                                              SEDT_NC: (100.0, 100.0), SEDT: (0.0, 0.0)}
+    assert results["P_ci"][CONTROL] == (0.0, 0.0) and results["P_ci"][SEDT] == (100.0, 100.0)
     assert results["paired"] == {"plain_only": 0, "sedt_only": 4}
     # a triggered correction of a numbered answer is never swapped in under the default guard
     assert results["sedt"]["replaced"] == 0 and results["sedt"]["helped"] == 0
