@@ -29,6 +29,7 @@ __all__ = [
     "aggregate",
     "bootstrap_ci",
     "paired_bootstrap_ci",
+    "percentile_ci",
     "first_answer_turn_stats",
     "instruction_metrics",
     "last_reply_correct",
@@ -151,7 +152,7 @@ def bootstrap_ci(
       ``(lo, hi)`` on the 0-100 scale.
     """
     table, _ = _metric_table(scores_by_instruction, scale)
-    return _percentile_ci(table[:, _metric_column(metric, n_boot, alpha)], n_boot, alpha, seed)
+    return percentile_ci(table[:, _metric_column(metric, n_boot, alpha)], n_boot, alpha, seed)
 
 
 def paired_bootstrap_ci(
@@ -181,7 +182,7 @@ def paired_bootstrap_ci(
     col = _metric_column(metric, n_boot, alpha)
     b, _ = _metric_table({k: before[k] for k in common}, scale)
     a, _ = _metric_table({k: after[k] for k in common}, scale)
-    return _percentile_ci(a[:, col] - b[:, col], n_boot, alpha, seed)
+    return percentile_ci(a[:, col] - b[:, col], n_boot, alpha, seed)
 
 
 def _metric_column(metric: str, n_boot: int, alpha: float) -> int:
@@ -193,8 +194,9 @@ def _metric_column(metric: str, n_boot: int, alpha: float) -> int:
     return METRICS.index(metric)
 
 
-def _percentile_ci(values: np.ndarray, n_boot: int, alpha: float, seed: int) -> tuple[float, float]:
-    """Percentile interval of the mean of `values` [I] over `n_boot` resamples of its entries."""
+def percentile_ci(values: np.ndarray, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of `values` [I]: `n_boot` resamples of its entries
+    with replacement, the ``alpha/2`` and ``1 - alpha/2`` quantiles of their means."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, values.size, size=(n_boot, values.size))  # [B, I]
     replicates = values[idx].mean(axis=1)  # [B]

@@ -12,14 +12,14 @@ model) are *paired*: each replicate resamples problems and takes both sides of t
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import re
-
 import numpy as np
 
+from jaxrl_mt.eval.metrics import percentile_ci
 from jaxrl_mt.rewards.verifier import extract_answer, verify
 
 __all__ = ["CI_LEVEL", "bootstrap_mean", "bootstrap_paired", "bootstrap_ratio", "family_of", "first_answer_turns",
@@ -27,6 +27,7 @@ __all__ = ["CI_LEVEL", "bootstrap_mean", "bootstrap_paired", "bootstrap_ratio", 
 
 CI_LEVEL = 0.95
 ECHO_SHARE = 0.8  # a reply with at least this share of its words in the user's message restates it
+_WORD = re.compile(r"[a-z0-9]+")  # a word of lower-cased text, for `restates_user`
 Record = Mapping[str, Any]
 
 
@@ -80,8 +81,7 @@ def bootstrap_mean(scores: Mapping[str, float], *, n_boot: int = 1000, seed: int
     v = np.array([scores[k] for k in sorted(scores)], np.float64)
     if v.size == 0:
         return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0}
-    idx = np.random.default_rng(seed).integers(0, v.size, size=(n_boot, v.size))
-    lo, hi = _quantiles(v[idx].mean(axis=1))
+    lo, hi = percentile_ci(v, n_boot, 1 - CI_LEVEL, seed)
     return {"mean": float(v.mean()), "lo": lo, "hi": hi, "n": int(v.size)}
 
 
@@ -100,8 +100,7 @@ def bootstrap_paired(a: Mapping[str, float], b: Mapping[str, float], *, n_boot: 
     x, y = _paired(a, b)
     if x.size == 0:
         return {"diff": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0, "excludes_zero": False}
-    idx = np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))
-    lo, hi = _quantiles((y - x)[idx].mean(axis=1))
+    lo, hi = percentile_ci(y - x, n_boot, 1 - CI_LEVEL, seed)
     return {"diff": float((y - x).mean()), "lo": lo, "hi": hi, "n": int(x.size),
             "excludes_zero": bool(lo > 0 or hi < 0)}
 
@@ -179,10 +178,10 @@ def restates_user(user: str, reply: str, share: float = ECHO_SHARE) -> bool:
     least `share` of its words (lower-cased runs of letters and digits) occur in the message.
     "Later, 5 more cars drive in." restates "Later, 5 more cars drive in."; "There are 14 cars." and
     "Sven's final score is 100." (to "What is Sven's final score?") do not. An empty reply restates nothing."""
-    words = re.findall(r"[a-z0-9]+", reply.lower())
+    words = _WORD.findall(reply.lower())
     if not words:
         return False
-    given = set(re.findall(r"[a-z0-9]+", user.lower()))
+    given = set(_WORD.findall(user.lower()))
     if any(w not in given for w in words if w.isdigit()):
         return False
     return sum(w in given for w in words) >= share * len(words)
