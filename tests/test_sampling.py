@@ -406,3 +406,39 @@ def test_sampler_decode_weights_are_made_once_per_parameter_version():
     np.testing.assert_allclose(np.concatenate(a.logprobs), np.concatenate(b.logprobs), atol=1e-5)
     old = Sampler(params, TINY, eos_ids=(), pad_id=0, fuse_weights=False).generate_ids(PROMPTS, sampling)
     assert a.tokens != old.tokens  # the new weights are really in use
+
+
+def test_decode_compiler_options_choose_eigen_dots_from_jaxlib_0_10():
+    from jaxrl_mt.sampling.kernels import decode_compiler_options
+
+    off = {"xla_cpu_experimental_ynn_fusion_type": ""}
+    assert decode_compiler_options("eigen", "0.10.2") == off
+    assert decode_compiler_options("eigen", "0.11.0.dev20261101") == off
+    assert decode_compiler_options("eigen", "1.0.0") == off
+    assert decode_compiler_options("eigen", "0.9.9") == {}  # older jaxlibs: XLA's own choice
+    assert decode_compiler_options("xla", "0.10.2") == {}
+    with pytest.raises(ValueError, match="JAXRL_MT_DECODE_DOTS must be 'eigen' or 'xla', got 'ynn'"):
+        decode_compiler_options("ynn", "0.10.2")
+
+
+def test_decode_kernels_compile_with_their_options_and_other_jits_keep_xla_default():
+    """The option reaches the decode kernel's compile: on jaxlib >= 0.10 (XLA:CPU, YNNPACK dots by
+    default) the compiled sampler holds plain dots and no YNNPACK fusion, while the same model's
+    forward under a plain jit (the scorer's and train step's path) still has YNNPACK fusions."""
+    import jaxlib
+
+    from jaxrl_mt.sampling.kernels import decode_compiler_options
+    from jaxrl_mt.sampling.methods import Greedy, RowParams
+
+    if not decode_compiler_options(jaxlib_version=jaxlib.__version__) or jax.default_backend() != "cpu":
+        pytest.skip("the option applies to XLA:CPU from jaxlib 0.10 with JAXRL_MT_DECODE_DOTS=eigen")
+    params = numpy_params(TINY, 3, scale=0.2)
+    tokens, mask = left_pad(PROMPTS, 0)
+    b = tokens.shape[0]
+    rows = RowParams(jnp.zeros(b), jnp.zeros(b, jnp.int32), jnp.ones(b))
+    sampler_hlo = generate_tokens.lower(params, TINY, tokens, mask, jax.random.PRNGKey(0), jnp.full((b, 1), -1),
+                                        jnp.full((b,), 4), rows, max_new=4, method=Greedy()).compile().as_text()
+    plain_hlo = jax.jit(lambda p: forward(p, TINY, tokens, positions_from_mask(mask), mask)[0]).lower(
+        params).compile().as_text()
+    assert "ynn_fusion" in plain_hlo
+    assert "ynn_fusion" not in sampler_hlo and " dot(" in sampler_hlo

@@ -15,6 +15,7 @@ their shardings come from the mesh rules (`jaxrl_mt.parallel`), not from module 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import flax.struct
@@ -27,6 +28,41 @@ from jaxrl_mt.parallel import cache_shardings
 from jaxrl_mt.sampling.methods import Categorical, Greedy, RowParams
 
 FINISH_STOP, FINISH_LENGTH = 1, 2
+
+def decode_compiler_options(dots: str | None = None, jaxlib_version: str | None = None) -> dict[str, str]:
+    """XLA options of the jitted decode kernels (`generate_tokens`, `continue_tokens`).
+
+    From jaxlib 0.10, XLA:CPU hands every dot to YNNPACK by default. A decode step multiplies B
+    (1-32) rows by every weight matrix, and at these row counts Eigen's dot (the one XLA:CPU used
+    before) is faster: measured on a 2-core AVX2 host, the decode step at batch 8 went from
+    184-195 to 131-140 ms (`docs/results/bench_decode/dots_session12.txt`), while the scorer's
+    long rows (8 x 256 tokens) were 4% faster with YNNPACK, so only the decode kernels opt out.
+    The option is read by the CPU compiler only; GPU and TPU compiles ignore it.
+
+    Args:
+      dots: "eigen" (drop YNNPACK's dots in these kernels) or "xla" (XLA's default). None reads
+        $JAXRL_MT_DECODE_DOTS, default "eigen".
+      jaxlib_version: for tests; None reads the installed jaxlib's. Before 0.10 the option is not
+        set (older jaxlibs may not know it, and were not measured).
+
+    Raises:
+      ValueError: `dots` (or the environment variable) is neither "eigen" nor "xla".
+    """
+    if dots is None:
+        dots = os.environ.get("JAXRL_MT_DECODE_DOTS", "eigen")
+    if dots not in ("eigen", "xla"):
+        raise ValueError(f"JAXRL_MT_DECODE_DOTS must be 'eigen' or 'xla', got {dots!r}")
+    if jaxlib_version is None:
+        import jaxlib
+
+        jaxlib_version = jaxlib.__version__
+    major_minor = tuple(int(v) for v in jaxlib_version.split(".")[:2])
+    if dots == "xla" or major_minor < (0, 10):
+        return {}
+    return {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+_DECODE_OPTIONS = decode_compiler_options()
 FINISH_NAMES = {0: "none", FINISH_STOP: "stop", FINISH_LENGTH: "length"}
 Method = Greedy | Categorical
 
@@ -135,7 +171,8 @@ def _weights(params: Params, cfg: ModelConfig, fuse: bool, dparams: Params | Non
     return decode_params(params, cfg) if fuse else params
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "method", "fuse", "mesh"))
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "method", "fuse", "mesh"),
+                   compiler_options=_DECODE_OPTIONS)
 def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, rng: jax.Array,
                     stop_ids: jax.Array, max_new_per_row: jax.Array, row_params: RowParams, *, max_new: int,
                     method: Method, fuse: bool = False, dparams: Params | None = None, mesh: Any = None,
@@ -180,7 +217,8 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
     return _outputs(state)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "method", "fuse", "mesh"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "method", "fuse", "mesh"), donate_argnames=("cache",),
+                   compiler_options=_DECODE_OPTIONS)
 def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions: jax.Array, tokens: jax.Array,
                     token_mask: jax.Array, rng: jax.Array, stop_ids: jax.Array, max_new_per_row: jax.Array,
                     row_params: RowParams, *, max_new: int, method: Method, fuse: bool = False,
