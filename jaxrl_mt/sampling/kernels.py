@@ -28,6 +28,9 @@ from jaxrl_mt.parallel import cache_shardings
 from jaxrl_mt.sampling.methods import Categorical, Greedy, RowParams
 
 FINISH_STOP, FINISH_LENGTH = 1, 2
+FINISH_NAMES = {0: "none", FINISH_STOP: "stop", FINISH_LENGTH: "length"}
+Method = Greedy | Categorical
+
 
 def decode_compiler_options(dots: str | None = None, jaxlib_version: str | None = None) -> dict[str, str]:
     """XLA options of the jitted decode kernels (`generate_tokens`, `continue_tokens`).
@@ -35,9 +38,10 @@ def decode_compiler_options(dots: str | None = None, jaxlib_version: str | None 
     From jaxlib 0.10, XLA:CPU hands every dot to YNNPACK by default. A decode step multiplies B
     (1-32) rows by every weight matrix, and at these row counts Eigen's dot (the one XLA:CPU used
     before) is faster: measured on a 2-core AVX2 host, the decode step at batch 8 went from
-    184-195 to 131-140 ms (`docs/results/bench_decode/dots_session12.txt`), while the scorer's
-    long rows (8 x 256 tokens) were 4% faster with YNNPACK, so only the decode kernels opt out.
-    The option is read by the CPU compiler only; GPU and TPU compiles ignore it.
+    186-187 to 120-141 ms (`docs/results/bench_decode/dots_session12.txt`), while the scorer's
+    long rows (8 x 256 tokens) and the train step were faster with YNNPACK (scoring 9.96 against
+    11.12 s), so only the decode kernels opt out. It is an XLA:CPU option: the GPU and TPU
+    compilers do not read it (not exercised on a device here).
 
     Args:
       dots: "eigen" (drop YNNPACK's dots in these kernels) or "xla" (XLA's default). None reads
@@ -63,8 +67,6 @@ def decode_compiler_options(dots: str | None = None, jaxlib_version: str | None 
 
 
 _DECODE_OPTIONS = decode_compiler_options()
-FINISH_NAMES = {0: "none", FINISH_STOP: "stop", FINISH_LENGTH: "length"}
-Method = Greedy | Categorical
 
 
 @flax.struct.dataclass
