@@ -40,7 +40,9 @@ def decode_compiler_options(dots: str | None = None, jaxlib_version: str | None 
     before) is faster: measured on a 2-core AVX2 host, the decode step at batch 8 went from
     186-187 to 120-141 ms (`docs/results/bench_decode/dots_session12.txt`), while the scorer's
     long rows (8 x 256 tokens) and the train step were faster with YNNPACK (scoring 9.96 against
-    11.12 s), so only the decode kernels opt out. It is an XLA:CPU option: the GPU and TPU
+    11.12 s), so only the decode kernels opt out. Their prefill runs long rows too: the LiC
+    simulator, whose `continue_tokens` calls prefill whole histories, gained only 1.04x where plain
+    generation gained 1.19x (`docs/performance.md`). It is an XLA:CPU option: the GPU and TPU
     compilers do not read it (not exercised on a device here).
 
     Args:
