@@ -10,15 +10,21 @@ OpenAI client then talks to ``http://HOST:PORT/v1``; the model is named by
 calls (``--batch-window-ms``, ``--max-batch``; see ``jaxrl_mt.serving.batcher``). ``--port 0``
 takes a free port; the first stdout line names the URL. A model that cannot be loaded ends the
 command with one line on stderr and exit status 2.
+
+Limits: request bodies over ``--max-body-bytes`` get 413; a request must arrive in full within
+``--read-timeout`` seconds, else its connection is closed; a client that disconnects is one
+log line and its generation stops within ``--slice-tokens`` tokens.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
-from jaxrl_mt.serving.server import ServerThread, build_service
+from jaxrl_mt.serving.protocol import DEFAULT_MAX_BODY_BYTES
+from jaxrl_mt.serving.server import DEFAULT_READ_TIMEOUT_S, ServerThread, build_service
 
 EXIT_BAD_INPUT = 2
 
@@ -40,8 +46,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-prompt-bucket", type=int, default=32, help="smallest padded prompt length (fewer "
                                                                      "compiled shapes when larger)")
     p.add_argument("--seed", type=int, default=0, help="base seed of unseeded sampled requests")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger request bodies "
+                                                                                     "are refused with 413")
+    p.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT_S, help="seconds within which a "
+                   "request's headers and body must arrive; then the connection is closed")
+    p.add_argument("--slice-tokens", type=int, default=64, help="long generations are decoded in slices of this "
+                   "many tokens; a client that left is dropped between slices (0: no slicing)")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     return p
+
+
+def _log_to_stderr(level: str) -> None:
+    """The serving package's lines (disconnects, failures) on stderr beside uvicorn's, at ``level``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    logger = logging.getLogger("jaxrl_mt.serving")
+    logger.addHandler(handler)
+    named = logging.getLevelName(level.upper())
+    logger.setLevel(named if isinstance(named, int) else logging.DEBUG)  # uvicorn's "trace": everything
+    logger.propagate = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,9 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     bad = [f"--{k.replace('_', '-')}={v}" for k, v in (("max_batch", args.max_batch),
                                                        ("default_max_tokens", args.default_max_tokens),
-                                                       ("min_prompt_bucket", args.min_prompt_bucket)) if v < 1]
+                                                       ("min_prompt_bucket", args.min_prompt_bucket),
+                                                       ("max_body_bytes", args.max_body_bytes)) if v < 1]
     if args.batch_window_ms < 0 or not 0 <= args.port < 65536:
         bad.append(f"--batch-window-ms={args.batch_window_ms} / --port={args.port}")
+    if not args.read_timeout > 0 or args.slice_tokens < 0:
+        bad.append(f"--read-timeout={args.read_timeout} / --slice-tokens={args.slice_tokens}")
     if bad:
         print(f"error: bad value {bad[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -64,9 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     service = build_service(model, names=[args.served_model_name or args.model], max_batch=args.max_batch,
                             window_ms=args.batch_window_ms, default_max_tokens=args.default_max_tokens,
-                            min_prompt_bucket=args.min_prompt_bucket, seed=args.seed)
+                            min_prompt_bucket=args.min_prompt_bucket, seed=args.seed, slice_tokens=args.slice_tokens,
+                            max_body_bytes=args.max_body_bytes)
+    _log_to_stderr(args.log_level)
     try:
-        server = ServerThread(service, args.host, args.port, log_level=args.log_level)
+        server = ServerThread(service, args.host, args.port, log_level=args.log_level, read_timeout=args.read_timeout)
     except OSError as e:
         print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -4,27 +4,40 @@ Routes: ``GET /v1/models``, ``GET /v1/models/{name}``, ``POST /v1/chat/completio
 server-sent events with ``stream: true``), ``GET /health`` and ``GET /stats`` (batching
 counters). Every refusal is an OpenAI-style JSON error: 400 for malformed JSON, a bad field, a
 conversation the chat template cannot render or one that does not fit the context (code
-``context_length_exceeded``, with the token counts), 404 for an unknown model or route, 500
+``context_length_exceeded``, with the token counts), 404 for an unknown model or route, 413 for
+a body over ``max_body_bytes`` (sent as soon as the ``Content-Length`` header shows it, before
+the body is read; a body without one is counted as it arrives and refused at the limit), 500
 when generation fails; none of them stops the server.
+
+The event loop only moves bytes: parsing, validation, chat-template rendering and tokenization
+run on a small thread pool (``prepare_workers``), generation and detokenization on the
+batcher's worker, so a huge conversation does not delay other clients.
+
+A client that disconnects is logged as one line (``client ... left ...``, counted as
+``disconnects`` in ``/stats``) and its generation is cancelled: dropped from the queue or, when
+its batch is decoding, stopped at the batcher's next slice. This holds for streamed and
+non-streamed requests (the latter watch the connection while they wait).
 
 Streaming sends the role chunk at once, then each choice's text as one delta when its batch is
 done (the sampler decodes a whole batch inside one jitted loop, so text is not available token
-by token), the finish reasons, an optional usage chunk and ``[DONE]``. A client that leaves
-before its batch runs is dropped from it; one that leaves later just misses its reply.
+by token), the finish reasons, an optional usage chunk and ``[DONE]``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -32,6 +45,8 @@ from jaxrl_mt.chat import ChatError, encode_prompt
 from jaxrl_mt.sampling import Sampler
 from jaxrl_mt.serving.batcher import Batcher, Job
 from jaxrl_mt.serving.protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    MAX_DRAIN_BYTES,
     ChatRequest,
     RequestError,
     chunk_body,
@@ -52,19 +67,26 @@ class ChatService:
     """Turns validated requests into batcher jobs (tokenization, context check, stop ids)."""
 
     def __init__(self, sampler: Sampler, names: Sequence[str], *, default_max_tokens: int = 256,
-                 window_s: float = 0.005, max_rows: int = 64, seed: int = 0):
+                 window_s: float = 0.005, max_rows: int = 64, seed: int = 0, slice_tokens: int = 64,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, prepare_workers: int = 2):
         """Args:
           sampler: the served model's sampler (with its tokenizer and EOS ids).
           names: model names the server answers to (the first is listed first).
           default_max_tokens: reply budget of a request without ``max_tokens`` (capped by the context).
-          window_s, max_rows, seed: see ``Batcher``.
+          window_s, max_rows, seed, slice_tokens: see ``Batcher``.
+          max_body_bytes: larger request bodies are refused with 413.
+          prepare_workers: threads that parse, render and tokenize requests off the event loop.
         """
         if sampler.tokenizer is None:
             raise ValueError("ChatService needs a sampler with a tokenizer")
+        if max_body_bytes < 1 or prepare_workers < 1:
+            raise ValueError(f"ChatService: bad max_body_bytes={max_body_bytes} or prepare_workers={prepare_workers}")
         self.sampler, self.names = sampler, list(names)
-        self.default_max_tokens = default_max_tokens
+        self.default_max_tokens, self.max_body_bytes = default_max_tokens, max_body_bytes
         self.context = sampler.cfg.max_position_embeddings
-        self.batcher = Batcher(sampler, window_s=window_s, max_rows=max_rows, seed=seed)
+        self.batcher = Batcher(sampler, window_s=window_s, max_rows=max_rows, seed=seed, slice_tokens=slice_tokens)
+        self.pool = ThreadPoolExecutor(max_workers=prepare_workers, thread_name_prefix="prepare")
+        self.stats: Counter = Counter()  # disconnects, too_large
         self.created = int(time.time())
         self._stop_ids: dict[str, int | None] = {}
 
@@ -78,6 +100,15 @@ class ChatService:
         if len(self._stop_ids) < MAX_CACHED_STOPS:
             self._stop_ids[stop] = found
         return found
+
+    def prepare(self, raw: bytes) -> tuple[ChatRequest, Job]:
+        """The validated request and its batcher job (CPU work: runs on ``pool``).
+
+        Raises:
+          RequestError: as ``parse_chat_request`` and ``job``.
+        """
+        req = parse_chat_request(raw)
+        return req, self.job(req)
 
     def job(self, req: ChatRequest) -> Job:
         """The batcher job of a request.
@@ -121,6 +152,9 @@ async def _events(service: ChatService, req: ChatRequest, job: Job, cid: str, mo
                                         "finish_reason": None} for i in range(req.n)]))
     try:
         choices = await service.batcher.submit(job)
+    except asyncio.CancelledError:  # Starlette cancels the stream when the client disconnects
+        _left(service, f"{cid} mid-stream; its generation is cancelled")
+        raise
     except Exception as e:  # noqa: BLE001 (the stream is open: report in band)
         log.exception("generation failed")
         yield _sse(error_body(f"generation failed: {type(e).__name__}: {e}", "server_error"))
@@ -137,25 +171,88 @@ async def _events(service: ChatService, req: ChatRequest, job: Job, cid: str, mo
     yield "data: [DONE]\n\n"
 
 
+def _left(service: ChatService, what: str) -> None:
+    """Logs a client's disconnect as one line and counts it."""
+    service.stats["disconnects"] += 1
+    log.info("client left %s", what)
+
+
+def _too_large(service: ChatService, size: str) -> RequestError:
+    service.stats["too_large"] += 1
+    return RequestError(413, f"the request body ({size} bytes) exceeds this server's limit of "
+                             f"{service.max_body_bytes} bytes", code="request_too_large")
+
+
+async def read_body(request: Request, service: ChatService) -> bytes:
+    """The request body, refused with 413 once it exceeds ``service.max_body_bytes``.
+
+    Raises:
+      RequestError: 413, at once when ``Content-Length`` announces too much (the server drops the
+        rest of the body after the response), else at the limit. A client that sent
+        ``Connection: close`` gets it after its body was read and dropped (up to
+        ``MAX_DRAIN_BYTES``): uvicorn closes such a connection as the response starts, and a
+        close with unread bytes resets it, so a client that writes before it reads would see a
+        reset instead of the 413.
+      ClientDisconnect: the client left before the body was complete.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > service.max_body_bytes:
+        if "close" in request.headers.get("connection", "").lower() and int(declared) <= MAX_DRAIN_BYTES:
+            async for _ in request.stream():
+                pass  # dropped as it arrives
+        raise _too_large(service, declared)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > service.max_body_bytes:
+            raise _too_large(service, f"more than {service.max_body_bytes}")
+    return bytes(body)
+
+
+async def _disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
+    """Returns when the client disconnects (call after the body has been read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _complete(service: ChatService, request: Request, req: ChatRequest, job: Job, cid: str) -> Response:
+    """A non-streamed completion; the job is cancelled if the client disconnects while it waits."""
+    gen = asyncio.ensure_future(service.batcher.submit(job))
+    gone = asyncio.ensure_future(_disconnect(request.receive))
+    try:
+        await asyncio.wait({gen, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not gen.done():
+        gen.cancel()
+        await asyncio.gather(gen, return_exceptions=True)  # the batcher has marked the job cancelled
+        _left(service, f"{cid} while waiting for its reply; its generation is cancelled")
+        return Response(status_code=499)  # nobody reads it
+    try:
+        choices = gen.result()
+    except Exception as e:  # noqa: BLE001 (a 500 for this request; the server keeps serving)
+        log.exception("generation failed")
+        return _error(500, f"generation failed: {type(e).__name__}: {e}", "server_error")
+    return JSONResponse(completion_body(cid, req.model, choices, len(job.prompt)))
+
+
 def create_app(service: ChatService) -> Starlette:
     """The ASGI application serving ``service`` (the batcher starts with the application)."""
 
     async def chat_completions(request: Request) -> Response:
+        cid = new_id()
         try:
-            req = parse_chat_request(await request.body())
-            job = service.job(req)
+            raw = await read_body(request, service)
+            req, job = await asyncio.get_running_loop().run_in_executor(service.pool, service.prepare, raw)
         except RequestError as e:
             return JSONResponse(e.body(), status_code=e.status)
-        cid = new_id()
+        except ClientDisconnect:
+            _left(service, f"{cid} before its request was read")
+            return Response(status_code=499)  # nobody reads it
         if req.stream:
             return StreamingResponse(_events(service, req, job, cid, req.model), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        try:
-            choices = await service.batcher.submit(job)
-        except Exception as e:  # noqa: BLE001 (a 500 for this request; the server keeps serving)
-            log.exception("generation failed")
-            return _error(500, f"generation failed: {type(e).__name__}: {e}", "server_error")
-        return JSONResponse(completion_body(cid, req.model, choices, len(job.prompt)))
+        return await _complete(service, request, req, job, cid)
 
     async def list_models(request: Request) -> Response:
         return JSONResponse(models_body(service.names, service.created))
@@ -170,7 +267,7 @@ def create_app(service: ChatService) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def stats(request: Request) -> Response:
-        return JSONResponse(service.batcher.summary())
+        return JSONResponse({**service.batcher.summary(), **{k: int(v) for k, v in service.stats.items()}})
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -182,6 +279,7 @@ def create_app(service: ChatService) -> Starlette:
         service.batcher.start()
         yield
         await service.batcher.stop()
+        service.pool.shutdown(wait=False, cancel_futures=True)
 
     routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/models", list_models, methods=["GET"]),

@@ -10,6 +10,14 @@ sampling settings; greedy jobs always can) go into one call, with per-row budget
 the context together are split into several calls. Sampler calls run one at a time on one
 worker thread, so the event loop keeps accepting requests meanwhile.
 
+Cancellation: a job whose client leaves (its ``submit`` is cancelled) is dropped from the queue
+and from every call not yet started. A call whose budget exceeds ``slice_tokens`` is decoded in
+slices of that many tokens on a ``DecodeSession`` (the KV cache is kept between slices, so a
+slice prefills only the last sampled token); between slices the rows of jobs that left, and rows
+that are done, are released, so an abandoned request stops generating within one slice. Greedy
+replies are the same sliced or not (the session's continuation equals a fresh prefill); sampled
+ones are drawn with one key per slice.
+
 Seeds: a sampled job with a ``seed`` only shares a call with jobs of the same seed and settings,
 and that call is seeded with it (the same request alone with the same seed gives the same
 replies); unseeded sampled jobs share calls seeded from a server counter.
@@ -25,7 +33,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from jaxrl_mt.sampling import Sampler, SamplingConfig
+import jax
+
+from jaxrl_mt.sampling import GenerationResult, Sampler, SamplingConfig
 from jaxrl_mt.serving.protocol import Choice
 
 __all__ = ["Batcher", "Job"]
@@ -47,6 +57,8 @@ class Job:
     stop_ids: tuple[int, ...] = ()  # stop token ids (the model's EOS ids and single-token stop strings)
     future: asyncio.Future | None = None
     queued_at: float = 0.0
+    cancelled: bool = False  # the client left: set on the event loop, read by the worker between slices
+    generated: int = 0  # tokens generated for this job so far (all its rows)
 
     @property
     def key(self) -> tuple:
@@ -79,22 +91,28 @@ def split_to_fit(jobs: list[Job], context: int) -> list[list[Job]]:
 class Batcher:
     """The request queue and the loop that answers it (start with :meth:`start` inside the loop)."""
 
-    def __init__(self, sampler: Sampler, *, window_s: float = 0.005, max_rows: int = 64, seed: int = 0):
+    def __init__(self, sampler: Sampler, *, window_s: float = 0.005, max_rows: int = 64, seed: int = 0,
+                 slice_tokens: int = 64):
         """Args:
           sampler: the model's sampler (its ``max_batch`` splits a large call into chunks).
           window_s: how long an idle batcher waits after the first arrival for more requests.
           max_rows: a batch starts at once when this many rows are waiting.
           seed: base of the seeds of unseeded sampled calls.
+          slice_tokens: a call with a larger budget is decoded in slices of this many tokens, and
+            rows whose client left are dropped between slices (0: one sampler call per group).
         """
-        if window_s < 0 or max_rows < 1:
-            raise ValueError(f"Batcher: bad window_s={window_s} or max_rows={max_rows}")
-        self.sampler, self.window_s, self.max_rows = sampler, window_s, max_rows
+        if window_s < 0 or max_rows < 1 or slice_tokens < 0:
+            raise ValueError(f"Batcher: bad window_s={window_s}, max_rows={max_rows} or slice_tokens={slice_tokens}")
+        self.sampler, self.window_s, self.max_rows, self.slice_tokens = sampler, window_s, max_rows, slice_tokens
         self._seed = seed
         self._pending: list[Job] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler")
-        self.stats: Counter = Counter()  # batches, calls, rows, jobs, cancelled, failed
+        # batches, calls, rows, jobs, cancelled (clients that left), dropped (jobs dropped before their call),
+        # stopped_rows (rows stopped mid-decode because their client left), slices, tokens, failed
+        self.stats: Counter = Counter()
+        self.in_flight: list[Job] = []  # the jobs of the sampler call now running
         self.max_rows_seen = 0
         self.wait_s = 0.0  # summed time jobs spent queued before their sampler call started
 
@@ -124,6 +142,7 @@ class Batcher:
         try:
             return await job.future
         except asyncio.CancelledError:
+            job.cancelled = True  # the worker drops its rows at the next slice
             self.stats["cancelled"] += 1
             raise
 
@@ -143,6 +162,7 @@ class Batcher:
                     except asyncio.TimeoutError:
                         break
             jobs, self._pending = [j for j in self._pending if not j.future.done()], []
+            self.stats["dropped"] += len([j for j in jobs if j.cancelled])
             if not jobs:
                 continue
             try:
@@ -162,11 +182,14 @@ class Batcher:
         loop = asyncio.get_running_loop()
         for group in by_key.values():
             for part in split_to_fit(group, self.sampler.cfg.max_position_embeddings):
-                part = [j for j in part if not j.future.done()]  # clients that left meanwhile
+                left = [j for j in part if j.future.done()]  # clients that left meanwhile
+                self.stats["dropped"] += len(left)
+                part = [j for j in part if not j.future.done()]
                 if not part:
                     continue
                 start = time.perf_counter()
                 self.wait_s += sum(start - j.queued_at for j in part)
+                self.in_flight = part
                 try:
                     results = await loop.run_in_executor(self._pool, self._generate, part)
                 except Exception as e:  # noqa: BLE001 (reported to the waiting clients as a 500)
@@ -175,6 +198,8 @@ class Batcher:
                         if not j.future.done():
                             j.future.set_exception(e)
                     continue
+                finally:
+                    self.in_flight = []
                 for j, choices in zip(part, results):
                     if not j.future.done():
                         j.future.set_result(choices)
@@ -189,9 +214,16 @@ class Batcher:
             seed = self._seed
         sampling = SamplingConfig(max_new_tokens=max(j.budget for j in rows), temperature=first.temperature,
                                   top_p=first.top_p if first.temperature > 0 else 1.0)
-        res = self.sampler.generate_ids([j.prompt for j in rows], sampling, seed=seed % (2**32),
-                                        max_new_tokens=[j.budget for j in rows],
-                                        stop_ids=[list(j.stop_ids) for j in rows])
+        if 0 < self.slice_tokens < sampling.max_new_tokens:
+            res = self._generate_sliced(rows, sampling, seed % (2**32))
+        else:
+            res = self.sampler.generate_ids([j.prompt for j in rows], sampling, seed=seed % (2**32),
+                                            max_new_tokens=[j.budget for j in rows],
+                                            stop_ids=[list(j.stop_ids) for j in rows])
+            self.stats["slices"] += 1
+            for j, t in zip(rows, res.tokens):
+                j.generated += len(t)
+        self.stats["tokens"] += sum(len(t) for t in res.tokens)
         self.stats["calls"] += 1
         self.stats["rows"] += len(rows)
         self.stats["jobs"] += len(jobs)
@@ -207,9 +239,50 @@ class Batcher:
             out.append(choices)
         return out
 
+    def _generate_sliced(self, rows: list[Job], sampling: SamplingConfig, seed: int) -> GenerationResult:
+        """One call decoded in slices of ``slice_tokens`` on a DecodeSession, dropping rows whose
+        client left between slices (runs on the worker thread; ``rows``: each job once per choice)."""
+        sess = self.sampler.session(len(rows), min_segment_bucket=self.sampler.min_prompt_bucket)
+        segments: list[list[int] | None] = [j.prompt for j in rows]
+        tokens: list[list[int]] = [[] for _ in rows]
+        finish: list[str | None] = [None] * len(rows)
+        key = jax.random.PRNGKey(seed)
+        for k in range(sampling.max_new_tokens):  # at most: each slice yields >= 1 token per active row
+            gone = [i for i, j in enumerate(rows) if finish[i] is None and j.cancelled]
+            for i in gone:
+                finish[i] = "cancelled"
+            self.stats["stopped_rows"] += len(gone)
+            sess.release(gone)
+            active = [i for i in range(len(rows)) if finish[i] is None]
+            if not active:
+                break
+            left = [rows[i].budget - len(tokens[i]) for i in range(len(rows))]
+            step = dataclasses.replace(sampling, max_new_tokens=min(self.slice_tokens, max(left[i] for i in active)))
+            res = sess.step([segments[i] if finish[i] is None else None for i in range(len(rows))], step,
+                            seed=jax.random.fold_in(key, k),
+                            max_new_tokens=[min(step.max_new_tokens, max(left[i], 1)) for i in range(len(rows))],
+                            stop_ids=[list(j.stop_ids) for j in rows])
+            sess.min_segment_bucket = 16  # later slices feed one token per row: no prompt-sized padding
+            self.stats["slices"] += 1
+            done = []
+            for i in active:
+                tokens[i] += res.tokens[i]
+                rows[i].generated += len(res.tokens[i])
+                if res.finish_reasons[i] == "stop" or len(tokens[i]) >= rows[i].budget:
+                    finish[i] = res.finish_reasons[i]
+                    done.append(i)
+                else:
+                    segments[i] = [res.tokens[i][-1]]  # the pending token, fed at the next slice
+            sess.release(done)
+        reasons = [f or "length" for f in finish]
+        out = GenerationResult(tokens, [], [len(t) for t in tokens], reasons)
+        out.texts = self.sampler.decode_texts(tokens, reasons)
+        return out
+
     def summary(self) -> dict[str, Any]:
         """Counters, the largest batch, mean rows per sampler call and mean queue wait of a job."""
         calls, jobs = self.stats["calls"] or 1, self.stats["jobs"] or 1
         return {**{k: int(v) for k, v in sorted(self.stats.items())}, "max_rows": self.max_rows_seen,
+                "in_flight_rows": sum(j.n for j in self.in_flight),
                 "mean_rows_per_call": self.stats["rows"] / calls, "window_ms": self.window_s * 1000,
                 "mean_queue_wait_ms": 1000 * self.wait_s / jobs}

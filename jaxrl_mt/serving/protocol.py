@@ -5,22 +5,28 @@ developer (as system), user, assistant; content a string or a list of text parts
 ``temperature`` [0, 2], ``top_p`` (0, 1], ``max_tokens`` / ``max_completion_tokens`` >= 1,
 ``stop`` (a string or up to 4), ``seed``, ``n`` (1..MAX_N), ``stream`` and
 ``stream_options.include_usage``. Other fields that clients commonly send are ignored; a bad
-value of a known field is a :class:`RequestError` (HTTP 400) naming the field.
+value of a known field is a :class:`RequestError` (HTTP 400) naming the field. The body must be
+strict JSON: ``NaN``, ``Infinity`` and numbers that overflow to infinity (``1e999``), which
+Python's parser accepts, are refused wherever they stand, naming the field (JSON has no
+non-finite numbers; a NaN temperature would pass every range check).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["MAX_N", "ChatRequest", "Choice", "RequestError", "chunk_body", "completion_body", "error_body",
-           "models_body", "parse_chat_request"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_DRAIN_BYTES", "MAX_N", "ChatRequest", "Choice", "RequestError", "chunk_body", "completion_body",
+           "error_body", "loads_strict", "models_body", "parse_chat_request"]
 
 MAX_N = 16  # most choices per request
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # largest request body by default (4 MiB: ~1M tokens of text)
+MAX_DRAIN_BYTES = 64 * 1024 * 1024  # most bytes of a refused body read and dropped so its client can read the 413
 MAX_STOPS = 4  # most stop strings per request (as OpenAI)
 ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -34,7 +40,8 @@ class RequestError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON error body."""
-        kind = {400: "invalid_request_error", 404: "not_found_error"}.get(self.status, "server_error")
+        kind = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}.get(
+            self.status, "server_error")
         return error_body(self.message, kind, param=self.param, code=self.code)
 
 
@@ -74,6 +81,8 @@ def _number(body: Mapping[str, Any], field: str, default: float, lo: float, hi: 
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(field, f"expected a number, got {json.dumps(value)[:40]}")
+    if not math.isfinite(value):  # NaN passes every range comparison
+        raise _bad(field, f"expected a finite number, got {value}")
     if value > hi or value < lo or (lo_open and value == lo):
         raise _bad(field, f"{value} is out of range {'(' if lo_open else '['}{lo:g}, {hi:g}]")
     return float(value)
@@ -127,17 +136,64 @@ def _stops(value: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
+class _NonFinite:
+    """Stands in for a NaN / Infinity literal (or an overflowing number) while the body is parsed."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _path_of_non_finite(body: Any) -> tuple[str, str]:
+    """The field path (``temperature``, ``messages[0].content``) and text of the first non-finite number."""
+    todo: list[tuple[Any, str]] = [(body, "")]
+    while todo:  # iterative: the depth of a body is bounded only by the recursion limit of json
+        value, path = todo.pop()
+        if isinstance(value, _NonFinite):
+            return path or "(body)", value.text
+        if isinstance(value, Mapping):
+            todo.extend((v, f"{path}.{k}" if path else str(k)) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            todo.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(value))))
+    raise AssertionError("no non-finite number found")
+
+
+def loads_strict(raw: bytes | str) -> Any:
+    """``json.loads`` without Python's extensions (``NaN``, ``Infinity``, ``1e999`` as inf).
+
+    Raises:
+      RequestError: 400 ``invalid_json`` for malformed or too deeply nested JSON; 400
+        ``invalid_value`` naming the field of a non-finite number.
+    """
+    seen: list[bool] = []
+
+    def constant(text: str) -> _NonFinite:
+        seen.append(True)
+        return _NonFinite(text)
+
+    def number(text: str) -> float | _NonFinite:
+        value = float(text)
+        return value if math.isfinite(value) else constant(text)
+
+    try:
+        body = json.loads(raw, parse_constant=constant, parse_float=number)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(400, f"malformed JSON body: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise RequestError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
+    if seen:
+        path, text = _path_of_non_finite(body)
+        raise _bad(path, f"{text[:40]} is not a JSON number (JSON has no NaN or Infinity)")
+    return body
+
+
 def parse_chat_request(raw: bytes) -> ChatRequest:
     """Validates a request body.
 
     Raises:
-      RequestError: 400 for malformed JSON or a bad field (the model's existence is the caller's
-        check).
+      RequestError: 400 for malformed JSON, a non-finite number or a bad field (the model's
+        existence is the caller's check).
     """
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(400, f"malformed JSON body: {e}", code="invalid_json") from None
+    body = loads_strict(raw)
     if not isinstance(body, Mapping):
         raise RequestError(400, "the body must be a JSON object", code="invalid_json")
     if not isinstance(body.get("model"), str) or not body["model"]:
