@@ -21,8 +21,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_DRAIN_BYTES", "MAX_N", "ChatRequest", "Choice", "RequestError", "chunk_body", "completion_body",
-           "error_body", "loads_strict", "models_body", "parse_chat_request"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_DRAIN_BYTES", "MAX_N", "ChatRequest", "Choice", "RequestError", "chunk_body",
+           "completion_body", "error_body", "loads_strict", "models_body", "parse_chat_request"]
 
 MAX_N = 16  # most choices per request
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # largest request body by default (4 MiB: ~1M tokens of text)

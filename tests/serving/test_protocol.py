@@ -73,3 +73,23 @@ def test_completion_body_usage():
     assert [c["finish_reason"] for c in body["choices"]] == ["stop", "length"]
     assert body["choices"][1] == {"index": 1, "message": {"role": "assistant", "content": "b"}, "logprobs": None,
                                   "finish_reason": "length"}
+
+
+@pytest.mark.parametrize("raw,param,needle", [
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "temperature", "NaN"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": -Infinity}', "top_p", "-Infinity"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 1e999}', "top_p", "1e999"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x", "w": [1, NaN]}]}', "messages[0].w[1]", "NaN"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "frequency_penalty": Infinity}',
+     "frequency_penalty", "Infinity"),  # an ignored field: still not JSON
+])
+def test_non_finite_numbers_are_refused_naming_the_field(raw, param, needle):
+    e = error_of(raw)
+    assert (e.status, e.param, e.code) == (400, param, "invalid_value")
+    assert e.message == f"'{param}': {needle} is not a JSON number (JSON has no NaN or Infinity)"
+
+
+def test_deep_nesting_is_malformed_json_not_a_crash():
+    e = error_of(b"[" * 100_000)
+    assert (e.status, e.code, e.message) == (400, "invalid_json", "malformed JSON body: nested too deeply")
+    assert parse(temperature=1e300 / 1e300).temperature == 1.0  # finite floats still parse
