@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxrl_mt.sampling import GenerationResult, Sampler, SamplingConfig
 from jaxrl_mt.serving.protocol import Choice
@@ -275,7 +276,7 @@ class Batcher:
                     segments[i] = [res.tokens[i][-1]]  # the pending token, fed at the next slice
             sess.release(done)
         reasons = [f or "length" for f in finish]
-        out = GenerationResult(tokens, [], [len(t) for t in tokens], reasons)
+        out = GenerationResult(tokens, [], np.array([len(t) for t in tokens]), reasons)
         out.texts = self.sampler.decode_texts(tokens, reasons)
         return out
 

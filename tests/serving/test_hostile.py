@@ -117,6 +117,28 @@ def test_20mb_body_is_413_at_once_while_a_small_request_is_served(server):
     assert server.service.stats["too_large"] == 3
 
 
+def test_50000_messages_are_rendered_off_the_event_loop(server):
+    """A 1.5 MB conversation of one-word messages takes seconds of template rendering and tokenization
+    (100,000 took 3.5 s on the event loop before): now on the preparing threads, while a small request is served."""
+    post(server.url, body(max_tokens=1))
+    many = json.dumps({"model": TINY_NAME, "messages": [{"role": "user", "content": "w"}] * 50_000,
+                       "max_tokens": 1}).encode()
+    assert len(many) < server.service.max_body_bytes
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("many", post(server.url, many)))
+    thread.start()
+    time.sleep(0.2)  # it is being rendered
+    t0 = time.perf_counter()
+    small = post(server.url, body(max_tokens=1))
+    small_s = time.perf_counter() - t0
+    still_preparing = thread.is_alive()
+    thread.join()
+    assert small[0] == 200 and small_s < 1.0, small_s
+    assert still_preparing  # the small request was answered while the large one was being rendered
+    status, err = out["many"]
+    assert status == 400 and err["error"]["code"] == "context_length_exceeded"
+
+
 @pytest.mark.parametrize("raw,field", [
     (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "temperature"),
     (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_p": NaN}', "top_p"),
@@ -203,16 +225,12 @@ def test_50_disconnects_are_one_log_line_each_and_no_traceback(server, server_lo
     assert sum("before its request was read" in r.getMessage() for r in lines) == 20
 
 
-def test_abandoned_requests_stop_generating(server, tiny_model):  # noqa: F811
+def test_abandoned_requests_stop_generating(server):
     """A client that leaves while its batch decodes: its row is dropped at the next slice."""
     batcher, budget = server.service.batcher, 96
-    sampler = server.service.sampler
-    chat = [{"role": "user", "content": "go on"}]
-    want = sampler.generate_ids([encode_prompt(tiny_model.tokenizer, chat)],
-                                SamplingConfig(max_new_tokens=budget, temperature=0.0))
-    assert want.finish_reasons == ["length"]  # left alone it would decode the whole budget
     status, kept = post(server.url, body("go on", max_tokens=budget))  # sliced: 6 slices of 16
-    assert status == 200 and kept["choices"][0]["message"]["content"] == want.texts[0]  # slicing changes nothing
+    assert status == 200 and kept["usage"]["completion_tokens"] == budget  # left alone it decodes the budget
+    assert kept["choices"][0]["finish_reason"] == "length"
     for stream in (False, True):
         stats = dict(batcher.stats)
         slices = stats.get("slices", 0)
@@ -224,3 +242,18 @@ def test_abandoned_requests_stop_generating(server, tiny_model):  # noqa: F811
         delta = {k: batcher.stats[k] - stats.get(k, 0) for k in ("calls", "stopped_rows", "tokens", "cancelled")}
         assert delta["calls"] == 1 and delta["stopped_rows"] == 1 and delta["cancelled"] == 1, delta
         assert 1 <= delta["tokens"] <= 3 * SLICE < budget, delta  # stopped within a few slices, not at 96
+
+
+@pytest.mark.slow
+def test_sliced_greedy_replies_equal_one_sampler_call(server, tiny_model):  # noqa: F811
+    """Slicing changes no greedy reply: the server's sliced replies equal ``generate_ids``'s."""
+    chats = [[{"role": "user", "content": t}] for t in ("go on", "Tell me about the sea.", "Count to ten.")]
+    want = server.service.sampler.generate_ids([encode_prompt(tiny_model.tokenizer, c) for c in chats],
+                                               SamplingConfig(max_new_tokens=90, temperature=0.0))
+    slices = server.service.batcher.stats["slices"]
+    for chat, text, reason in zip(chats, want.texts, want.finish_reasons):
+        status, got = post(server.url, json.dumps({"model": TINY_NAME, "messages": chat, "temperature": 0,
+                                                   "max_tokens": 90}).encode())
+        assert status == 200 and got["choices"][0]["message"]["content"] == text
+        assert got["choices"][0]["finish_reason"] == reason
+    assert server.service.batcher.stats["slices"] - slices >= 3 * 2  # each reply took several slices
