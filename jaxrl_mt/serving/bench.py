@@ -88,14 +88,18 @@ def concurrent(client: Any, model: str, chats: Sequence[list[dict[str, str]]], m
 
 
 def run_bench(model: Any, *, clients: int = 64, sequential: int = 16, max_tokens: int = 32,
-              windows_ms: Sequence[float] = (2000.0, 5.0, 0.0), lone: int = 8, max_batch: int = 64) -> dict:
-    """Runs the three phases against a server on ``model`` (a loaded registry Model)."""
+              windows_ms: Sequence[float] = (2000.0, 5.0, 0.0), lone: int = 8, max_batch: int = 64,
+              slice_tokens: int = 64) -> dict:
+    """Runs the three phases against a server on ``model`` (a loaded registry Model; ``slice_tokens``:
+    the batcher's decode slices, 0 for one sampler call per group)."""
     import openai
 
     from jaxrl_mt.serving.server import ServerThread, build_service
 
-    service = build_service(model, names=["bench"], max_batch=max_batch, window_ms=windows_ms[0])
-    out: dict[str, Any] = {"model": model.spec, "clients": clients, "max_tokens": max_tokens, "max_batch": max_batch}
+    service = build_service(model, names=["bench"], max_batch=max_batch, window_ms=windows_ms[0],
+                            slice_tokens=slice_tokens)
+    out: dict[str, Any] = {"model": model.spec, "clients": clients, "max_tokens": max_tokens, "max_batch": max_batch,
+                           "slice_tokens": slice_tokens}
     with ServerThread(service) as server:
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=1800)
         chats = prompts(clients)
@@ -137,12 +141,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--windows-ms", default="2000,5,0", help="comma-separated batching windows to compare (the "
                                                            "first also serves the warm-up)")
     p.add_argument("--lone", type=int, default=8, help="lone requests per window for the latency cost")
+    p.add_argument("--slice-tokens", type=int, default=64, help="the batcher's decode slices (0: none)")
     args = p.parse_args(argv)
     from jaxrl_mt.models.registry import load_model
 
     result = run_bench(load_model(args.model), clients=args.clients, sequential=args.sequential,
                        max_tokens=args.max_tokens, windows_ms=[float(w) for w in args.windows_ms.split(",")],
-                       lone=args.lone)
+                       lone=args.lone, slice_tokens=args.slice_tokens)
     print(json.dumps(result, indent=2))
 
 
