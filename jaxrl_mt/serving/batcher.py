@@ -59,7 +59,6 @@ class Job:
     future: asyncio.Future | None = None
     queued_at: float = 0.0
     cancelled: bool = False  # the client left: set on the event loop, read by the worker between slices
-    generated: int = 0  # tokens generated for this job so far (all its rows)
 
     @property
     def key(self) -> tuple:
@@ -222,8 +221,6 @@ class Batcher:
                                             max_new_tokens=[j.budget for j in rows],
                                             stop_ids=[list(j.stop_ids) for j in rows])
             self.stats["slices"] += 1
-            for j, t in zip(rows, res.tokens):
-                j.generated += len(t)
         self.stats["tokens"] += sum(len(t) for t in res.tokens)
         self.stats["calls"] += 1
         self.stats["rows"] += len(rows)
@@ -268,7 +265,6 @@ class Batcher:
             done = []
             for i in active:
                 tokens[i] += res.tokens[i]
-                rows[i].generated += len(res.tokens[i])
                 if res.finish_reasons[i] == "stop" or len(tokens[i]) >= rows[i].budget:
                     finish[i] = res.finish_reasons[i]
                     done.append(i)
