@@ -1,29 +1,40 @@
-"""How the sandbox walls a child process off: namespaces, a read-only view, a throwaway uid.
+"""How the sandbox walls a child process off: namespaces, a minimal read-only root, a throwaway uid.
 
 :mod:`jaxrl_mt.tasks.sandbox` runs model-written code; this module holds the operating-system
 half. The strongest mode that works on the machine is found once per process by
 :func:`isolation` (a probe that really starts a child) and used for every run:
 
 ``full`` (root, Linux namespaces; measured to work on the project's machines)
-  The child, before ``exec``: ``unshare(CLONE_NEWNET | CLONE_NEWNS)`` (a network namespace with
-  only a down loopback: no network at all, not even the host's 127.0.0.1), mount propagation made
-  private, the whole mount tree remounted read-only with one recursive ``mount_setattr`` (per-mount
-  remounts on kernels older than 5.12), a fresh size-limited tmpfs mounted on its work directory
-  (its only writable place, gone with the namespace), resource limits, then all groups dropped and
-  ``setgid``/``setuid`` to a random unused uid (no capabilities left, so nothing can be remounted;
-  it cannot signal or read the environment of any other process; RLIMIT_NPROC counts only its own
-  processes, and every process of that uid is killed after the run).
+  The child, before ``exec``: ``unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID)`` (a network
+  namespace with only a down loopback: no network at all, not even the host's 127.0.0.1, and no
+  host abstract Unix sockets), mount propagation made private, the whole mount tree remounted
+  read-only with one recursive ``mount_setattr`` (per-mount remounts on kernels older than 5.12),
+  then a ``fork``: the forked process is PID 1 of the new PID namespace and runs the program; the
+  first one only relays its exit status. PID 1 builds a minimal root on a small tmpfs: read-only
+  binds of the system directories the interpreter needs (``/usr``, ``/lib*``, ``/bin``,
+  ``/etc/ld.so.cache``, the interpreter's own prefix when it lies elsewhere; see
+  :attr:`Isolation.ro_paths`), five device nodes (``/dev/null``, ``zero``, ``full``, ``random``,
+  ``urandom``), a fresh ``/proc`` of the new PID namespace, and a fresh size-limited tmpfs at the
+  work directory's path (its only writable place). It moves in with ``pivot_root`` and detaches
+  the host tree, so no host file, host ``/tmp``, host Unix-domain socket or other process is there to
+  reach: ``/proc`` lists the run's own processes only. Then resource limits, all groups dropped
+  and ``setgid``/``setuid`` to a random unused uid (no capabilities left, so nothing can be
+  remounted; RLIMIT_NPROC counts only its own processes). When the program (PID 1) ends, the
+  kernel kills everything left in its PID namespace; every process of the uid is also killed.
 ``uid`` (root, namespaces refused)
-  The same limits and the throwaway uid, on a real temporary directory; network and world-writable
-  directories (/tmp) stay reachable.
+  The same limits and the throwaway uid, on a real temporary directory. NOT isolated: network,
+  host Unix sockets, world-writable directories (/tmp), world-readable files, the process list.
 ``none`` (not root)
-  Resource limits, an empty environment and a temporary directory only; the child runs as the
-  calling user, so it can still read that user's files and ``/proc/<parent>/environ``.
+  Resource limits, an empty environment and a temporary directory only. NOT isolated: network,
+  host Unix sockets, every file of the calling user, the process list and ``/proc/<parent>``.
 
-Anything weaker than ``full`` is logged once as a warning and named in every result
-(:attr:`Isolation.label`). The interpreter for the child must be executable by the throwaway
-uid: a Python under /root (e.g. pyenv) is not, so the first world-executable one among
+Anything weaker than ``full`` is logged once as a warning and named in every result, with what is
+not isolated (:attr:`Isolation.label`). The interpreter for the child must be executable by the
+throwaway uid: a Python under /root (e.g. pyenv) is not, so the first world-executable one among
 ``$JAXRL_SANDBOX_PYTHON``, ``sys.executable`` and the system ``python3`` is taken.
+
+PID 1 of a namespace receives only the signals it has a handler for from processes inside it
+(``os.kill(os.getpid(), SIGTERM)`` does nothing), and ``os.getppid()`` is 0 there.
 """
 
 from __future__ import annotations
@@ -46,11 +57,20 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Isolation", "Plan", "isolation", "kill_uid", "make_preexec", "new_uid"]
 
-_CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 1, 2, 4, 8, 2
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
 _UID_BASE, _UID_SPAN = 2_000_000, 1 << 20  # throwaway uids: no passwd entry, own no files
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}.get(os.uname().machine)
+# What the minimal root shows of the host (read-only; missing ones are skipped); symlinks are copied.
+_SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/alternatives")
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+_NOT_ISOLATED = {
+    "full": "",
+    "uid": "network, host Unix sockets, world-writable dirs (/tmp), world-readable host files, host processes (/proc)",
+    "none": "network, host Unix sockets, the calling user's files, host processes and /proc/<parent> (environ, cmdline)",
+}
 
 
 class _MountAttr(ctypes.Structure):
@@ -61,8 +81,10 @@ try:  # loaded before any fork: the preexec hook only calls into it
     _LIBC = ctypes.CDLL(None, use_errno=True)
     _LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
     _LIBC.syscall.restype = ctypes.c_long
+    _LIBC.signal.argtypes, _LIBC.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
+    _FORK = ctypes.PyDLL(None, use_errno=True).fork  # PyDLL: the GIL stays held across the fork
 except (OSError, AttributeError):  # pragma: no cover (not Linux/glibc)
-    _LIBC = None
+    _LIBC = _FORK = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,21 +95,25 @@ class Isolation:
       mode: ``"full"``, ``"uid"`` or ``"none"`` (see the module doc).
       python: the interpreter the child runs.
       notice: why the mode is weaker than ``full`` ("" when it is full).
+      ro_paths: the host paths the minimal root shows read-only (``full`` mode).
     """
 
     mode: str
     python: str
     notice: str = ""
+    ro_paths: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
-        """One line for results: the mode, plus the degradation notice when there is one."""
+        """One line for results: what is isolated; when degraded, why and what is NOT isolated."""
         what = {
-            "full": "netns+ro-fs+tmpfs+uid",
+            "full": "netns+pidns+min-ro-root+tmpfs+uid",
             "uid": "uid-only (degraded)",
             "none": "rlimits-only (degraded)",
         }[self.mode]
-        return f"{what}: {self.notice}" if self.notice else what
+        if self.mode == "full":
+            return f"{what}: {self.notice}" if self.notice else what
+        return f"{what}: {self.notice}; NOT isolated: {_NOT_ISOLATED[self.mode]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +126,7 @@ class Plan:
       uid: the throwaway uid (``uid``/``full`` modes), else None.
       rlimits: ``(resource, soft, hard)`` triples applied before the uid change.
       workdir_mb: tmpfs size (``full`` mode).
+      ro_paths: host paths bound read-only into the minimal root (``full`` mode).
     """
 
     mode: str
@@ -107,6 +134,7 @@ class Plan:
     uid: int | None
     rlimits: tuple[tuple[int, int, int], ...]
     workdir_mb: int = 64
+    ro_paths: tuple[str, ...] = _SYSTEM_PATHS
 
 
 def new_uid() -> int:
@@ -132,36 +160,106 @@ def _remount_each_read_only() -> None:
         _check(_LIBC.mount(None, point, None, flags, None), f"remount {row[4]} read-only")
 
 
-def _enter_namespaces(workdir: str, uid: int, size_mb: int) -> None:
-    """New net + mount namespaces, read-only tree, a private tmpfs on ``workdir`` (as cwd)."""
-    _check(_LIBC.unshare(_CLONE_NEWNET | _CLONE_NEWNS), "unshare(CLONE_NEWNET|CLONE_NEWNS)")
+def _enter_namespaces() -> None:
+    """New net + mount + PID namespaces (the PID one for the next child), the host tree read-only."""
+    _check(_LIBC.unshare(_CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWPID), "unshare(NEWNET|NEWNS|NEWPID)")
     _check(_LIBC.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
     attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
     ret = _LIBC.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
     if ret != 0:
         _remount_each_read_only()
-    opts = f"size={size_mb}m,nr_inodes=4096,mode=0700,uid={uid},gid={uid}".encode()
-    _check(_LIBC.mount(b"tmpfs", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts), "mount tmpfs")
-    os.chdir(workdir)
+
+
+def _mkdirs(path: str) -> None:
+    if not os.path.isdir(path):
+        _mkdirs(os.path.dirname(path))
+        os.mkdir(path, 0o755)
+
+
+def _bind(src: str, dst: str) -> None:
+    """``src`` shown at ``dst`` (a symlink is copied; mounts inherit the host tree's read-only flag)."""
+    _mkdirs(os.path.dirname(dst))
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+        return
+    if os.path.isdir(src):
+        os.mkdir(dst, 0o755)
+    else:
+        os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o644))
+    _check(_LIBC.mount(src.encode(), dst.encode(), None, _MS_BIND | _MS_REC, None), f"bind {src}")
+
+
+def _enter_minimal_root(plan: Plan) -> None:
+    """As PID 1 of the new namespace: pivots into a tmpfs root holding only ``plan.ro_paths``,
+    device nodes, a fresh /proc and the work tmpfs; cwd is the work directory."""
+    root = plan.workdir  # a host directory nothing else uses: the new root is mounted over it
+    _check(_LIBC.mount(b"tmpfs", root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=0755"), "root tmpfs")
+    for path in plan.ro_paths:
+        if os.path.lexists(path):
+            _bind(path, root + path)
+    for dev in _DEVICES:
+        _bind(f"/dev/{dev}", f"{root}/dev/{dev}")
+    os.mkdir(f"{root}/proc", 0o555)
+    _check(_LIBC.mount(b"proc", f"{root}/proc".encode(), b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "proc")
+    work = root + plan.workdir
+    _mkdirs(work)
+    opts = f"size={plan.workdir_mb}m,nr_inodes=4096,mode=0700,uid={plan.uid},gid={plan.uid}".encode()
+    _check(_LIBC.mount(b"tmpfs", work.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts), "work tmpfs")
+    os.mkdir(f"{root}/.old", 0o700)
+    if _SYS_PIVOT_ROOT is not None:
+        _check(_LIBC.syscall(_SYS_PIVOT_ROOT, root.encode(), f"{root}/.old".encode()), "pivot_root")
+        os.chdir("/")
+        _check(_LIBC.umount2(b"/.old", _MNT_DETACH), "detach the host tree")
+    else:  # pragma: no cover (no pivot_root number known for this machine)
+        os.chroot(root)
+    os.rmdir("/.old")
+    _check(_LIBC.mount(None, b"/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None), "root read-only")
+    os.chdir(plan.workdir)
+
+
+def _relay(pid: int) -> None:
+    """The forked-from process: holds no fd (so pipes and ``Popen``'s exec check see only PID 1),
+    waits for PID 1 and leaves with its status (the same signal when it was killed)."""
+    os.closerange(0, 1 << 16)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:  # pragma: no cover
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        _LIBC.signal(sig, None)  # SIG_DFL (the parent's handlers were inherited)
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
 def make_preexec(plan: Plan):
     """The function ``subprocess`` runs in the child between ``fork`` and ``exec``.
 
     Runs after ``setsid`` (``start_new_session=True``); the order matters: namespaces and mounts
-    need root, hard limits are lowered while still root, the uid change comes last.
+    need root, hard limits are lowered while still root, the uid change comes last. In ``full``
+    mode it forks once (into the new PID namespace); the original process only relays the status.
 
     ``preexec_fn`` is documented as unsafe in a threaded parent because the child could block on
     a lock another thread held at ``fork``. This hook takes none: it imports nothing, does not
-    log, and makes only system calls (ctypes ``unshare``/``mount``/``mount_setattr``, ``chdir``,
-    ``setrlimit``, ``setgroups``/``setgid``/``setuid``; ``open`` of /proc/self/mountinfo only on
-    kernels without ``mount_setattr``).
+    log, and makes only system calls (ctypes ``unshare``/``mount``/``mount_setattr``/``fork``/
+    ``pivot_root``, ``mkdir``/``symlink``/``open`` in its own tmpfs, ``chdir``, ``setrlimit``,
+    ``setgroups``/``setgid``/``setuid``; ``open`` of /proc/self/mountinfo only on kernels without
+    ``mount_setattr``).
     """
     import resource
 
     def preexec() -> None:
         if plan.mode == "full":
-            _enter_namespaces(plan.workdir, plan.uid, plan.workdir_mb)
+            _enter_namespaces()
+            pid = _FORK()
+            if pid < 0:
+                raise OSError(ctypes.get_errno(), "fork into the PID namespace")
+            if pid > 0:
+                _relay(pid)
+            _enter_minimal_root(plan)
         for res, soft, hard in plan.rlimits:
             resource.setrlimit(res, (soft, hard))
         if plan.uid is not None:
@@ -223,18 +321,35 @@ def _python_candidates() -> list[str]:
     return [p for i, p in enumerate(out) if p and p not in out[:i] and os.path.exists(p)]
 
 
-def _try_mode(mode: str, python: str) -> str:
-    """Starts ``python`` under ``mode`` on a trivial program; "" when it worked, else why not."""
+def _ro_paths(python: str) -> tuple[str, ...]:
+    """The system paths, plus where ``python`` and its standard library live when that is elsewhere."""
+    r = subprocess.run(
+        [python, "-I", "-c", "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"],
+        capture_output=True, text=True, timeout=20, check=False,
+    )
+    out = list(_SYSTEM_PATHS)
+    for p in [os.path.dirname(os.path.abspath(python)), os.path.dirname(os.path.realpath(python)), *r.stdout.split()]:
+        if p not in ("", "/") and not any(p == q or p.startswith(q + "/") for q in out):
+            out.append(p)
+    return tuple(out)
+
+
+def _probe_plan(mode: str, python: str, workdir: str, uid: int) -> Plan:
     import resource
 
+    return Plan(mode, workdir, uid, ((resource.RLIMIT_CORE, 0, 0),), 8, _ro_paths(python))
+
+
+def _try_mode(mode: str, python: str) -> str:
+    """Starts ``python`` under ``mode`` on a trivial program; "" when it worked, else why not."""
     uid = new_uid()
     workdir = tempfile.mkdtemp(prefix="jaxrl_sandbox_probe_")
     try:
         if mode == "uid":
             os.chown(workdir, uid, uid)
-        plan = Plan(mode, workdir, uid, ((resource.RLIMIT_CORE, 0, 0),), 8)
+        plan = _probe_plan(mode, python, workdir, uid)
         code = ("import os, socket\ns = socket.socket()\ntry:\n    s.connect(('127.0.0.1', 9))\n"
-                "except OSError as e:\n    print(e.errno)\nprint(os.getuid())")
+                "except OSError as e:\n    print(e.errno)\nprint(os.getpid() if os.getpid() == 1 else 'pid?', os.getuid())")
         try:
             r = subprocess.run(
                 [python, "-I", "-B", "-c", code],
@@ -251,7 +366,8 @@ def _try_mode(mode: str, python: str) -> str:
             return f"{mode} mode: the child did not start ({e})"
         finally:
             kill_uid(uid)
-        if r.returncode != 0 or r.stdout.split()[-1:] != [str(uid).encode()]:
+        want = [b"1", str(uid).encode()] if mode == "full" else [str(uid).encode()]
+        if r.returncode != 0 or r.stdout.split()[-len(want):] != want:
             return (
                 f"{mode} mode: probe child failed (status {r.returncode}: {r.stderr.decode(errors='replace')[-200:]})"
             )
@@ -260,16 +376,21 @@ def _try_mode(mode: str, python: str) -> str:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _why_full_fails() -> str:
-    """Runs the namespace setup in a forked child to learn why it fails ("" if it does not)."""
+def _why_full_fails(python: str) -> str:
+    """Runs the namespace and root setup in a forked child to learn why it fails ("" if it does not)."""
     workdir = tempfile.mkdtemp(prefix="jaxrl_sandbox_probe_")
+    plan = _probe_plan("full", python, workdir, new_uid())
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover (child)
         try:
             os.close(r)
-            _enter_namespaces(workdir, new_uid(), 8)
-            os.write(w, b"")
+            _enter_namespaces()
+            child = _FORK()
+            if child > 0:
+                os.close(w)
+                os._exit(os.waitpid(child, 0)[1] >> 8)
+            _enter_minimal_root(plan)
             os._exit(0)
         except BaseException as e:  # noqa: BLE001 (reported to the parent)
             os.write(w, str(e).encode()[:500])
@@ -289,7 +410,7 @@ _FOUND: Isolation | None = None
 def _find() -> Isolation:
     if os.geteuid() != 0 or _LIBC is None or not sys.platform.startswith("linux"):
         why = "not running as root on Linux" if os.geteuid() != 0 else "no libc/Linux"
-        return Isolation("none", sys.executable, f"{why}: no network namespace, no read-only filesystem, no uid drop")
+        return Isolation("none", sys.executable, f"{why}: no namespaces, no minimal root, no uid drop")
     pythons = [p for p in _python_candidates() if _world_executable(p)]
     if not pythons:
         return Isolation(
@@ -299,12 +420,12 @@ def _find() -> Isolation:
     for python in pythons:
         why = _try_mode("full", python)
         if not why:
-            return Isolation("full", python)
+            return Isolation("full", python, ro_paths=_ro_paths(python))
         notes.append(why)
-    detail = _why_full_fails() or "; ".join(notes)
+    detail = _why_full_fails(pythons[0]) or "; ".join(notes)
     for python in pythons:
         if not _try_mode("uid", python):
-            return Isolation("uid", python, f"namespaces refused ({detail}): network and /tmp reachable")
+            return Isolation("uid", python, f"namespaces refused ({detail})")
     return Isolation("none", sys.executable, f"namespaces and uid drop refused ({detail})")
 
 

@@ -285,7 +285,7 @@ def run_python(
     os.write(nonce_w, nonce)
     os.close(nonce_w)
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-    plan = Plan(iso.mode, workdir, uid, limits.rlimits(), limits.workdir_mb)
+    plan = Plan(iso.mode, workdir, uid, limits.rlimits(), limits.workdir_mb, iso.ro_paths)
     start = time.monotonic()
     proc = None
     try:
@@ -315,6 +315,11 @@ def run_python(
             for fd in (prog_fd, nonce_r, report_w) + ((in_fd,) if in_fd is not None else ()):
                 os.close(fd)
         bufs, stop = _collect(proc, report_r, limits, start + limits.timeout_s)
+        if not stop:  # the pipes closed: let the child (in full mode, the status relay) exit by itself
+            try:
+                proc.wait(timeout=max(0.0, min(0.5, start + limits.timeout_s - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         if proc is not None:
             _kill_all(proc, uid)

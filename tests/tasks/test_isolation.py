@@ -31,10 +31,12 @@ def test_degraded_mode_is_logged_once_and_named_in_every_result(monkeypatch, cap
         iso.isolation()
         iso.isolation()
         r = run_python("print(1)", limits=SandboxLimits(timeout_s=5))
-    assert [rec.getMessage() for rec in caplog.records] == [
-        "sandbox isolation degraded: rlimits-only (degraded): no namespaces in this test"
-    ]
-    assert r.verdict == "passed" and r.isolation == "rlimits-only (degraded): no namespaces in this test"
+    label = (
+        "rlimits-only (degraded): no namespaces in this test; NOT isolated: network, host Unix sockets, "
+        "the calling user's files, host processes and /proc/<parent> (environ, cmdline)"
+    )
+    assert [rec.getMessage() for rec in caplog.records] == [f"sandbox isolation degraded: {label}"]
+    assert r.verdict == "passed" and r.isolation == label
 
 
 def test_kill_uid_sweeps_a_process_that_left_the_group():
