@@ -8,19 +8,21 @@ half. The strongest mode that works on the machine is found once per process by
   The child, before ``exec``: ``unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID)`` (a network
   namespace with only a down loopback: no network at all, not even the host's 127.0.0.1, and no
   host abstract Unix sockets), mount propagation made private, the whole mount tree remounted
-  read-only with one recursive ``mount_setattr`` (per-mount remounts on kernels older than 5.12),
-  then a ``fork``: the forked process is PID 1 of the new PID namespace and runs the program; the
-  first one only relays its exit status. PID 1 builds a minimal root on a small tmpfs: read-only
-  binds of the system directories the interpreter needs (``/usr``, ``/lib*``, ``/bin``,
-  ``/etc/ld.so.cache``, the interpreter's own prefix when it lies elsewhere; see
-  :attr:`Isolation.ro_paths`), five device nodes (``/dev/null``, ``zero``, ``full``, ``random``,
-  ``urandom``), a fresh ``/proc`` of the new PID namespace, and a fresh size-limited tmpfs at the
-  work directory's path (its only writable place). It moves in with ``pivot_root`` and detaches
-  the host tree, so no host file, host ``/tmp``, host Unix-domain socket or other process is there to
-  reach: ``/proc`` lists the run's own processes only. Then resource limits, all groups dropped
-  and ``setgid``/``setuid`` to a random unused uid (no capabilities left, so nothing can be
-  remounted; RLIMIT_NPROC counts only its own processes). When the program (PID 1) ends, the
-  kernel kills everything left in its PID namespace; every process of the uid is also killed.
+  read-only with one recursive ``mount_setattr`` (per-mount remounts on kernels older than 5.12).
+  Its fresh interpreter, still root, then runs :mod:`jaxrl_mt.tasks.sandbox_init` first: it
+  forks (cheap: a small new process, not a copy of this one) into the new PID namespace, where
+  the forked process is PID 1 and runs the program; the first one only relays its exit status.
+  PID 1 builds a minimal root on a small tmpfs: read-only binds of the system directories the
+  interpreter needs (``/usr``, ``/lib*``, ``/bin``, ``/sbin``, ``/etc/ld.so.cache``, and the
+  interpreter's own directory and prefix when they lie elsewhere: :attr:`Isolation.ro_paths`),
+  five device nodes (``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``), a fresh
+  ``/proc`` of the new PID namespace, and a fresh size-limited tmpfs at the work directory's
+  path (its only writable place). It moves in with ``pivot_root`` and detaches the host tree, so
+  no host file, host ``/tmp``, host Unix-domain socket or other process is there to reach:
+  ``/proc`` lists the run's own processes only. Then resource limits, all groups dropped and
+  ``setgid``/``setuid`` to a random unused uid (no capabilities left, so nothing can be
+  remounted; RLIMIT_NPROC counts only its own processes). When PID 1 ends, the kernel kills
+  everything left in its PID namespace; every process of the uid is also killed.
 ``uid`` (root, namespaces refused)
   The same limits and the throwaway uid, on a real temporary directory. NOT isolated: network,
   host Unix sockets, world-writable directories (/tmp), world-readable files, the process list.
@@ -39,7 +41,6 @@ PID 1 of a namespace receives only the signals it has a handler for from process
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import os
@@ -53,38 +54,26 @@ import tempfile
 import threading
 import time
 
+from jaxrl_mt.tasks import sandbox_init
+
 log = logging.getLogger(__name__)
 
-__all__ = ["Isolation", "Plan", "isolation", "kill_uid", "make_preexec", "new_uid"]
+__all__ = ["Isolation", "Plan", "child_argv", "isolation", "kill_uid", "make_preexec", "new_uid"]
 
-_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 1, 2, 4, 8, 2
-_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
-_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
 _UID_BASE, _UID_SPAN = 2_000_000, 1 << 20  # throwaway uids: no passwd entry, own no files
-_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}.get(os.uname().machine)
 # What the minimal root shows of the host (read-only; missing ones are skipped); symlinks are copied.
-_SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/alternatives")
-_DEVICES = ("null", "zero", "full", "random", "urandom")
+_SYSTEM_PATHS = (
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/alternatives",
+)
 _NOT_ISOLATED = {
     "full": "",
     "uid": "network, host Unix sockets, world-writable dirs (/tmp), world-readable host files, host processes (/proc)",
-    "none": "network, host Unix sockets, the calling user's files, host processes and /proc/<parent> (environ, cmdline)",
+    "none": (
+        "network, host Unix sockets, the calling user's files, host processes and /proc/<parent> (environ, cmdline)"
+    ),
 }
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in ("attr_set", "attr_clr", "propagation", "userns_fd")]
-
-
-try:  # loaded before any fork: the preexec hook only calls into it
-    _LIBC = ctypes.CDLL(None, use_errno=True)
-    _LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    _LIBC.syscall.restype = ctypes.c_long
-    _LIBC.signal.argtypes, _LIBC.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
-    _FORK = ctypes.PyDLL(None, use_errno=True).fork  # PyDLL: the GIL stays held across the fork
-except (OSError, AttributeError):  # pragma: no cover (not Linux/glibc)
-    _LIBC = _FORK = None
+with open(sandbox_init.__file__, encoding="utf-8") as _f:
+    _INIT_SOURCE = _f.read()  # run by the child's interpreter before the program (full mode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,132 +131,38 @@ def new_uid() -> int:
     return _UID_BASE + secrets.randbelow(_UID_SPAN)
 
 
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _remount_each_read_only() -> None:
-    """Fallback for kernels without ``mount_setattr``: remount every mount point read-only."""
-    flag_of = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        rows = [line.split() for line in f]
-    for row in reversed(rows):
-        point, opts = row[4].encode(), row[5].split(",")
-        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
-        flags |= sum(flag_of.get(o, 0) for o in opts)
-        _check(_LIBC.mount(None, point, None, flags, None), f"remount {row[4]} read-only")
-
-
-def _enter_namespaces() -> None:
-    """New net + mount + PID namespaces (the PID one for the next child), the host tree read-only."""
-    _check(_LIBC.unshare(_CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWPID), "unshare(NEWNET|NEWNS|NEWPID)")
-    _check(_LIBC.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
-    attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-    ret = _LIBC.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
-    if ret != 0:
-        _remount_each_read_only()
-
-
-def _mkdirs(path: str) -> None:
-    if not os.path.isdir(path):
-        _mkdirs(os.path.dirname(path))
-        os.mkdir(path, 0o755)
-
-
-def _bind(src: str, dst: str) -> None:
-    """``src`` shown at ``dst`` (a symlink is copied; mounts inherit the host tree's read-only flag)."""
-    _mkdirs(os.path.dirname(dst))
-    if os.path.islink(src):
-        os.symlink(os.readlink(src), dst)
-        return
-    if os.path.isdir(src):
-        os.mkdir(dst, 0o755)
-    else:
-        os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o644))
-    _check(_LIBC.mount(src.encode(), dst.encode(), None, _MS_BIND | _MS_REC, None), f"bind {src}")
-
-
-def _enter_minimal_root(plan: Plan) -> None:
-    """As PID 1 of the new namespace: pivots into a tmpfs root holding only ``plan.ro_paths``,
-    device nodes, a fresh /proc and the work tmpfs; cwd is the work directory."""
-    root = plan.workdir  # a host directory nothing else uses: the new root is mounted over it
-    _check(_LIBC.mount(b"tmpfs", root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=0755"), "root tmpfs")
-    for path in plan.ro_paths:
-        if os.path.lexists(path):
-            _bind(path, root + path)
-    for dev in _DEVICES:
-        _bind(f"/dev/{dev}", f"{root}/dev/{dev}")
-    os.mkdir(f"{root}/proc", 0o555)
-    _check(_LIBC.mount(b"proc", f"{root}/proc".encode(), b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "proc")
-    work = root + plan.workdir
-    _mkdirs(work)
-    opts = f"size={plan.workdir_mb}m,nr_inodes=4096,mode=0700,uid={plan.uid},gid={plan.uid}".encode()
-    _check(_LIBC.mount(b"tmpfs", work.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts), "work tmpfs")
-    os.mkdir(f"{root}/.old", 0o700)
-    if _SYS_PIVOT_ROOT is not None:
-        _check(_LIBC.syscall(_SYS_PIVOT_ROOT, root.encode(), f"{root}/.old".encode()), "pivot_root")
-        os.chdir("/")
-        _check(_LIBC.umount2(b"/.old", _MNT_DETACH), "detach the host tree")
-    else:  # pragma: no cover (no pivot_root number known for this machine)
-        os.chroot(root)
-    os.rmdir("/.old")
-    _check(_LIBC.mount(None, b"/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None), "root read-only")
-    os.chdir(plan.workdir)
-
-
-def _relay(pid: int) -> None:
-    """The forked-from process: holds no fd (so pipes and ``Popen``'s exec check see only PID 1),
-    waits for PID 1 and leaves with its status (the same signal when it was killed)."""
-    os.closerange(0, 1 << 16)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:  # pragma: no cover
-            continue
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        _LIBC.signal(sig, None)  # SIG_DFL (the parent's handlers were inherited)
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
-
-
 def make_preexec(plan: Plan):
     """The function ``subprocess`` runs in the child between ``fork`` and ``exec``.
 
-    Runs after ``setsid`` (``start_new_session=True``); the order matters: namespaces and mounts
-    need root, hard limits are lowered while still root, the uid change comes last. In ``full``
-    mode it forks once (into the new PID namespace); the original process only relays the status.
+    Runs after ``setsid`` (``start_new_session=True``). In ``full`` mode it only enters the
+    namespaces (the rest happens in the child's own interpreter: :func:`child_argv`); otherwise
+    it lowers the limits while still root and changes the uid last.
 
     ``preexec_fn`` is documented as unsafe in a threaded parent because the child could block on
     a lock another thread held at ``fork``. This hook takes none: it imports nothing, does not
-    log, and makes only system calls (ctypes ``unshare``/``mount``/``mount_setattr``/``fork``/
-    ``pivot_root``, ``mkdir``/``symlink``/``open`` in its own tmpfs, ``chdir``, ``setrlimit``,
-    ``setgroups``/``setgid``/``setuid``; ``open`` of /proc/self/mountinfo only on kernels without
-    ``mount_setattr``).
+    log, and makes only system calls (ctypes ``unshare``/``mount``/``mount_setattr``,
+    ``setrlimit``, ``setgroups``/``setgid``/``setuid``; ``open`` of /proc/self/mountinfo only on
+    kernels without ``mount_setattr``).
     """
-    import resource
 
     def preexec() -> None:
         if plan.mode == "full":
-            _enter_namespaces()
-            pid = _FORK()
-            if pid < 0:
-                raise OSError(ctypes.get_errno(), "fork into the PID namespace")
-            if pid > 0:
-                _relay(pid)
-            _enter_minimal_root(plan)
-        for res, soft, hard in plan.rlimits:
-            resource.setrlimit(res, (soft, hard))
-        if plan.uid is not None:
-            os.setgroups([])
-            os.setgid(plan.uid)
-            os.setuid(plan.uid)
+            sandbox_init.enter_namespaces()
+        else:
+            sandbox_init.drop(plan.rlimits, plan.uid)
 
     return preexec
+
+
+def child_argv(plan: Plan, python: str, program: str, args: tuple[str, ...] = ()) -> list[str]:
+    """The child's command line: ``python -I -B -c program args``; in ``full`` mode the program is
+    preceded by :mod:`jaxrl_mt.tasks.sandbox_init`'s source and its ``enter(plan)`` (in its own
+    namespace dict), so PID 1 is forked from a fresh interpreter, not from this process."""
+    if plan.mode == "full":
+        spec = (plan.workdir, plan.uid, plan.workdir_mb, plan.ro_paths, plan.rlimits)
+        init = f'_sbx = {{"__name__": "sandbox_init"}}\nexec({_INIT_SOURCE!r}, _sbx)\n_sbx["enter"]({spec!r})\n'
+        program = f"{init}del _sbx\n{program}"
+    return [python, "-I", "-B", "-c", program, *args]
 
 
 def kill_uid(uid: int, rounds: int = 50) -> int:
@@ -349,10 +244,10 @@ def _try_mode(mode: str, python: str) -> str:
             os.chown(workdir, uid, uid)
         plan = _probe_plan(mode, python, workdir, uid)
         code = ("import os, socket\ns = socket.socket()\ntry:\n    s.connect(('127.0.0.1', 9))\n"
-                "except OSError as e:\n    print(e.errno)\nprint(os.getpid() if os.getpid() == 1 else 'pid?', os.getuid())")
+                "except OSError as e:\n    print(e.errno)\nprint(os.getpid(), os.getuid())")
         try:
             r = subprocess.run(
-                [python, "-I", "-B", "-c", code],
+                child_argv(plan, python, code),
                 cwd=workdir,
                 env={"PATH": "/usr/bin:/bin"},
                 stdin=subprocess.DEVNULL,
@@ -376,21 +271,14 @@ def _try_mode(mode: str, python: str) -> str:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _why_full_fails(python: str) -> str:
-    """Runs the namespace and root setup in a forked child to learn why it fails ("" if it does not)."""
-    workdir = tempfile.mkdtemp(prefix="jaxrl_sandbox_probe_")
-    plan = _probe_plan("full", python, workdir, new_uid())
+def _why_full_fails() -> str:
+    """Enters the namespaces in a forked child to learn why that fails ("" if it does not)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover (child)
         try:
             os.close(r)
-            _enter_namespaces()
-            child = _FORK()
-            if child > 0:
-                os.close(w)
-                os._exit(os.waitpid(child, 0)[1] >> 8)
-            _enter_minimal_root(plan)
+            sandbox_init.enter_namespaces()
             os._exit(0)
         except BaseException as e:  # noqa: BLE001 (reported to the parent)
             os.write(w, str(e).encode()[:500])
@@ -399,7 +287,6 @@ def _why_full_fails(python: str) -> str:
     msg = os.read(r, 600).decode(errors="replace")
     os.close(r)
     os.waitpid(pid, 0)
-    shutil.rmtree(workdir, ignore_errors=True)
     return msg
 
 
@@ -408,7 +295,7 @@ _FOUND: Isolation | None = None
 
 
 def _find() -> Isolation:
-    if os.geteuid() != 0 or _LIBC is None or not sys.platform.startswith("linux"):
+    if os.geteuid() != 0 or sandbox_init._LIBC is None or not sys.platform.startswith("linux"):
         why = "not running as root on Linux" if os.geteuid() != 0 else "no libc/Linux"
         return Isolation("none", sys.executable, f"{why}: no namespaces, no minimal root, no uid drop")
     pythons = [p for p in _python_candidates() if _world_executable(p)]
@@ -422,7 +309,8 @@ def _find() -> Isolation:
         if not why:
             return Isolation("full", python, ro_paths=_ro_paths(python))
         notes.append(why)
-    detail = _why_full_fails(pythons[0]) or "; ".join(notes)
+    ns_error = _why_full_fails()
+    detail = "; ".join(notes) + (f"; entering the namespaces: {ns_error}" if ns_error else "")
     for python in pythons:
         if not _try_mode("uid", python):
             return Isolation("uid", python, f"namespaces refused ({detail})")

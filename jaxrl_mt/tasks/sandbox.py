@@ -47,7 +47,7 @@ import subprocess
 import tempfile
 import time
 
-from jaxrl_mt.tasks.isolation import Plan, isolation, kill_uid, make_preexec, new_uid
+from jaxrl_mt.tasks.isolation import Plan, child_argv, isolation, kill_uid, make_preexec, new_uid
 
 __all__ = ["VERDICTS", "SandboxLimits", "SandboxResult", "check_code", "run_python"]
 
@@ -291,7 +291,7 @@ def run_python(
     try:
         try:
             proc = subprocess.Popen(
-                [iso.python, "-I", "-B", "-c", _BOOTSTRAP, str(prog_fd), str(nonce_r), str(report_w)],
+                child_argv(plan, iso.python, _BOOTSTRAP, (str(prog_fd), str(nonce_r), str(report_w))),
                 stdin=in_fd if in_fd is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
