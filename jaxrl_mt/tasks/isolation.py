@@ -223,26 +223,23 @@ def _ro_paths(python: str) -> tuple[str, ...]:
         capture_output=True, text=True, timeout=20, check=False,
     )
     out = list(_SYSTEM_PATHS)
-    for p in [os.path.dirname(os.path.abspath(python)), os.path.dirname(os.path.realpath(python)), *r.stdout.split()]:
+    extra = [os.path.dirname(os.path.abspath(python)), os.path.dirname(os.path.realpath(python)), *r.stdout.split()]
+    for p in sorted(set(extra), key=len):  # a parent before its children; a child of a kept path is covered
         if p not in ("", "/") and not any(p == q or p.startswith(q + "/") for q in out):
             out.append(p)
     return tuple(out)
 
 
-def _probe_plan(mode: str, python: str, workdir: str, uid: int) -> Plan:
+def _try_mode(mode: str, python: str, ro_paths: tuple[str, ...] = ()) -> str:
+    """Starts ``python`` under ``mode`` on a trivial program; "" when it worked, else why not."""
     import resource
 
-    return Plan(mode, workdir, uid, ((resource.RLIMIT_CORE, 0, 0),), 8, _ro_paths(python))
-
-
-def _try_mode(mode: str, python: str) -> str:
-    """Starts ``python`` under ``mode`` on a trivial program; "" when it worked, else why not."""
     uid = new_uid()
     workdir = tempfile.mkdtemp(prefix="jaxrl_sandbox_probe_")
     try:
         if mode == "uid":
             os.chown(workdir, uid, uid)
-        plan = _probe_plan(mode, python, workdir, uid)
+        plan = Plan(mode, workdir, uid, ((resource.RLIMIT_CORE, 0, 0),), 8, ro_paths)
         code = ("import os, socket\ns = socket.socket()\ntry:\n    s.connect(('127.0.0.1', 9))\n"
                 "except OSError as e:\n    print(e.errno)\nprint(os.getpid(), os.getuid())")
         try:
@@ -305,9 +302,10 @@ def _find() -> Isolation:
         )
     notes = []
     for python in pythons:
-        why = _try_mode("full", python)
+        ro_paths = _ro_paths(python)
+        why = _try_mode("full", python, ro_paths)
         if not why:
-            return Isolation("full", python, ro_paths=_ro_paths(python))
+            return Isolation("full", python, ro_paths=ro_paths)
         notes.append(why)
     ns_error = _why_full_fails()
     detail = "; ".join(notes) + (f"; entering the namespaces: {ns_error}" if ns_error else "")

@@ -83,7 +83,7 @@ def _bind(src: str, dst: str) -> None:
         os.symlink(os.readlink(src), dst)
         return
     if os.path.isdir(src):
-        os.mkdir(dst, 0o755)
+        _mkdirs(dst)
     else:
         os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o644))
     _mount(src, dst, None, _MS_BIND | _MS_REC, None, f"bind {src}")
