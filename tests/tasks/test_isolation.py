@@ -80,7 +80,7 @@ def test_an_interpreter_outside_the_system_paths_is_bound_into_the_minimal_root(
     paths = iso._ro_paths(str(link))
     assert paths == (*iso._SYSTEM_PATHS, str(tmp_path / "bin"))  # its stdlib is under /usr: covered
     assert iso._try_mode("full", str(link), paths) == ""
-    prog = "import subprocess, sys\nprint(sys.executable, subprocess.run([sys.executable, '-c', 'print(7)']).returncode)"
+    prog = "import subprocess as s, sys\nprint(sys.executable, s.run([sys.executable, '-c', 'print(7)']).returncode)"
     results = []
     for ro_paths in (paths, iso._SYSTEM_PATHS):  # with and without its directory in the root
         monkeypatch.setattr(iso, "_FOUND", iso.Isolation("full", str(link), ro_paths=ro_paths))
