@@ -191,3 +191,23 @@ def test_a_user_without_namespaces_gets_the_weaker_mode_named_with_what_is_not_i
         "(environ, cmdline)"
     )
     assert r.stderr.strip() == f"sandbox isolation degraded: {label}"
+
+
+def test_no_name_resolution_and_no_udp_out():
+    prog = (
+        "import socket\n"
+        "try:\n"
+        "    print(socket.getaddrinfo('example.com', 80))\n"
+        "except socket.gaierror as e:\n"
+        "    print('no dns', e.errno)\n"
+        "for addr in (('8.8.8.8', 53), ('127.0.0.53', 53)):\n"
+        "    try:\n"
+        "        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', addr)\n"
+        "        print('sent', addr)\n"
+        "    except OSError as e:\n"
+        "        print('refused', e.errno)\n"
+    )
+    r = run_python(prog, limits=FAST)
+    assert r.verdict == "passed", r
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("no dns ") and lines[1:] == ["refused 101", "refused 101"], r.stdout  # ENETUNREACH
