@@ -13,10 +13,12 @@ an empty environment (PATH, a UTF-8 locale, HOME/TMPDIR = its work directory), s
 a sealed memory file holding the given input), a fresh temporary work directory as cwd, its own
 session and process group, resource limits (CPU time, address space, file size, processes, open
 files, no core dumps), and on top of that the strongest OS isolation this machine allows: a
-network namespace, a read-only filesystem view with a private tmpfs work directory, and a
-throwaway uid (see :mod:`jaxrl_mt.tasks.isolation`; a weaker mode is logged once and named in
-``SandboxResult.isolation``). A wall-clock timeout kills the whole process group (and every
-process of the throwaway uid); stdout and stderr are read with a size cap.
+network namespace, a PID namespace with its own /proc (the program is PID 1 and sees only its
+own processes), a minimal read-only root (the interpreter and its libraries, five device nodes,
+a private tmpfs work directory; no host /tmp, files or Unix sockets), and a throwaway uid (see
+:mod:`jaxrl_mt.tasks.isolation` and docs/sandbox.md; a weaker mode is logged once and named, with
+what it does NOT isolate, in ``SandboxResult.isolation``). A wall-clock timeout kills the whole
+process group (and every process of the throwaway uid); stdout and stderr are read with a size cap.
 
 The program text and the input reach the child as sealed memory files (no file on disk). A small
 bootstrap executes the program as ``__main__`` (traceback lines point into ``main.py``) and,
