@@ -107,7 +107,7 @@ class Isolation:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What the preexec hook does in one child.
+    """What one child's preexec hook (and, in ``full`` mode, its own interpreter first) sets up.
 
     Attributes:
       mode: the isolation mode.

@@ -154,6 +154,6 @@ def enter(plan: tuple) -> None:
     try:
         enter_minimal_root(workdir, uid, workdir_mb, tuple(ro_paths))
         drop(tuple(map(tuple, rlimits)), uid)
-    except OSError as e:
-        os.write(2, f"sandbox setup failed: {e}\n".encode())
+    except BaseException as e:  # noqa: BLE001 (never run the program half set up, or as root)
+        os.write(2, f"sandbox setup failed: {type(e).__name__}: {e}\n".encode())
         os._exit(SETUP_FAILED)
