@@ -1,34 +1,46 @@
-"""How the sandbox walls a child process off: namespaces, a read-only view, a throwaway uid.
+"""How the sandbox walls a child process off: namespaces, a minimal read-only root, a throwaway uid.
 
 :mod:`jaxrl_mt.tasks.sandbox` runs model-written code; this module holds the operating-system
 half. The strongest mode that works on the machine is found once per process by
 :func:`isolation` (a probe that really starts a child) and used for every run:
 
 ``full`` (root, Linux namespaces; measured to work on the project's machines)
-  The child, before ``exec``: ``unshare(CLONE_NEWNET | CLONE_NEWNS)`` (a network namespace with
-  only a down loopback: no network at all, not even the host's 127.0.0.1), mount propagation made
-  private, the whole mount tree remounted read-only with one recursive ``mount_setattr`` (per-mount
-  remounts on kernels older than 5.12), a fresh size-limited tmpfs mounted on its work directory
-  (its only writable place, gone with the namespace), resource limits, then all groups dropped and
-  ``setgid``/``setuid`` to a random unused uid (no capabilities left, so nothing can be remounted;
-  it cannot signal or read the environment of any other process; RLIMIT_NPROC counts only its own
-  processes, and every process of that uid is killed after the run).
+  The child, before ``exec``: ``unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID)`` (a network
+  namespace with only a down loopback: no network at all, not even the host's 127.0.0.1, and no
+  host abstract Unix sockets), mount propagation made private, the whole mount tree remounted
+  read-only with one recursive ``mount_setattr`` (per-mount remounts on kernels older than 5.12).
+  Its fresh interpreter, still root, then runs :mod:`jaxrl_mt.tasks.sandbox_init` first: it
+  forks (cheap: a small new process, not a copy of this one) into the new PID namespace, where
+  the forked process is PID 1 and runs the program; the first one only relays its exit status.
+  PID 1 builds a minimal root on a small tmpfs: read-only binds of the system directories the
+  interpreter needs (``/usr``, ``/lib*``, ``/bin``, ``/sbin``, ``/etc/ld.so.cache``, and the
+  interpreter's own directory and prefix when they lie elsewhere: :attr:`Isolation.ro_paths`),
+  five device nodes (``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``), a fresh
+  ``/proc`` of the new PID namespace, and a fresh size-limited tmpfs at the work directory's
+  path (its only writable place). It moves in with ``pivot_root`` and detaches the host tree, so
+  no host file, host ``/tmp``, host Unix-domain socket or other process is there to reach:
+  ``/proc`` lists the run's own processes only. Then resource limits, all groups dropped and
+  ``setgid``/``setuid`` to a random unused uid (no capabilities left, so nothing can be
+  remounted; RLIMIT_NPROC counts only its own processes). When PID 1 ends, the kernel kills
+  everything left in its PID namespace; every process of the uid is also killed.
 ``uid`` (root, namespaces refused)
-  The same limits and the throwaway uid, on a real temporary directory; network and world-writable
-  directories (/tmp) stay reachable.
+  The same limits and the throwaway uid, on a real temporary directory. NOT isolated: network,
+  host Unix sockets, world-writable directories (/tmp), world-readable files, the process list.
 ``none`` (not root)
-  Resource limits, an empty environment and a temporary directory only; the child runs as the
-  calling user, so it can still read that user's files and ``/proc/<parent>/environ``.
+  Resource limits, an empty environment and a temporary directory only. NOT isolated: network,
+  host Unix sockets, every file of the calling user, the process list and ``/proc/<parent>``.
 
-Anything weaker than ``full`` is logged once as a warning and named in every result
-(:attr:`Isolation.label`). The interpreter for the child must be executable by the throwaway
-uid: a Python under /root (e.g. pyenv) is not, so the first world-executable one among
+Anything weaker than ``full`` is logged once as a warning and named in every result, with what is
+not isolated (:attr:`Isolation.label`). The interpreter for the child must be executable by the
+throwaway uid: a Python under /root (e.g. pyenv) is not, so the first world-executable one among
 ``$JAXRL_SANDBOX_PYTHON``, ``sys.executable`` and the system ``python3`` is taken.
+
+PID 1 of a namespace receives only the signals it has a handler for from processes inside it
+(``os.kill(os.getpid(), SIGTERM)`` does nothing), and ``os.getppid()`` is 0 there.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import os
@@ -42,27 +54,26 @@ import tempfile
 import threading
 import time
 
+from jaxrl_mt.tasks import sandbox_init
+
 log = logging.getLogger(__name__)
 
-__all__ = ["Isolation", "Plan", "isolation", "kill_uid", "make_preexec", "new_uid"]
+__all__ = ["Isolation", "Plan", "child_argv", "isolation", "kill_uid", "make_preexec", "new_uid"]
 
-_CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
-_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
 _UID_BASE, _UID_SPAN = 2_000_000, 1 << 20  # throwaway uids: no passwd entry, own no files
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in ("attr_set", "attr_clr", "propagation", "userns_fd")]
-
-
-try:  # loaded before any fork: the preexec hook only calls into it
-    _LIBC = ctypes.CDLL(None, use_errno=True)
-    _LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    _LIBC.syscall.restype = ctypes.c_long
-except (OSError, AttributeError):  # pragma: no cover (not Linux/glibc)
-    _LIBC = None
+# What the minimal root shows of the host (read-only; missing ones are skipped); symlinks are copied.
+_SYSTEM_PATHS = (
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/alternatives",
+)
+_NOT_ISOLATED = {
+    "full": "",
+    "uid": "network, host Unix sockets, world-writable dirs (/tmp), world-readable host files, host processes (/proc)",
+    "none": (
+        "network, host Unix sockets, the calling user's files, host processes and /proc/<parent> (environ, cmdline)"
+    ),
+}
+with open(sandbox_init.__file__, encoding="utf-8") as _f:
+    _INIT_SOURCE = _f.read()  # run by the child's interpreter before the program (full mode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,26 +84,30 @@ class Isolation:
       mode: ``"full"``, ``"uid"`` or ``"none"`` (see the module doc).
       python: the interpreter the child runs.
       notice: why the mode is weaker than ``full`` ("" when it is full).
+      ro_paths: the host paths the minimal root shows read-only (``full`` mode).
     """
 
     mode: str
     python: str
     notice: str = ""
+    ro_paths: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
-        """One line for results: the mode, plus the degradation notice when there is one."""
+        """One line for results: what is isolated; when degraded, why and what is NOT isolated."""
         what = {
-            "full": "netns+ro-fs+tmpfs+uid",
+            "full": "netns+pidns+min-ro-root+tmpfs+uid",
             "uid": "uid-only (degraded)",
             "none": "rlimits-only (degraded)",
         }[self.mode]
-        return f"{what}: {self.notice}" if self.notice else what
+        if self.mode == "full":
+            return f"{what}: {self.notice}" if self.notice else what
+        return f"{what}: {self.notice}; NOT isolated: {_NOT_ISOLATED[self.mode]}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What the preexec hook does in one child.
+    """What one child's preexec hook (and, in ``full`` mode, its own interpreter first) sets up.
 
     Attributes:
       mode: the isolation mode.
@@ -100,6 +115,7 @@ class Plan:
       uid: the throwaway uid (``uid``/``full`` modes), else None.
       rlimits: ``(resource, soft, hard)`` triples applied before the uid change.
       workdir_mb: tmpfs size (``full`` mode).
+      ro_paths: host paths bound read-only into the minimal root (``full`` mode).
     """
 
     mode: str
@@ -107,6 +123,7 @@ class Plan:
     uid: int | None
     rlimits: tuple[tuple[int, int, int], ...]
     workdir_mb: int = 64
+    ro_paths: tuple[str, ...] = _SYSTEM_PATHS
 
 
 def new_uid() -> int:
@@ -114,62 +131,38 @@ def new_uid() -> int:
     return _UID_BASE + secrets.randbelow(_UID_SPAN)
 
 
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _remount_each_read_only() -> None:
-    """Fallback for kernels without ``mount_setattr``: remount every mount point read-only."""
-    flag_of = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        rows = [line.split() for line in f]
-    for row in reversed(rows):
-        point, opts = row[4].encode(), row[5].split(",")
-        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
-        flags |= sum(flag_of.get(o, 0) for o in opts)
-        _check(_LIBC.mount(None, point, None, flags, None), f"remount {row[4]} read-only")
-
-
-def _enter_namespaces(workdir: str, uid: int, size_mb: int) -> None:
-    """New net + mount namespaces, read-only tree, a private tmpfs on ``workdir`` (as cwd)."""
-    _check(_LIBC.unshare(_CLONE_NEWNET | _CLONE_NEWNS), "unshare(CLONE_NEWNET|CLONE_NEWNS)")
-    _check(_LIBC.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
-    attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-    ret = _LIBC.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
-    if ret != 0:
-        _remount_each_read_only()
-    opts = f"size={size_mb}m,nr_inodes=4096,mode=0700,uid={uid},gid={uid}".encode()
-    _check(_LIBC.mount(b"tmpfs", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts), "mount tmpfs")
-    os.chdir(workdir)
-
-
 def make_preexec(plan: Plan):
     """The function ``subprocess`` runs in the child between ``fork`` and ``exec``.
 
-    Runs after ``setsid`` (``start_new_session=True``); the order matters: namespaces and mounts
-    need root, hard limits are lowered while still root, the uid change comes last.
+    Runs after ``setsid`` (``start_new_session=True``). In ``full`` mode it only enters the
+    namespaces (the rest happens in the child's own interpreter: :func:`child_argv`); otherwise
+    it lowers the limits while still root and changes the uid last.
 
     ``preexec_fn`` is documented as unsafe in a threaded parent because the child could block on
     a lock another thread held at ``fork``. This hook takes none: it imports nothing, does not
-    log, and makes only system calls (ctypes ``unshare``/``mount``/``mount_setattr``, ``chdir``,
+    log, and makes only system calls (ctypes ``unshare``/``mount``/``mount_setattr``,
     ``setrlimit``, ``setgroups``/``setgid``/``setuid``; ``open`` of /proc/self/mountinfo only on
     kernels without ``mount_setattr``).
     """
-    import resource
 
     def preexec() -> None:
         if plan.mode == "full":
-            _enter_namespaces(plan.workdir, plan.uid, plan.workdir_mb)
-        for res, soft, hard in plan.rlimits:
-            resource.setrlimit(res, (soft, hard))
-        if plan.uid is not None:
-            os.setgroups([])
-            os.setgid(plan.uid)
-            os.setuid(plan.uid)
+            sandbox_init.enter_namespaces()
+        else:
+            sandbox_init.drop(plan.rlimits, plan.uid)
 
     return preexec
+
+
+def child_argv(plan: Plan, python: str, program: str, args: tuple[str, ...] = ()) -> list[str]:
+    """The child's command line: ``python -I -B -c program args``; in ``full`` mode the program is
+    preceded by :mod:`jaxrl_mt.tasks.sandbox_init`'s source and its ``enter(plan)`` (in its own
+    namespace dict), so PID 1 is forked from a fresh interpreter, not from this process."""
+    if plan.mode == "full":
+        spec = (plan.workdir, plan.uid, plan.workdir_mb, plan.ro_paths, plan.rlimits)
+        init = f'_sbx = {{"__name__": "sandbox_init"}}\nexec({_INIT_SOURCE!r}, _sbx)\n_sbx["enter"]({spec!r})\n'
+        program = f"{init}del _sbx\n{program}"
+    return [python, "-I", "-B", "-c", program, *args]
 
 
 def kill_uid(uid: int, rounds: int = 50) -> int:
@@ -223,7 +216,21 @@ def _python_candidates() -> list[str]:
     return [p for i, p in enumerate(out) if p and p not in out[:i] and os.path.exists(p)]
 
 
-def _try_mode(mode: str, python: str) -> str:
+def _ro_paths(python: str) -> tuple[str, ...]:
+    """The system paths, plus where ``python`` and its standard library live when that is elsewhere."""
+    r = subprocess.run(
+        [python, "-I", "-c", "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"],
+        capture_output=True, text=True, timeout=20, check=False,
+    )
+    out = list(_SYSTEM_PATHS)
+    extra = [os.path.dirname(os.path.abspath(python)), os.path.dirname(os.path.realpath(python)), *r.stdout.split()]
+    for p in sorted(set(extra), key=len):  # a parent before its children; a child of a kept path is covered
+        if p not in ("", "/") and not any(p == q or p.startswith(q + "/") for q in out):
+            out.append(p)
+    return tuple(out)
+
+
+def _try_mode(mode: str, python: str, ro_paths: tuple[str, ...] = ()) -> str:
     """Starts ``python`` under ``mode`` on a trivial program; "" when it worked, else why not."""
     import resource
 
@@ -232,12 +239,12 @@ def _try_mode(mode: str, python: str) -> str:
     try:
         if mode == "uid":
             os.chown(workdir, uid, uid)
-        plan = Plan(mode, workdir, uid, ((resource.RLIMIT_CORE, 0, 0),), 8)
+        plan = Plan(mode, workdir, uid, ((resource.RLIMIT_CORE, 0, 0),), 8, ro_paths)
         code = ("import os, socket\ns = socket.socket()\ntry:\n    s.connect(('127.0.0.1', 9))\n"
-                "except OSError as e:\n    print(e.errno)\nprint(os.getuid())")
+                "except OSError as e:\n    print(e.errno)\nprint(os.getpid(), os.getuid())")
         try:
             r = subprocess.run(
-                [python, "-I", "-B", "-c", code],
+                child_argv(plan, python, code),
                 cwd=workdir,
                 env={"PATH": "/usr/bin:/bin"},
                 stdin=subprocess.DEVNULL,
@@ -251,7 +258,8 @@ def _try_mode(mode: str, python: str) -> str:
             return f"{mode} mode: the child did not start ({e})"
         finally:
             kill_uid(uid)
-        if r.returncode != 0 or r.stdout.split()[-1:] != [str(uid).encode()]:
+        want = [b"1", str(uid).encode()] if mode == "full" else [str(uid).encode()]
+        if r.returncode != 0 or r.stdout.split()[-len(want):] != want:
             return (
                 f"{mode} mode: probe child failed (status {r.returncode}: {r.stderr.decode(errors='replace')[-200:]})"
             )
@@ -261,15 +269,13 @@ def _try_mode(mode: str, python: str) -> str:
 
 
 def _why_full_fails() -> str:
-    """Runs the namespace setup in a forked child to learn why it fails ("" if it does not)."""
-    workdir = tempfile.mkdtemp(prefix="jaxrl_sandbox_probe_")
+    """Enters the namespaces in a forked child to learn why that fails ("" if it does not)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover (child)
         try:
             os.close(r)
-            _enter_namespaces(workdir, new_uid(), 8)
-            os.write(w, b"")
+            sandbox_init.enter_namespaces()
             os._exit(0)
         except BaseException as e:  # noqa: BLE001 (reported to the parent)
             os.write(w, str(e).encode()[:500])
@@ -278,7 +284,6 @@ def _why_full_fails() -> str:
     msg = os.read(r, 600).decode(errors="replace")
     os.close(r)
     os.waitpid(pid, 0)
-    shutil.rmtree(workdir, ignore_errors=True)
     return msg
 
 
@@ -287,9 +292,9 @@ _FOUND: Isolation | None = None
 
 
 def _find() -> Isolation:
-    if os.geteuid() != 0 or _LIBC is None or not sys.platform.startswith("linux"):
+    if os.geteuid() != 0 or sandbox_init._LIBC is None or not sys.platform.startswith("linux"):
         why = "not running as root on Linux" if os.geteuid() != 0 else "no libc/Linux"
-        return Isolation("none", sys.executable, f"{why}: no network namespace, no read-only filesystem, no uid drop")
+        return Isolation("none", sys.executable, f"{why}: no namespaces, no minimal root, no uid drop")
     pythons = [p for p in _python_candidates() if _world_executable(p)]
     if not pythons:
         return Isolation(
@@ -297,14 +302,16 @@ def _find() -> Isolation:
         )
     notes = []
     for python in pythons:
-        why = _try_mode("full", python)
+        ro_paths = _ro_paths(python)
+        why = _try_mode("full", python, ro_paths)
         if not why:
-            return Isolation("full", python)
+            return Isolation("full", python, ro_paths=ro_paths)
         notes.append(why)
-    detail = _why_full_fails() or "; ".join(notes)
+    ns_error = _why_full_fails()
+    detail = "; ".join(notes) + (f"; entering the namespaces: {ns_error}" if ns_error else "")
     for python in pythons:
         if not _try_mode("uid", python):
-            return Isolation("uid", python, f"namespaces refused ({detail}): network and /tmp reachable")
+            return Isolation("uid", python, f"namespaces refused ({detail})")
     return Isolation("none", sys.executable, f"namespaces and uid drop refused ({detail})")
 
 

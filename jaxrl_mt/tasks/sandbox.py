@@ -13,10 +13,12 @@ an empty environment (PATH, a UTF-8 locale, HOME/TMPDIR = its work directory), s
 a sealed memory file holding the given input), a fresh temporary work directory as cwd, its own
 session and process group, resource limits (CPU time, address space, file size, processes, open
 files, no core dumps), and on top of that the strongest OS isolation this machine allows: a
-network namespace, a read-only filesystem view with a private tmpfs work directory, and a
-throwaway uid (see :mod:`jaxrl_mt.tasks.isolation`; a weaker mode is logged once and named in
-``SandboxResult.isolation``). A wall-clock timeout kills the whole process group (and every
-process of the throwaway uid); stdout and stderr are read with a size cap.
+network namespace, a PID namespace with its own /proc (the program is PID 1 and sees only its
+own processes), a minimal read-only root (the interpreter and its libraries, five device nodes,
+a private tmpfs work directory; no host /tmp, files or Unix sockets), and a throwaway uid (see
+:mod:`jaxrl_mt.tasks.isolation` and docs/sandbox.md; a weaker mode is logged once and named, with
+what it does NOT isolate, in ``SandboxResult.isolation``). A wall-clock timeout kills the whole
+process group (and every process of the throwaway uid); stdout and stderr are read with a size cap.
 
 The program text and the input reach the child as sealed memory files (no file on disk). A small
 bootstrap executes the program as ``__main__`` (traceback lines point into ``main.py``) and,
@@ -47,7 +49,7 @@ import subprocess
 import tempfile
 import time
 
-from jaxrl_mt.tasks.isolation import Plan, isolation, kill_uid, make_preexec, new_uid
+from jaxrl_mt.tasks.isolation import Plan, child_argv, isolation, kill_uid, make_preexec, new_uid
 
 __all__ = ["VERDICTS", "SandboxLimits", "SandboxResult", "check_code", "run_python"]
 
@@ -285,13 +287,13 @@ def run_python(
     os.write(nonce_w, nonce)
     os.close(nonce_w)
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-    plan = Plan(iso.mode, workdir, uid, limits.rlimits(), limits.workdir_mb)
+    plan = Plan(iso.mode, workdir, uid, limits.rlimits(), limits.workdir_mb, iso.ro_paths)
     start = time.monotonic()
     proc = None
     try:
         try:
             proc = subprocess.Popen(
-                [iso.python, "-I", "-B", "-c", _BOOTSTRAP, str(prog_fd), str(nonce_r), str(report_w)],
+                child_argv(plan, iso.python, _BOOTSTRAP, (str(prog_fd), str(nonce_r), str(report_w))),
                 stdin=in_fd if in_fd is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -315,6 +317,11 @@ def run_python(
             for fd in (prog_fd, nonce_r, report_w) + ((in_fd,) if in_fd is not None else ()):
                 os.close(fd)
         bufs, stop = _collect(proc, report_r, limits, start + limits.timeout_s)
+        if not stop:  # the pipes closed: let the child (in full mode, the status relay) exit by itself
+            try:
+                proc.wait(timeout=max(0.0, min(0.5, start + limits.timeout_s - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         if proc is not None:
             _kill_all(proc, uid)

@@ -31,10 +31,12 @@ def test_degraded_mode_is_logged_once_and_named_in_every_result(monkeypatch, cap
         iso.isolation()
         iso.isolation()
         r = run_python("print(1)", limits=SandboxLimits(timeout_s=5))
-    assert [rec.getMessage() for rec in caplog.records] == [
-        "sandbox isolation degraded: rlimits-only (degraded): no namespaces in this test"
-    ]
-    assert r.verdict == "passed" and r.isolation == "rlimits-only (degraded): no namespaces in this test"
+    label = (
+        "rlimits-only (degraded): no namespaces in this test; NOT isolated: network, host Unix sockets, "
+        "the calling user's files, host processes and /proc/<parent> (environ, cmdline)"
+    )
+    assert [rec.getMessage() for rec in caplog.records] == [f"sandbox isolation degraded: {label}"]
+    assert r.verdict == "passed" and r.isolation == label
 
 
 def test_kill_uid_sweeps_a_process_that_left_the_group():
@@ -65,3 +67,29 @@ def test_world_executable_follows_every_directory(tmp_path):
     assert iso._world_executable(str(exe)) == all(
         os.stat(d).st_mode & 0o001 for d in [str(tmp_path), *map(str, tmp_path.parents)]
     )
+
+
+def test_an_interpreter_outside_the_system_paths_is_bound_into_the_minimal_root(tmp_path, monkeypatch):
+    if iso.isolation().mode != "full":
+        pytest.skip(f"sandbox isolation here is {iso.isolation().label!r}")
+    for d in [tmp_path, *tmp_path.parents]:
+        os.chmod(d, os.stat(d).st_mode | 0o005)
+    (tmp_path / "bin").mkdir()
+    link = tmp_path / "bin" / "python3"
+    link.symlink_to(os.path.realpath(iso.isolation().python))
+    paths = iso._ro_paths(str(link))
+    assert paths == (*iso._SYSTEM_PATHS, str(tmp_path / "bin"))  # its stdlib is under /usr: covered
+    assert iso._try_mode("full", str(link), paths) == ""
+    prog = "import subprocess as s, sys\nprint(sys.executable, s.run([sys.executable, '-c', 'print(7)']).returncode)"
+    results = []
+    for ro_paths in (paths, iso._SYSTEM_PATHS):  # with and without its directory in the root
+        monkeypatch.setattr(iso, "_FOUND", iso.Isolation("full", str(link), ro_paths=ro_paths))
+        results.append(run_python(prog, limits=SandboxLimits(timeout_s=10)))
+    assert results[0].verdict == "passed" and results[0].stdout == f"7\n{link} 0\n", results[0]
+    assert results[1].verdict == "crashed" and "FileNotFoundError" in results[1].reason, results[1]
+
+
+def test_the_uid_fallback_still_starts():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process under another uid")
+    assert iso._try_mode("uid", iso.isolation().python) == ""
