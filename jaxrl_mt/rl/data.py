@@ -42,8 +42,10 @@ class ConfigError(ValueError):
 
 def validate_config(c: Any) -> None:
     """Fails fast on values that cannot work (keys are checked by the locked ConfigDict)."""
+    from jaxrl_mt.rl.workdir import run_field_checks  # every float finite, intervals >= 1 (issue 32)
+
     rl = c.rl
-    checks = [
+    checks = [*run_field_checks(c),
         (rl.alpha >= 0, f"rl.alpha must be >= 0, got {rl.alpha}"),
         (rl.group_size >= 2, f"rl.group_size (G) must be >= 2 for group-relative advantages, got {rl.group_size}"),
         (rl.batch_size >= 1, f"rl.batch_size must be >= 1, got {rl.batch_size}"),
