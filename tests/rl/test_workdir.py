@@ -145,3 +145,44 @@ def test_a_rerun_leaves_one_row_per_step_and_kind(tmp_path: Path) -> None:
     log.truncate_after(1)
     assert read_metrics(tmp_path / "metrics.jsonl") == old[:3]
     assert not (tmp_path / "metrics.jsonl.tmp").exists()
+
+
+@pytest.mark.slow
+def test_trainer_never_saves_a_non_finite_update_and_refuses_a_changed_resume(tiny_chat_model_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    """Through the Trainer: lr = 1e39 (finite in Python, inf in float32) passes start-up, gives a finite loss and
+    gradient, and an update that makes every parameter non-finite; then resumes under changed configs."""
+    from jaxrl_mt.rl.loop import Trainer, TrainingError
+    from tests.rl.test_loop import tiny_config
+
+    wd = tmp_path / "w"
+    c = tiny_config(tiny_chat_model_dir, wd, steps=1)
+    Trainer(c).run()  # a good step 1
+    c = tiny_config(tiny_chat_model_dir, wd, steps=3)
+    c.rl.lr = 1e39  # an optimizer input that keeps the structure: allowed on resume
+    with pytest.raises(TrainingError) as info:
+        Trainer(c).run()
+    assert str(info.value) == (f"step 2: the update left non-finite values in 11 of 33 arrays (params/embed, "
+                               f"params/final_norm, params/layers/down, ...); step 2 was not saved. Stopped; last "
+                               f"good checkpoint: step 1 in {wd / 'checkpoints'}")
+    assert Checkpointer(wd / "checkpoints", read_only=True).all_steps() == [1]
+    fresh = tiny_config(tiny_chat_model_dir, tmp_path / "f", steps=4)
+    fresh.rl.lr, fresh.checkpoint.every = 1e39, 3  # no checkpoint yet: none is named (before: "step 0")
+    with pytest.raises(TrainingError, match=r"^step 2: non-finite loss .* Stopped; no checkpoint was written to "):
+        Trainer(fresh).run()
+
+    c = tiny_config(tiny_chat_model_dir, wd, steps=2)
+    c.data.add_source = "synthetic:16:1"
+    config_json = (wd / "config.json").read_bytes()
+    with pytest.raises(ConfigError, match=r"data\.add_source: 'synthetic:16:0,rlsta_add:@' -> 'synthetic:16:1'"):
+        Trainer(c)
+    assert (wd / "config.json").read_bytes() == config_json
+    c = tiny_config(tiny_chat_model_dir, wd, steps=2)
+    c.rl.grad_accum, c.allow_config_changes = 2, "rl.grad_accum"  # before: a 31-line traceback
+    logs: list[str] = []
+    Trainer(c, log=logs.append).run()  # restored with the stored optimizer; a fresh MultiSteps state
+    assert f"resumed from {wd / 'checkpoints'} at step 1" in logs
+    Trainer(c).run()  # a rerun of the finished workdir
+    rows = read_metrics(wd / "metrics.jsonl")
+    keys = [(r["step"], r["kind"]) for r in rows]
+    assert sorted(keys) == [(0, "eval"), (1, "eval"), (1, "train"), (2, "eval"), (2, "train")]
