@@ -186,7 +186,7 @@ def make_judge(spec: str, *, model: Any = None, max_new_tokens: int = 32, **back
         return Judge(name="rule")
     from jaxrl_mt.eval.user_sim import backend_for
 
-    return Judge(backend_for(spec, model=model, **backend_kw), max_new_tokens=max_new_tokens, name=spec)
+    return Judge(backend_for(spec, model=model, role="judge", **backend_kw), max_new_tokens=max_new_tokens, name=spec)
 
 
 def judge_turn(text: str, gold: str, label: str, mode: str, judge_answer: str | None = None) -> dict[str, Any]:

@@ -163,7 +163,7 @@ def test_trainer_never_saves_a_non_finite_update_and_refuses_a_changed_resume(ti
     with pytest.raises(TrainingError) as info:
         Trainer(c).run()
     assert str(info.value) == (f"step 2: the update left non-finite values in 11 of 33 arrays (params/embed, "
-                               f"params/final_norm, params/layers/down, ...); step 2 was not saved. Stopped; last "
+                               f"params/final_norm, params/layers/attn_norm, ...); step 2 was not saved. Stopped; last "
                                f"good checkpoint: step 1 in {wd / 'checkpoints'}")
     assert Checkpointer(wd / "checkpoints", read_only=True).all_steps() == [1]
     fresh = tiny_config(tiny_chat_model_dir, tmp_path / "f", steps=4)
