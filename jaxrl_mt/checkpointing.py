@@ -17,7 +17,7 @@ Faults, each reported in one line (a ``CheckpointError``), never a page of orbax
 
 * a damaged finalised step (truncated or deleted files): ``restore()`` of the latest step falls back
   to the newest step that restores, reports each skipped step and why (one line each; orbax's own
-  log records of it deduplicated, at most 8), and (writable) renames it ``<step>.unrestorable`` so
+  log records of it deduplicated), and (writable) renames it ``<step>.unrestorable`` so
   that the run can save that step again; only later steps are lost. Those folders count against
   ``max_to_keep``: a save that would leave more steps and unrestorable folders than that removes
   the oldest unrestorable ones;
@@ -118,19 +118,25 @@ class _DropOrbaxSaveTracebacks(logging.Filter):
 _ORBAX_FILTER = _DropOrbaxSaveTracebacks()
 
 
-class _Deduplicated(logging.Filter):
-    """Lets each distinct log message through once, and at most ``limit`` of them."""
+class _OrbaxOnce(logging.Filter):
+    """Lets each distinct orbax warning or error through once: orbax logs the same record of a damaged
+    step every time it reads the step's metadata (listing steps, restoring, falling back)."""
 
-    def __init__(self, limit: int = 8):
+    def __init__(self) -> None:
         super().__init__()
-        self.limit, self.seen = limit, set()
+        self.seen: set[tuple[int, str]] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.levelno, record.getMessage()[:300])
-        if key in self.seen or len(self.seen) >= self.limit:
+        if "orbax" not in record.pathname or record.levelno < logging.WARNING:
+            return True
+        key = (record.levelno, record.getMessage()[:500])
+        if key in self.seen:
             return False
         self.seen.add(key)
         return True
+
+
+_ORBAX_ONCE = _OrbaxOnce()
 
 
 @contextlib.contextmanager
@@ -229,8 +235,9 @@ class Checkpointer:
         self.max_to_keep = max_to_keep
         self._pending: int | None = None  # the step of the asynchronous save in flight
         absl_logger = logging.getLogger("absl")
-        if _ORBAX_FILTER not in absl_logger.filters:
-            absl_logger.addFilter(_ORBAX_FILTER)
+        for f in (_ORBAX_FILTER, _ORBAX_ONCE):
+            if f not in absl_logger.filters:
+                absl_logger.addFilter(f)
 
     def save(self, step: int, state: PyTree, extra: dict[str, Any], *, force: bool = False) -> bool:
         """Starts saving ``state`` and ``extra`` as ``step`` (asynchronously).
@@ -365,19 +372,14 @@ class Checkpointer:
         if not steps:
             raise FileNotFoundError(f"Checkpointer.restore: no checkpoint in {self.directory}")
         skipped: list[tuple[int, str]] = []
-        once = _Deduplicated()  # orbax logs the same records for every damaged step it reads
-        logging.getLogger("absl").addFilter(once)
-        try:
-            for s in reversed(steps):
-                try:
-                    out = self._restore_step(s, abstract)
-                except CheckpointError as e:
-                    skipped.append((s, e.reason))
-                    continue
-                self._set_aside(s, skipped, on_skip or _log.warning)
-                return out
-        finally:
-            logging.getLogger("absl").removeFilter(once)
+        for s in reversed(steps):
+            try:
+                out = self._restore_step(s, abstract)
+            except CheckpointError as e:
+                skipped.append((s, e.reason))
+                continue
+            self._set_aside(s, skipped, on_skip or _log.warning)
+            return out
         raise CheckpointError(f"no checkpoint in {self.directory} restores: "
                               + "; ".join(f"step {s}: {why}" for s, why in skipped))
 
