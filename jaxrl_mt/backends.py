@@ -184,7 +184,7 @@ class HTTPBackend:
         self.backoff = backoff
         self.max_workers = max_workers
         self.deadline = deadline or None
-        self._name = f"{self._name}" + (f" ({role}, model {model})" if role else "")
+        self._name = f"HTTP backend {self.base_url}" + (f" ({role}, model {model})" if role else "")
         self.stats: Counter = Counter()  # requests, retries, failures, cancelled (thread-safe updates)
         self._lock = threading.Lock()
 
