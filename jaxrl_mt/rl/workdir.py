@@ -3,7 +3,7 @@
 Three faults a run must not turn into silent damage (issue 32):
 
 * a value that cannot work (``rl.lr=inf``, ``checkpoint.every=0``): refused at start-up with one line
-  (``run_field_checks``, part of ``rl.data.validate_config``);
+  (``rl.config_checks.run_field_checks``, part of ``rl.data.validate_config``);
 * a resumed workdir whose config changed in a field that changes the data (the cached items would
   be reused silently) or the optimizer state's structure (the checkpoint cannot be restored):
   refused with one line naming the fields, before ``config.json`` is rewritten
@@ -16,7 +16,6 @@ Three faults a run must not turn into silent damage (issue 32):
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -24,10 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_mt.rl.config_checks import flatten
 from jaxrl_mt.rl.data import ConfigError, config_to_dict
 
 __all__ = ["DATA_FIELDS", "NonFiniteUpdate", "check_finite_state", "check_resume_config", "last_good",
-           "refused_changes", "run_field_checks"]
+           "refused_changes"]
 
 CONFIG_FILE = "config.json"
 # config fields (dotted; a prefix covers a section) whose change alters the training items a resumed run reuses
@@ -37,45 +37,8 @@ OPTIMIZER_FIELDS = ("rl.lr", "rl.schedule", "rl.warmup_steps", "rl.steps", "rl.w
                     "rl.grad_accum")
 ALLOW_FIELD = "allow_config_changes"
 _CACHES = ("histories.jsonl", "train_items.jsonl", "heldout.jsonl", "metrics.jsonl")
-# interval and count fields: (dotted name, least value)
-_LEAST = (("checkpoint.every", 1), ("checkpoint.keep", 1), ("log.every", 1), ("log.samples_every", 0),
-          ("log.n_samples", 0), ("eval.every", 0), ("eval.probe_every", 0))
-
-
 class NonFiniteUpdate(RuntimeError):
     """An update left non-finite values in the parameters or the optimizer state; the step is not saved."""
-
-
-# ----------------------------------------------------------------------------- start-up checks
-
-
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested config dict as ``{"rl.lr": 1e-6, ...}``."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def run_field_checks(c: Any) -> list[tuple[bool, str]]:
-    """``(ok, message)`` pairs for ``validate_config``: every float finite, intervals and counts in range.
-
-    Args:
-      c: a training config (configs/rlsta.py).
-
-    Returns:
-      One pair per check; a failed check's message names the field and its value.
-    """
-    flat = flatten(config_to_dict(c))
-    checks = [(False, f"{k} must be a finite number, got {v}") for k, v in sorted(flat.items())
-              if isinstance(v, float) and not math.isfinite(v)]
-    for name, least in _LEAST:
-        if name in flat and isinstance(flat[name], (int, float)):
-            checks.append((flat[name] >= least, f"{name} must be >= {least}, got {flat[name]}"))
-    return checks
 
 
 # ----------------------------------------------------------------------------- resume
