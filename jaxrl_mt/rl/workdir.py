@@ -125,6 +125,10 @@ def check_resume_config(c: Any, *, write: bool = True, log: Callable[[str], None
                 "optimizer of another structure starts from a fresh state)")
         if any(k in OPTIMIZER_FIELDS for k in refused):
             old_structure = old
+    if jax.process_count() > 1:  # every process has read the stored config before process 0 replaces it
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("jaxrl_mt_resume_config_check")
     if write:
         (wd / CONFIG_FILE).write_text(json.dumps(new, indent=2, sort_keys=True))
     return old_structure
