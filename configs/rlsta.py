@@ -22,6 +22,7 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.dtype = "float32"  # compute dtype
     c.system_prompt = ""  # system prompt ("" = the chat template's default)
     c.mesh_shape = "auto"  # device mesh "data,fsdp,tensor" (e.g. "2,2,2"); "auto": all devices on data
+    c.allow_config_changes = ""  # resume although these data/optimizer-structure fields changed ("a.b,c.d"; "*": any)
 
     c.data = ConfigDict()
     c.data.add_source = "rlsta_add:@"  # MT-Add problems: comma-separated source specs ("" = none)

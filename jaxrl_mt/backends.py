@@ -151,6 +151,7 @@ class HTTPBackend:
         *,
         api_key_env: str = "OPENAI_API_KEY",
         deadline: float | None = None,
+        role: str = "",
     ):
         """Configures the endpoint.
 
@@ -167,6 +168,8 @@ class HTTPBackend:
           api_key_env: the environment variable holding the key ("" for none).
           deadline: seconds a whole batch (one ``chat``/``complete`` call) may take; None or 0:
             no limit beyond the retries.
+          role: what the endpoint serves (``judge``, ``user simulator``), named in every error line
+            with the model: ``HTTP backend URL (judge, model M): ...``.
         """
         if max_retries < 0 or max_workers < 1 or timeout <= 0 or backoff < 0 or (deadline or 0) < 0:
             raise ValueError(
@@ -181,6 +184,7 @@ class HTTPBackend:
         self.backoff = backoff
         self.max_workers = max_workers
         self.deadline = deadline or None
+        self._name = f"HTTP backend {self.base_url}" + (f" ({role}, model {model})" if role else "")
         self.stats: Counter = Counter()  # requests, retries, failures, cancelled (thread-safe updates)
         self._lock = threading.Lock()
 
@@ -263,7 +267,7 @@ class HTTPBackend:
                     stop.set()
                 except Exception as exc:  # noqa: BLE001 (a worker must report, never die silently)
                     with cond:
-                        errors.append(BackendError(f"HTTP backend {self.base_url}: {type(exc).__name__}: "
+                        errors.append(BackendError(f"{self._name}: {type(exc).__name__}: "
                                                    f"{_one_line(str(exc))}"))
                     stop.set()
                 with cond:
@@ -289,7 +293,7 @@ class HTTPBackend:
             if state["done"] < n:
                 self._count("cancelled")
                 raise BackendError(
-                    f"HTTP backend {self.base_url}: batch deadline of {self.deadline:g} s passed with "
+                    f"{self._name}: batch deadline of {self.deadline:g} s passed with "
                     f"{n - state['done']} of {n} requests unanswered (queued ones cancelled)")
         return [r for r in results if r is not None]
 
@@ -319,7 +323,7 @@ class HTTPBackend:
                 failure = f"HTTP {exc.code}"
                 if exc.code != 429 and exc.code < 500:
                     self._count("failures")
-                    raise BackendError(f"HTTP backend {self.base_url}: {failure}: {message}") from None
+                    raise BackendError(f"{self._name}: {failure}: {message}") from None
                 wait = _retry_after(exc.headers.get("Retry-After") if exc.headers else None)
                 delay = delay if wait is None else wait
                 last = f"{failure} after {attempts} attempts: {message}"
@@ -336,7 +340,7 @@ class HTTPBackend:
                 if stop.wait(delay):
                     raise _Cancelled()
         self._count("failures")
-        raise BackendError(f"HTTP backend {self.base_url}: {last}")
+        raise BackendError(f"{self._name}: {last}")
 
     def _parse_reply(self, body: bytes) -> ChatReply:
         """The ``ChatReply`` of a 200 body; ``_BadReply`` when it is not a chat completion."""

@@ -16,13 +16,18 @@ arrays are copied to host memory; call ``wait`` before reading the files from an
 Faults, each reported in one line (a ``CheckpointError``), never a page of orbax tracebacks:
 
 * a damaged finalised step (truncated or deleted files): ``restore()`` of the latest step falls back
-  to the newest step that restores, reports each skipped step and why, and (writable) renames it
-  ``<step>.unrestorable`` so that the run can save that step again; only later steps are lost;
+  to the newest step that restores, reports each skipped step and why (one line each; orbax's own
+  log records of it deduplicated), and (writable) renames it ``<step>.unrestorable`` so
+  that the run can save that step again; only later steps are lost. Those folders count against
+  ``max_to_keep``: a save that would leave more steps and unrestorable folders than that removes
+  the oldest unrestorable ones;
 * too little free space: ``save`` compares the step's size (estimated from the pytree) with the free
   space before it starts and refuses; nothing is written, earlier steps are kept;
 * an asynchronous save that fails later (a disk filled by someone else): the next ``save``, ``wait``
   or ``close`` raises, naming the step and the cause; orbax's logged tracebacks of it are dropped,
   the half-written step is removed, earlier steps are kept.
+
+Size exception: one class owns the save and restore paths and each of their faults above.
 """
 
 from __future__ import annotations
@@ -111,6 +116,27 @@ class _DropOrbaxSaveTracebacks(logging.Filter):
 
 
 _ORBAX_FILTER = _DropOrbaxSaveTracebacks()
+
+
+class _OrbaxOnce(logging.Filter):
+    """Lets each distinct orbax warning or error through once: orbax logs the same record of a damaged
+    step every time it reads the step's metadata (listing steps, restoring, falling back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "orbax" not in record.pathname or record.levelno < logging.WARNING:
+            return True
+        key = (record.levelno, record.getMessage()[:500])
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+_ORBAX_ONCE = _OrbaxOnce()
 
 
 @contextlib.contextmanager
@@ -206,10 +232,12 @@ class Checkpointer:
             item_handlers={_STATE: ocp.StandardCheckpointHandler(), _EXTRA: ocp.JsonCheckpointHandler()},
         )
         self.read_only = read_only
+        self.max_to_keep = max_to_keep
         self._pending: int | None = None  # the step of the asynchronous save in flight
         absl_logger = logging.getLogger("absl")
-        if _ORBAX_FILTER not in absl_logger.filters:
-            absl_logger.addFilter(_ORBAX_FILTER)
+        for f in (_ORBAX_FILTER, _ORBAX_ONCE):
+            if f not in absl_logger.filters:
+                absl_logger.addFilter(f)
 
     def save(self, step: int, state: PyTree, extra: dict[str, Any], *, force: bool = False) -> bool:
         """Starts saving ``state`` and ``extra`` as ``step`` (asynchronously).
@@ -240,6 +268,7 @@ class Checkpointer:
         if not (force or self._manager.should_save(step)):
             return False
         self._check_free_space(step, state, extra)
+        self._prune_unrestorable(self.max_to_keep - min(self.max_to_keep, len(self.all_steps()) + 1))
         with self._surfacing(step):
             self._pending = step
             return self._manager.save(
@@ -287,6 +316,18 @@ class Checkpointer:
                 f"checkpoint step {failed} could not be written to {self.directory} ({why}); "
                 + (f"the last checkpoint (step {latest}) is kept" if latest is not None else "no earlier checkpoint")
             ) from None
+
+    def unrestorable(self) -> list[epath.Path]:
+        """The ``<step>.unrestorable[-n]`` folders of skipped steps, oldest step first."""
+        found = [p for p in self.directory.glob(f"*.{UNRESTORABLE}*") if p.name.split(".")[0].isdigit()]
+        return sorted(found, key=lambda p: (int(p.name.split(".")[0]), len(p.name), p.name))
+
+    def _prune_unrestorable(self, room: int) -> None:
+        """Removes the oldest unrestorable folders beyond ``room`` (process 0; they count against max_to_keep)."""
+        if jax.process_index() == 0:
+            found = self.unrestorable()
+            for p in found[: max(len(found) - room, 0)]:
+                shutil.rmtree(str(p), ignore_errors=True)
 
     def all_steps(self) -> list[int]:
         """Finalised steps on disk, ascending."""

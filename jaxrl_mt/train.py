@@ -2,7 +2,8 @@
 
 The config file is an ml_collections file (configs/rlsta.py, configs/grpo.py); it is locked, so a
 misspelt override fails at start-up. An existing workdir resumes from its newest checkpoint that
-restores. Bad input (a misspelt key, a bad value, an unwritable workdir), a checkpoint that cannot be
+restores. Bad input (a misspelt key, a bad value, an unknown model, an unwritable workdir, a resume
+with changed data or optimizer-structure fields), a checkpoint that cannot be
 written or read, a failed export: one line on stderr and exit status 2 (set JAXRL_MT_TRACEBACK=1 for
 the traceback); a training failure (non-finite loss): exit status 1.
 """
@@ -25,6 +26,7 @@ def main(argv: list[str]) -> int:
     from jaxrl_mt import cli_errors, runtime
     from jaxrl_mt.checkpointing import CheckpointError
     from jaxrl_mt.models.hf_io import ExportError
+    from jaxrl_mt.models.config import ModelError
     from jaxrl_mt.parallel import maybe_initialize_distributed
     from jaxrl_mt.rl.loop import ConfigError, Trainer, TrainingError
 
@@ -33,7 +35,7 @@ def main(argv: list[str]) -> int:
     maybe_initialize_distributed(c)
     try:
         Trainer(c).run()
-    except (ConfigError, TrainingError, CheckpointError, ExportError, OSError) as e:
+    except (ConfigError, TrainingError, CheckpointError, ExportError, ModelError, OSError) as e:
         if os.environ.get("JAXRL_MT_TRACEBACK"):
             raise
         print(f"error: {cli_errors.one_line(e)}", file=sys.stderr)

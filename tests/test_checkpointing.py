@@ -262,7 +262,7 @@ def test_damaged_latest_step_falls_back_to_the_newest_that_restores(tmp_path, ca
     target = _steps_1_2_3(d)
     _damage(d / "3", how)
     lines: list[str] = []
-    with Checkpointer(d, max_to_keep=3) as ckpt:
+    with Checkpointer(d, max_to_keep=4) as ckpt:  # room for 3 steps and 3.unrestorable (it counts against keep)
         state, extra = ckpt.restore(target=target, on_skip=lines.append)
         # lost: step 3 only (the steps after the restored one are trained again)
         assert extra == {"step": 2} and float(state["w"][0, 0]) == 2.0
@@ -354,3 +354,32 @@ def test_free_space_is_checked_before_a_save(tmp_path, monkeypatch):
             ckpt.save(1, _big(1.0), {"step": 1})
         assert ckpt.save(2, {"w": jnp.zeros(4)}, {}) is True  # 64 kB of metadata allowance + 16 bytes fit
     assert ck_mod.estimate_bytes({"k": jax.random.key(0), "x": np.zeros(1000, np.float32)}, {}) > 4000
+
+
+def test_unrestorable_folders_count_against_max_to_keep(tmp_path):
+    """Issue 32: before, `<step>.unrestorable` folders were never deleted nor counted by checkpoint.keep."""
+    d = tmp_path / "run"
+    target = _steps_1_2_3(d)
+    _damage(d / "3", "deleted item")
+    with Checkpointer(d, max_to_keep=2) as ckpt:
+        assert ckpt.restore(target=target, on_skip=lambda _: None)[1] == {"step": 2}
+        assert [p.name for p in ckpt.unrestorable()] == ["3.unrestorable"]
+        ckpt.save(3, {"w": jnp.full((64, 8), 9.0), "b": jnp.zeros(5)}, {"step": 3})
+        ckpt.wait()
+    assert sorted(os.listdir(d)) == ["2", "3"]  # 2 folders in all: the unrestorable one went first
+
+
+def test_orbax_records_of_a_damaged_step_are_deduplicated(tmp_path, caplog):
+    """A step whose files are all zeroed: orbax logged its metadata error twice per step; now once."""
+    d = tmp_path / "run"
+    target = _steps_1_2_3(d)
+    for root, _, files in os.walk(d / "3"):
+        for f in files:
+            p = os.path.join(root, f)
+            with open(p, "wb") as fh:
+                fh.write(b"\0" * os.path.getsize(p))
+    lines: list[str] = []
+    with Checkpointer(d, read_only=True) as reader:
+        assert reader.restore(target=target, on_skip=lines.append)[1] == {"step": 2}
+    parse = [r for r in caplog.records if "Failed to json parse" in r.getMessage()]
+    assert len(parse) == 1 and len(lines) == 1, [r.getMessage() for r in caplog.records]

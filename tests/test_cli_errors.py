@@ -71,3 +71,15 @@ def test_flag_error_message_and_writable_probe(tmp_path):
         check_writable_dir(tmp_path / "f", "out")
     with pytest.raises(OSError, match=r"^out .*/f/new is not writable \(Not a directory\)$"):
         check_writable_dir(tmp_path / "f" / "new", "out")
+
+
+def test_unknown_model_and_zero_intervals_are_one_line(tmp_path):
+    """Issue 32: before, --config.model=/nonexistent was a 27-line traceback (train; evaluate already gave one
+    line), checkpoint.every=0 a 25-line ZeroDivisionError after step 1."""
+    line = _one_line(_run("jaxrl_mt.train", "--config", "configs/rlsta.py:cpu", f"--config.workdir={tmp_path / 't'}",
+                          "--config.model=/nonexistent"))
+    assert line == ("error: unknown model '/nonexistent': expected builtin:NAME (smollm2-135m-instruct), a local HF "
+                    "folder or a hub id")
+    line = _one_line(_run("jaxrl_mt.train", "--config", "configs/rlsta.py:cpu", f"--config.workdir={tmp_path / 'z'}",
+                          "--config.checkpoint.every=0"))
+    assert line == "error: checkpoint.every must be >= 1, got 0"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,3 +68,17 @@ def read_jsonl_log(path: str | Path, *, repair: bool = False, error: Callable[[s
         with open(p, "ab") as f:
             f.write(b"\n")
     return out
+
+
+def rewrite_jsonl(path: str | Path, records: list[Any]) -> None:
+    """Replaces a JSONL log with ``records`` atomically: a kill mid-write leaves the old file whole.
+
+    The records go to ``<path>.tmp`` (flushed and synced) and replace ``path`` with ``os.replace``.
+    """
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)

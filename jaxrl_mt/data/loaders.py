@@ -289,10 +289,21 @@ def load_lic(path, task: str = "math") -> list[ShardedTask]:
     with a DataError.
 
     Raises:
-      DataError: ``path:line: field ...`` for a malformed record, or an unknown task.
+      DataError: ``path:line: field ...`` for a malformed record, an unknown task, or naming the file:
+        not UTF-8 (the byte offset), or nested too deeply to parse (e.g. 200,000 ``[``).
     """
     if task not in LIC_TASKS:
         raise DataError(f"unknown LiC task {task!r}; valid tasks: {', '.join(LIC_TASKS)}")
+    try:
+        return _lic_tasks(path, task)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{Path(path)}: not UTF-8 (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from None
+    except RecursionError:
+        raise DataError(f"{Path(path)}: a record is nested too deeply to parse") from None
+
+
+def _lic_tasks(path, task: str) -> list[ShardedTask]:
+    """The records of ``task`` in a LiC file (``load_lic`` without its file-level error handling)."""
     out = []
     for rec, (where, d) in enumerate(_read_json_array(path)):
         task_id = _str(d, "task_id", where)

@@ -31,6 +31,7 @@ from typing import Any
 
 import jaxrl_mt.sedt  # noqa: F401  (registers the "sedt" strategy)
 from jaxrl_mt import strategies
+from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.conversations import ConversationRun, FixedOrderUser, UserPolicy, accepts_reuse_cache
 from jaxrl_mt.data.records import LIC_SCENARIOS, DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
@@ -67,6 +68,7 @@ log = logging.getLogger(__name__)
 
 PROTOCOLS = ("lic", "final_turn")
 STOP_CORRECT = "correct_answer"  # stop_reason of a lic conversation ended by a correct answer
+STOP_TOO_LONG = "prompt_too_long"  # a first prompt that does not fit the context: recorded without turns, score 0
 CONTEXT_MARGIN = 16  # tokens of chat-template overhead assumed per extra user turn
 
 
@@ -186,7 +188,7 @@ def make_judge(spec: str, *, model: Any = None, max_new_tokens: int = 32, **back
         return Judge(name="rule")
     from jaxrl_mt.eval.user_sim import backend_for
 
-    return Judge(backend_for(spec, model=model, **backend_kw), max_new_tokens=max_new_tokens, name=spec)
+    return Judge(backend_for(spec, model=model, role="judge", **backend_kw), max_new_tokens=max_new_tokens, name=spec)
 
 
 def judge_turn(text: str, gold: str, label: str, mode: str, judge_answer: str | None = None) -> dict[str, Any]:
@@ -304,7 +306,8 @@ class TurnScorer:
 
     def flush(self) -> int:
         """Hands finished, not yet flushed conversations to the sink; returns how many."""
-        done = [r for r in self.runs if r.done and r.turns and r.conv_id not in self.flushed]
+        done = [r for r in self.runs if r.done and (r.turns or r.stop_reason == STOP_TOO_LONG)
+                and r.conv_id not in self.flushed]
         if done and self.sink is not None:
             self.sink([transcript_record(r, self.protocol) for r in done])
         self.flushed.update(r.conv_id for r in done)
@@ -315,7 +318,9 @@ class ContextGuard:
     """Wraps a user policy: ends a conversation whose next prompt would not fit the context.
 
     The next prompt's length is bounded by the last prompt, the last reply, the new user message
-    and ``CONTEXT_MARGIN`` template tokens; such a conversation stops with ``"context_full"``.
+    and ``CONTEXT_MARGIN`` template tokens; such a conversation stops with ``"context_full"``. A first
+    prompt (rendered exactly) that leaves no room for the reply ends its conversation before any turn
+    with ``"prompt_too_long"`` (recorded, score 0); the others go on.
     """
 
     def __init__(self, user: UserPolicy, tokenizer: Any, max_context: int, max_new_tokens: int):
@@ -327,6 +332,10 @@ class ContextGuard:
         nexts = self.user.next_user_turns(runs)
         out: list[str | None] = []
         for r, u in zip(runs, nexts):
+            if u is not None and not r.turns:
+                if len(encode_prompt(self.tokenizer, [{"role": "user", "content": u}], system=r.system)) > self.limit:
+                    r.done, r.stop_reason, u = True, STOP_TOO_LONG, None
+                    self.stopped += 1
             if u is not None and r.turns:
                 last = r.turns[-1]
                 need = last.prompt_tokens + len(last.tokens) + len(self.tokenizer.encode(u)) + CONTEXT_MARGIN

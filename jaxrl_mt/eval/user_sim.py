@@ -245,13 +245,17 @@ def make_user(spec: str, *, model: Any = None, max_new_tokens: int = 128,
     """
     if spec == "fixed":
         return FixedOrderUser()
-    return LLMUserSimulator(backend_for(spec, model=model, **backend_kw), max_new_tokens=max_new_tokens,
-                            temperature=temperature)
+    return LLMUserSimulator(backend_for(spec, model=model, role="user simulator", **backend_kw),
+                            max_new_tokens=max_new_tokens, temperature=temperature)
 
 
-def backend_for(spec: str, *, model: Any = None, **kw: Any) -> Any:
-    """``make_backend(spec)``, reusing ``model`` for ``local`` / ``local:<its spec>``."""
+def backend_for(spec: str, *, model: Any = None, role: str = "", **kw: Any) -> Any:
+    """``make_backend(spec)``, reusing ``model`` for ``local`` / ``local:<its spec>``; an ``http:`` endpoint
+    names ``role`` (``judge``, ``user simulator``) in its error lines."""
     from jaxrl_mt.backends import make_backend
+
+    if spec.startswith("http:") and role:
+        kw["role"] = role
 
     if model is not None and spec in ("local", f"local:{getattr(model, 'spec', None)}"):
         from jaxrl_mt.local_backend import backend_from_model

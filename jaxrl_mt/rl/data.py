@@ -19,6 +19,7 @@ from jaxrl_mt.data.scenarios import build_scenario
 import jaxrl_mt.rewards.icpo  # noqa: F401  (registers the "icpo" reward)
 import jaxrl_mt.rewards.rlsta  # noqa: F401  (registers the "rlsta" and "grpo" rewards)
 from jaxrl_mt.rewards.registry import reward_names
+from jaxrl_mt.rl.config_checks import run_field_checks
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES
 
 METHODS = ("rlsta", "grpo", "icpo")  # data recipes (`jaxrl_mt.rl.loop.RECIPES`); the reward is chosen apart
@@ -43,7 +44,7 @@ class ConfigError(ValueError):
 def validate_config(c: Any) -> None:
     """Fails fast on values that cannot work (keys are checked by the locked ConfigDict)."""
     rl = c.rl
-    checks = [
+    checks = [*run_field_checks(c),
         (rl.alpha >= 0, f"rl.alpha must be >= 0, got {rl.alpha}"),
         (rl.group_size >= 2, f"rl.group_size (G) must be >= 2 for group-relative advantages, got {rl.group_size}"),
         (rl.batch_size >= 1, f"rl.batch_size must be >= 1, got {rl.batch_size}"),

@@ -26,7 +26,6 @@ processes (`completion/max_length`: the max). Checkpoints are written by every p
 from __future__ import annotations
 
 import dataclasses
-import json
 import signal
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ from jaxrl_mt.parallel import (agree_max_many, allgather_ints, check_same_rows, 
                                mesh_from_spec, mean_over_processes, put_replicated, put_rows, rows_multiple,
                                shard_params, shard_train_state, shard_train_step, spans_processes)
 from jaxrl_mt.rewards.registry import RewardEnv, check_output, make_reward
-from jaxrl_mt.rl.data import ConfigError, config_to_dict, load_scenarios, load_tasks, reward_name, validate_config
+from jaxrl_mt.rl.data import ConfigError, load_scenarios, load_tasks, reward_name, validate_config
 from jaxrl_mt.rl.grpo import frac_zero_std, group_advantages
 from jaxrl_mt.rl.histories import TrainItem
 from jaxrl_mt.rl.icpo import ICPOData
@@ -56,6 +55,7 @@ from jaxrl_mt.rl.multiturn import MultiTurnData
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.policy_io import load_policy
 from jaxrl_mt.rl.probe import make_probe
+from jaxrl_mt.rl.workdir import NonFiniteUpdate, check_finite_state, check_resume_config, last_good
 from jaxrl_mt.rl.step import (LossConfig, assemble_grouped, assemble_rollouts, choose_remat, completion_logprobs,
                               dapo_num_items, grouped_completion_logprobs, is_grouped, make_train_step, micro_batch,
                               reference_logprobs, rollout_prompt_len)
@@ -89,9 +89,9 @@ class Trainer:
         self.system = c.system_prompt or None
         self._stop_signal: int | None = None
         self.data = RECIPES[c.method]()
+        # a resumed workdir: changed data or optimizer-structure fields are refused before config.json is written
+        self.resumed_config = check_resume_config(c, write=self.is_main, log=self.log)
         self.train_scen, self.held_scen = self.data.load(c)  # fails fast on bad or empty data
-        if self.is_main:
-            (self.wd / "config.json").write_text(json.dumps(config_to_dict(c), indent=2, sort_keys=True))
         self.model = load_model(c.model, param_dtype=c.param_dtype, dtype=c.dtype)
         self.tok = self.model.tokenizer
         self.mesh = self._make_mesh()
@@ -318,8 +318,12 @@ class Trainer:
             if self.is_main:
                 self.metrics.truncate_after(-1)
             return params, opt_state, rng, 0
-        state, extra = ck.restore(target={"params": params, "opt_state": opt_state, "rng": rng},
+        old_opt = None if self.resumed_config is None else optimizer_from_config(self.resumed_config["rl"])
+        state, extra = ck.restore(target={"params": params, "rng": rng,  # the stored optimizer's state, if allowed
+                                          "opt_state": opt_state if old_opt is None else old_opt.init(params)},
                                   on_skip=self.log)  # the newest step that restores
+        if old_opt is not None:
+            state["opt_state"] = opt_state
         it.set_state(extra["data_state"])
         start = int(extra["step"])
         self.metrics.truncate_after(start)
@@ -362,7 +366,7 @@ class Trainer:
         if start == 0 and self.probe is not None:
             self.metrics.scalars(0, self.probe(self.sampler, params))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        last_saved, step = start, start
+        step = start
         try:
             bar = _progress(range(start, c.rl.steps), initial=start, total=c.rl.steps, enabled=self.is_main)
             for step in bar:
@@ -375,17 +379,16 @@ class Trainer:
                     bar.set_postfix(R=f"{m['reward/total']:.3f}", s=f"{m['perf/step_s']:.1f}")
                 done = step + 1
                 if done % c.checkpoint.every == 0 or done == c.rl.steps or self._stop_signal is not None:
+                    check_finite_state(done, {"params": params, "opt_state": opt_state})  # never save non-finite
                     ck.save(done, {"params": params, "opt_state": opt_state, "rng": rng},
                             {"step": done, "data_state": it.get_state()}, force=True)
-                    last_saved = done
                 if self._stop_signal is not None:
                     ck.wait()
                     self.log(f"checkpoint saved at step {done}; exiting on signal")
                     raise SystemExit(128 + self._stop_signal)
-        except TrainingError as e:
+        except (TrainingError, NonFiniteUpdate) as e:
             ck.wait()
-            raise TrainingError(f"step {step + 1}: {e}. Stopped; last good checkpoint: step {last_saved} "
-                                f"in {self.wd / 'checkpoints'}") from None
+            raise TrainingError(f"step {step + 1}: {e}. Stopped; {last_good(ck)}") from None
         finally:
             for s, h in old_handlers.items():
                 signal.signal(s, h)

@@ -1,7 +1,10 @@
 """Run logging: TensorBoard events, a JSONL metrics log, sample tables and end-of-run PNG curves.
 
 ``metrics.jsonl`` is append-only; a last line cut short by a crash is dropped with one warning
-when the run resumes (its step comes after the last checkpoint, so it is logged again).
+when the run resumes (its step comes after the last checkpoint, so it is logged again). Rows are
+keyed by ``(step, kind)`` (``kind``: ``train``, ``eval``, ``probe``; ``row_kind``): a row logged again
+under a key the file holds (a rerun of a finished workdir, a rerun after a kill during the export
+redoing "eval after") replaces the old one, so the file holds one row per key.
 """
 
 from __future__ import annotations
@@ -11,7 +14,21 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from jaxrl_mt.data.jsonl_log import read_jsonl_log
+from jaxrl_mt.data.jsonl_log import read_jsonl_log, rewrite_jsonl
+
+TRAIN_PREFIXES = ("reward", "train", "completion", "perf")  # the keys of a training step's row
+
+
+def row_kind(keys: Sequence[str]) -> str:
+    """The kind of a metrics row from its keys: ``train`` (reward/, train/, ...), else their prefixes joined."""
+    prefixes = sorted({k.split("/")[0] for k in keys if k not in ("step", "kind")})
+    if any(p in TRAIN_PREFIXES for p in prefixes):
+        return "train"
+    return "+".join(prefixes) or "empty"
+
+
+def _key(row: Mapping[str, Any]) -> tuple[Any, str]:
+    return row.get("step"), str(row.get("kind") or row_kind(list(row)))
 
 
 class MetricsLog:
@@ -22,6 +39,7 @@ class MetricsLog:
         self.enabled = enabled
         self.jsonl = self.dir / "metrics.jsonl"
         self.tb = None
+        self._keys: set[tuple[Any, str]] | None = None  # (step, kind) of the file's rows, read on first use
         if enabled:
             try:
                 from tensorboardX import SummaryWriter
@@ -31,19 +49,35 @@ class MetricsLog:
                 self.tb = None
 
     def truncate_after(self, step: int) -> None:
-        """Drops log lines of steps > step (a resumed run rewrites them) and a truncated last line."""
+        """Drops log lines of steps > step (a resumed run rewrites them), a truncated last line and
+        all but the last row of each (step, kind); the file is replaced atomically."""
         if not self.enabled or not self.jsonl.exists():
             return
-        rows = [r for _, r in read_jsonl_log(self.jsonl, repair=True)]
-        self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("step", 0) <= step))
+        rows = [r for _, r in read_jsonl_log(self.jsonl, repair=True) if r.get("step", 0) <= step]
+        last = {_key(r): i for i, r in enumerate(rows)}
+        rewrite_jsonl(self.jsonl, [r for i, r in enumerate(rows) if last[_key(r)] == i])
+        self._keys = set(last)
 
-    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    def scalars(self, step: int, values: Mapping[str, float], kind: str | None = None) -> None:
+        """Logs one row ``{"step", "kind", **values}``; a row of the same (step, kind) is replaced.
+
+        Args:
+          step: the training step.
+          values: metric name -> number (non-finite numbers are written as strings).
+          kind: the row's kind (default: ``row_kind`` of the names).
+        """
         if not self.enabled:
             return
         clean = {k: float(v) for k, v in values.items()}
+        key = (step, kind or row_kind(list(clean)))
+        if self._keys is None:
+            self._keys = {_key(r) for r in read_metrics(self.jsonl)}
+        if key in self._keys:  # logged before (a rerun): replace the old row
+            rewrite_jsonl(self.jsonl, [r for r in read_metrics(self.jsonl) if _key(r) != key])
+        self._keys.add(key)
         with open(self.jsonl, "a") as f:
             row = {k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}
-            f.write(json.dumps({"step": step, **row}) + "\n")
+            f.write(json.dumps({"step": step, "kind": key[1], **row}) + "\n")
         if self.tb is not None:
             for k, v in clean.items():
                 self.tb.add_scalar(k, v, step)

@@ -1,0 +1,51 @@
+"""Start-up checks of a training config that the typed checks of ``rl.data.validate_config`` miss (issue 32).
+
+Every float field must be finite (``rl.lr=inf`` passed ``lr > 0`` and saved a checkpoint of infinite
+parameters), and the interval and count fields must be at least 1 (``checkpoint.every=0`` was a
+ZeroDivisionError after the first step).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+__all__ = ["flatten", "run_field_checks"]
+
+# interval and count fields: (dotted name, least value)
+_LEAST = (("checkpoint.every", 1), ("checkpoint.keep", 1), ("log.every", 1), ("log.samples_every", 0),
+          ("log.n_samples", 0), ("eval.every", 0), ("eval.probe_every", 0))
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as ``{"rl.lr": 1e-6, ...}``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _config_dict(c: Any) -> dict[str, Any]:
+    return json.loads(c.to_json()) if hasattr(c, "to_json") else dict(c)
+
+
+def run_field_checks(c: Any) -> list[tuple[bool, str]]:
+    """``(ok, message)`` pairs for ``validate_config``: every float finite, intervals and counts in range.
+
+    Args:
+      c: a training config (configs/rlsta.py).
+
+    Returns:
+      One pair per check; a failed check's message names the field and its value.
+    """
+    flat = flatten(_config_dict(c))
+    checks = [(False, f"{k} must be a finite number, got {v}") for k, v in sorted(flat.items())
+              if isinstance(v, float) and not math.isfinite(v)]
+    for name, least in _LEAST:
+        if name in flat and isinstance(flat[name], (int, float)):
+            checks.append((flat[name] >= least, f"{name} must be >= {least}, got {flat[name]}"))
+    return checks
