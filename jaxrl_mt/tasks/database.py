@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from jaxrl_mt.data.records import ShardedTask
-from jaxrl_mt.tasks.base import Verdict, lic_extra
+from jaxrl_mt.tasks.base import MAX_REPLY_CHARS, Verdict, lic_extra, oversized
 from jaxrl_mt.tasks.sql_exec import (
     QueryResult,
     guard,
@@ -56,15 +56,31 @@ def _is_query(sql: str) -> bool:
     return True
 
 
+def _starts_line(text: str, pos: int) -> bool:
+    """``text[:pos].rsplit("\\n", 1)[-1].strip() in ("", "`", ">")``, reading back from ``pos`` only
+    over the whitespace (and one "`" or ">") before it."""
+    i = pos - 1
+    for allowed_mark in (True, False):
+        while i >= 0 and text[i] != "\n" and text[i].isspace():
+            i -= 1
+        if i < 0 or text[i] == "\n":
+            return True
+        if not (allowed_mark and text[i] in "`>"):
+            return False
+        i -= 1
+    return False
+
+
 def extract_sql(reply: str) -> str | None:
     """The SQL of ``reply``: the last ```sql block; else the last fenced block holding a
     SELECT/WITH query; else the last SELECT ... FROM / WITH ... AS ( statement in the text
     (upper-case keyword, or at the start of a line or inline code).
 
     Returns:
-      the query text, stripped, trailing ``;`` removed, or None.
+      the query text, stripped, trailing ``;`` removed, or None (also for a reply over
+      ``MAX_REPLY_CHARS``).
     """
-    if not isinstance(reply, str):
+    if not isinstance(reply, str) or len(reply) > MAX_REPLY_CHARS:
         return None
     blocks = [(m.group(1).lower(), m.group(2).strip()) for m in _FENCE_RE.finditer(reply)]
     tagged = [b for tag, b in blocks if tag in _SQL_TAGS and strip_comments(b).strip()]
@@ -76,7 +92,7 @@ def extract_sql(reply: str) -> str | None:
     found = None
     for m in _PROSE_RE.finditer(reply):
         text, kw = m.group(0).strip(), m.group(1)
-        line_start = reply[: m.start()].rsplit("\n", 1)[-1].strip() in ("", "`", ">")
+        line_start = _starts_line(reply, m.start())
         ok = kw.isupper() or line_start or reply[max(0, m.start() - 1) : m.start()] == "`"
         has_from = re.search(r"\bfrom\b", text, re.I) if kw.lower() == "select" else _is_query(text)
         if ok and has_from:
@@ -164,6 +180,9 @@ class DatabaseTask:
 
     def verify(self, reply: str, task: ShardedTask) -> Verdict:
         """Extracts the SQL of ``reply`` and scores it by execution (see module doc)."""
+        too_long = oversized(reply)
+        if too_long is not None:
+            return too_long
         sql = extract_sql(reply)
         if sql is None:
             return Verdict(0.0, None, "no_answer", "no SQL query in the reply")
