@@ -9,7 +9,9 @@ when the reference has a top-level ORDER BY; columns in any order). With ``spide
 set (a folder of ``<db_id>/<db_id>.sqlite``), the real database is used instead (LiC's metric).
 
 Predicted SQL runs read-only (query_only + an authorizer that denies writes, ATTACH and
-PRAGMA; real databases are opened ``mode=ro``) under a time limit. Verdict statuses:
+PRAGMA; real databases are opened ``mode=ro``) in a worker process killed at its time limit
+(:func:`jaxrl_mt.tasks.sql_exec.run_isolated`: the limit holds for parsing and for one long
+step too); the reference queries (the data's own) run in this process. Verdict statuses:
 ``correct``, ``wrong``, ``sql_error``, ``timeout``, ``no_answer`` (and ``reference_error``
 when the reference query itself fails everywhere: a data problem, not the model's).
 """
@@ -27,6 +29,7 @@ from jaxrl_mt.tasks.sql_exec import (
     guard,
     open_readonly,
     results_equal,
+    run_isolated,
     run_query,
 )
 from jaxrl_mt.tasks.sql_fuzz import FuzzConfig, make_instances
@@ -205,9 +208,9 @@ class DatabaseTask:
             gold = run_query(conn, ref, timeout_s=max(self.timeout_s, 30.0))
             if gold.status != "ok":
                 return Verdict(0.0, sql, "reference_error", f"{db_id}: the reference query failed: {gold.error}")
-            pred = run_query(conn, sql, timeout_s=self.timeout_s)
         finally:
             conn.close()
+        pred = run_isolated(path, sql, timeout_s=self.timeout_s)
         if pred.status != "ok":
             return self._failed(sql, pred, db_id)
         if results_equal(gold.rows, pred.rows, ordered=has_top_level(ref, "ORDER", "BY")):
@@ -215,6 +218,17 @@ class DatabaseTask:
         return Verdict(
             0.0, sql, "wrong", f"{db_id}: {_difference(gold.rows, pred.rows, has_top_level(ref, 'ORDER', 'BY'))}"
         )
+
+    def _run(self, inst, sql: str) -> QueryResult:
+        """``sql`` on one generated instance, in a worker (in this process where Python cannot
+        serialize databases)."""
+        if inst.blob is not None:
+            return run_isolated(inst.blob, sql, timeout_s=self.timeout_s)
+        conn = guard(inst.connect())
+        try:
+            return run_query(conn, sql, timeout_s=self.timeout_s)
+        finally:
+            conn.close()
 
     def _verify_suite(self, sql: str, ref: str, schema: str) -> Verdict:
         instances = make_instances(schema, [ref], seed=self.seed, config=self.fuzz)
@@ -224,11 +238,7 @@ class DatabaseTask:
             if gold.status != "ok":
                 continue
             used += 1
-            conn = guard(inst.connect())
-            try:
-                pred = run_query(conn, sql, timeout_s=self.timeout_s)
-            finally:
-                conn.close()
+            pred = self._run(inst, sql)
             where = f"instance {i + 1}/{k}"
             if pred.status != "ok":
                 return self._failed(sql, pred, where)
