@@ -16,6 +16,10 @@ For a non-math reply the verdict stored in ``turn.info`` is:
 - ``correct`` and ``correct_strict``: the verdict's score (the task verifiers have one mode; the
   report's judge-free cross-check reads ``correct_strict``).
 
+A checker that raises (a bug, or a reply no one foresaw) costs only its turn: the verdict is
+``status: "checker_error"`` with the exception in ``reason`` (one line), score 0 and no answer
+attempt (with the rule judge), and a one-line warning is logged; the other replies are scored.
+
 The task record itself travels in ``ConversationRun.meta["task"]`` (set by ``plan_runs``) and is
 never written to transcripts. Code replies run in the sandbox; a turn's verifications run in a
 small thread pool (the sandbox and the SQLite checks are thread-safe).
@@ -23,6 +27,7 @@ small thread pool (the sandbox and the SQLite checks are thread-safe).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -35,6 +40,8 @@ __all__ = ["MATH", "SCORE_WORKERS", "conversation_system", "lookup_task", "score
 MATH = "math"
 SCORE_WORKERS = 4  # threads verifying one turn's non-math replies (sandbox runs are child processes)
 NO_ANSWER_LABEL = "discussion"  # rule label of a reply the task finds no answer in
+CHECKER_ERROR = "checker_error"  # status of a turn whose checker raised
+_log = logging.getLogger(__name__)
 
 
 def lookup_task(domain: str, tasks: Mapping[str, Task] | None = None) -> Task:
@@ -96,10 +103,26 @@ def task_turn(text: str, task: ShardedTask, plug: Task, label: str, *, llm_label
             "correct_strict": score, "status": verdict.status, "reason": verdict.reason}
 
 
+def _checked_turn(text: str, task: ShardedTask, plug: Task, label: str, *, llm_label: bool) -> dict[str, Any]:
+    """:func:`task_turn`, or the ``checker_error`` verdict when the checker raises."""
+    try:
+        return task_turn(text, task, plug, label, llm_label=llm_label)
+    except Exception as e:  # any checker failure is this turn's verdict, never the run's
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        _log.warning("task %s (%s): the checker raised on a %d-character reply: %s", task.task_id, plug.name,
+                     len(text) if isinstance(text, str) else -1, why)
+        attempt = llm_label and label == "answer_attempt"
+        if not llm_label and label == "answer_attempt":
+            label = NO_ANSWER_LABEL
+        return {"label": label, "answer_attempt": attempt, "extracted": None, "correct": 0.0, "correct_strict": 0.0,
+                "status": CHECKER_ERROR, "reason": f"the checker raised {why}"}
+
+
 def score_task_turns(texts: Sequence[str], tasks: Sequence[ShardedTask], labels: Sequence[str], *,
                      llm_label: bool, plugins: Mapping[str, Task] | None = None,
                      workers: int = SCORE_WORKERS) -> list[dict[str, Any]]:
-    """:func:`task_turn` for a batch of non-math replies, in order, verified in a thread pool.
+    """:func:`task_turn` for a batch of non-math replies, in order, verified in a thread pool; a
+    checker that raises gives its turn the ``checker_error`` verdict (see the module doc).
 
     Args:
       texts: the replies.
@@ -124,6 +147,6 @@ def score_task_turns(texts: Sequence[str], tasks: Sequence[ShardedTask], labels:
         plugs.append(lookup_task(t.domain, plugins))
     jobs = list(zip(texts, tasks, plugs, labels))
     if workers <= 1 or len(jobs) <= 1:
-        return [task_turn(x, t, p, lab, llm_label=llm_label) for x, t, p, lab in jobs]
+        return [_checked_turn(x, t, p, lab, llm_label=llm_label) for x, t, p, lab in jobs]
     with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        return list(pool.map(lambda j: task_turn(j[0], j[1], j[2], j[3], llm_label=llm_label), jobs))
+        return list(pool.map(lambda j: _checked_turn(j[0], j[1], j[2], j[3], llm_label=llm_label), jobs))

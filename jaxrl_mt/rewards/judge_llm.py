@@ -17,6 +17,7 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
 from jaxrl_mt.rewards.judge_rules import clean_reply, classify_rule_based
+from jaxrl_mt.rewards.verifier import MAX_CHECKED_CHARS
 
 __all__ = ["JUDGE_PROMPT", "LLMVerdict", "classify_llm", "judge_llm", "parse_judge_answer", "parse_judge_reply"]
 
@@ -65,7 +66,8 @@ _SYNONYMS = {
     "refuse": "refusal", "missing": "missing", "empty": "missing",
 }
 _CATEGORY_LINE_RE = re.compile(r"category\s*[:=\-]\s*[*_`\"']*\s*([a-z][a-z_ \-]*)", re.IGNORECASE)
-_ANSWER_LINE_RE = re.compile(r"^\W*answer\s*[:=]\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
+# "^[^\w\n]*" (not "^\W*", which crosses lines and backtracks quadratically): the same lines match.
+_ANSWER_LINE_RE = re.compile(r"^[^\w\n]*answer\s*[:=]\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 _LABEL_WORD_RE = re.compile(
     r"answer[_ \-]attempt|clarification|interrogation|discussion|hedging|refusal|missing", re.IGNORECASE)
 _LEADING_LABEL_RE = re.compile(r"answer[_ \-]attempt|[a-z_]+", re.IGNORECASE)
@@ -95,8 +97,11 @@ def parse_judge_reply(reply: str) -> str | None:
     ignored for this).
 
     Returns:
-      One of ``RESPONSE_TYPES``, or None if the reply names no category unambiguously.
+      One of ``RESPONSE_TYPES``, or None if the reply names no category unambiguously (or is
+      longer than ``MAX_CHECKED_CHARS``: not read).
     """
+    if len(reply) > MAX_CHECKED_CHARS:
+        return None
     for m in reversed(list(_CATEGORY_LINE_RE.finditer(reply))):
         label = _normalise_label(_LEADING_LABEL_RE.match(m.group(1)).group(0))
         if label is not None:
@@ -110,7 +115,10 @@ def parse_judge_reply(reply: str) -> str | None:
 
 
 def parse_judge_answer(reply: str) -> str | None:
-    """The text of the last ``Answer:`` line, or None when absent or ``none``."""
+    """The text of the last ``Answer:`` line, or None when absent or ``none`` (or the reply is
+    longer than ``MAX_CHECKED_CHARS``)."""
+    if len(reply) > MAX_CHECKED_CHARS:
+        return None
     found = _ANSWER_LINE_RE.findall(reply)
     if not found:
         return None

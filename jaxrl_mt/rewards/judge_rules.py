@@ -27,7 +27,7 @@ from jaxrl_mt.rewards.judge_rules_asked import (
     terms,
 )
 from jaxrl_mt.rewards.judge_rules_math import commits_to_value, is_alternative_of_asked
-from jaxrl_mt.rewards.verifier import extract_marked_answer, find_numbers
+from jaxrl_mt.rewards.verifier import MAX_CHECKED_CHARS, extract_marked_answer, find_numbers
 
 __all__ = ["NON_ANSWER_TYPES", "RESPONSE_TYPES", "classify_rule_based", "clean_reply", "is_answer_attempt"]
 
@@ -243,8 +243,10 @@ def classify_rule_based(text: str, domain: str = "math", *, question: str | None
         is then not an answer attempt.
 
     Returns:
-      One of ``RESPONSE_TYPES``.
+      One of ``RESPONSE_TYPES`` (``missing`` for a reply longer than ``MAX_CHECKED_CHARS``: not read).
     """
+    if len(text) > MAX_CHECKED_CHARS:
+        return "missing"
     text = clean_reply(text)
     if _is_missing(text):
         return "missing"

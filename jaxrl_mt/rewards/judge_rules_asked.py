@@ -167,15 +167,30 @@ def values(sentence: str, unit: str | None = None) -> list[Value]:
     """
     found = []
     for m in _TOKEN_RE.finditer(sentence):
-        before, after = sentence[: m.start()], sentence[m.end():]
+        after = sentence[m.end():]
+        lo = _tail_window(sentence, m.start())
         compound = re.match(r"-([A-Za-z]+)", after)
-        if _OP_BEFORE_RE.search(before) or _OP_AFTER_RE.match(after) \
+        if _OP_BEFORE_RE.search(sentence, lo, m.start()) or _OP_AFTER_RE.match(after) \
                 or (compound and stem(compound.group(1)) != unit):
             continue
         numbers = find_numbers(m.group(0))
         if numbers:
-            found.append(Value(numbers[0], m.start(), m.end(), m.group(0), bool(_RESULT_BEFORE_RE.search(before))))
+            result = bool(_RESULT_BEFORE_RE.search(sentence, lo, m.start()))
+            found.append(Value(numbers[0], m.start(), m.end(), m.group(0), result))
     return found
+
+
+_BEFORE_WINDOW = 48  # the "...\s*$" patterns read at most this far before a value's trailing spaces
+
+
+def _tail_window(text: str, end: int) -> int:
+    """Where the patterns anchored at the end of ``text[:end]`` need to start looking: before its
+    trailing whitespace, at most ``_BEFORE_WINDOW`` characters (``search(text, lo, end)`` then
+    equals ``search(text[:end])``: look-behinds and ``\\b`` still see the text before ``lo``)."""
+    w = end
+    while w > 0 and text[w - 1].isspace():
+        w -= 1
+    return max(0, w - _BEFORE_WINDOW)
 
 
 def counted_nouns(after: str) -> set[str]:

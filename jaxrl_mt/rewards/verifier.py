@@ -9,7 +9,8 @@ One verifier serves RLSTA training rewards and the LiC evaluator, in two modes:
 
 Extraction priority (``extract_answer``): the last ``\\boxed{...}`` (nested braces handled) >
 the last ``#### x`` > the last "the answer is x" / "final answer: x" > the last number in the text.
-A marker whose span holds no number is skipped, and the next priority is tried. After a
+A marker whose span holds no number is skipped, and the next priority is tried. A reply longer
+than ``MAX_CHECKED_CHARS`` holds no answer (every scan here is linear, nothing recurses). After a
 ``####`` or answer-phrase marker the value is the first number that follows, unless the marker
 is followed directly by an equation: then its result ("The answer is 2024-18=2006" reads 2006,
 not 2024; "The answer is 12 because 3+4=7" still reads 12).
@@ -28,6 +29,7 @@ decimal point (``"1234"``), other values as Python's shortest round-trip float (
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from collections.abc import Sequence
@@ -39,6 +41,7 @@ __all__ = [
     "STRICT_REL_TOL",
     "LENIENT_ABS_TOL",
     "LENIENT_LAST_K",
+    "MAX_CHECKED_CHARS",
     "extract_answer",
     "extract_marked_answer",
     "find_numbers",
@@ -54,20 +57,31 @@ MODES = ("strict", "lenient")
 STRICT_REL_TOL = 1e-6  # relative tolerance of strict mode (LiC harness: numeric equality)
 LENIENT_ABS_TOL = 1e-3  # absolute tolerance of lenient mode (RLSTA's released code)
 LENIENT_LAST_K = 3  # lenient mode looks at this many trailing numbers
+MAX_CHECKED_CHARS = 100_000  # longer replies are not read (no answer): every checker stops here
 
 # An unsigned magnitude: thousands-separated integer or plain digits, optional decimals, or ".5".
 _MAG = r"(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"
 # A sign is a minus (ASCII or Unicode) not glued to a preceding word, digit or closing bracket.
 _SIGN = r"(?:(?<![\w)\]}])[-\u2212])"
-_NUMBER_RE = re.compile(
-    r"(?P<frac>(?P<fsign>" + _SIGN + r")?\\[dt]?frac\s*"
-    r"\{\s*(?P<fnum>[-\u2212]?" + _MAG + r")\s*\}\s*\{\s*(?P<fden>[-\u2212]?" + _MAG + r")\s*\})"
-    r"|(?P<plain>(?P<sign>" + _SIGN + r")?(?:\\?\$\s*(?P<sign2>[-\u2212])?)?"
-    r"(?<![A-Za-z\d/])(?P<num>" + _MAG + r")"
-    r"(?:/(?P<den>" + _MAG + r")(?![/\d]))?"
-    r"(?P<pct>\s*\\?%)?)"
-)
+
+
+def _number_pattern(sign: str, before_num: str) -> str:
+    return (
+        r"(?P<frac>(?P<fsign>" + sign + r")?\\[dt]?frac\s*"
+        r"\{\s*(?P<fnum>[-\u2212]?" + _MAG + r")\s*\}\s*\{\s*(?P<fden>[-\u2212]?" + _MAG + r")\s*\})"
+        r"|(?P<plain>(?P<sign>" + sign + r")?(?:\\?\$\s*(?P<sign2>[-\u2212])?)?"
+        + before_num + r"(?P<num>" + _MAG + r")"
+        r"(?:/(?P<den>" + _MAG + r")(?![/\d]))?"
+        r"(?P<pct>\s*\\?%)?)"
+    )
+
+
+_NUMBER_RE = re.compile(_number_pattern(_SIGN, r"(?<![A-Za-z\d/])"))
+# The same token where a string starts: its look-behinds see nothing there (always pass).
+_NUMBER_AT_START_RE = re.compile(_number_pattern(r"[-\u2212]", ""))
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE_RE = re.compile(r"[{}]")
+_BOXED_BUDGET = 4  # box contents read per character of the reply (only boxes nested in boxes reach it)
 _HASH_RE = re.compile(r"####")
 # "answer" as a noun ("The answer is", "Final answer:"), not the verb ("before I answer: is ...").
 _ANSWER_RE = re.compile(
@@ -177,30 +191,15 @@ def parse_number(s: str | float | int | None) -> float | None:
 
 
 def _boxed_contents(text: str) -> list[str]:
-    """Contents of every ``\\boxed{...}`` (balanced braces), in order."""
-    contents = []
-    for m in _BOXED_RE.finditer(text):
-        depth, start = 1, m.end()
-        for i in range(start, len(text)):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    contents.append(text[start:i])
-                    break
-    return contents
-
-
-def _line_after(text: str, pos: int) -> str:
-    """The rest of the line starting at ``pos``."""
-    end = text.find("\n", pos)
-    return text[pos:] if end < 0 else text[pos:end]
-
-
-def _first_number(span: str) -> float | None:
-    numbers = find_numbers(span)
-    return numbers[0] if numbers else None
+    """Contents of every ``\\boxed{...}`` (balanced braces), in order (one pass over the braces)."""
+    closes: dict[int, int] = {}
+    stack: list[int] = []
+    for m in _BRACE_RE.finditer(text):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            closes[stack.pop()] = m.start()
+    return [text[m.end() : closes[m.end() - 1]] for m in _BOXED_RE.finditer(text) if m.end() - 1 in closes]
 
 
 def _last_number(span: str) -> float | None:
@@ -208,26 +207,73 @@ def _last_number(span: str) -> float | None:
     return numbers[-1] if numbers else None
 
 
-def _marker_span_value(span: str) -> float | None:
-    """The answer in the text after a marker: its first number, or, when the marker is followed
-    directly by an equation ("2024 - 18 = 2006", "= 5"), the equation's result."""
-    m = _EQUATION_RE.match(span)
-    if m is not None:
-        value = _first_number(span[m.end():])
-        if value is not None:
+def _first_valid(text: str, pos: int, end: int) -> float | None:
+    """The first finite value of the number tokens found from ``pos`` to ``end``."""
+    for m in _NUMBER_RE.finditer(text, pos, end):
+        value = _match_value(m)
+        if value is not None and math.isfinite(value):
             return value
-    return _first_number(span)
+    return None
+
+
+class _Span:
+    """``_first_number(text[pos:line end])`` without copying the line: the value from ``pos`` up
+    to ``end`` (where the next marker of the line starts: no number crosses a marker), else
+    ``tail`` (the value after that marker)."""
+
+    def __init__(self, text: str, end: int, tail: float | None):
+        self.text, self.end, self.tail = text, end, tail
+
+    def first(self, pos: int) -> float | None:
+        m = _NUMBER_AT_START_RE.match(self.text, pos, self.end)
+        if m is not None:
+            value = _match_value(m)
+            if value is not None and math.isfinite(value):
+                return value
+        value = _first_valid(self.text, m.end() if m is not None else pos + 1, self.end)
+        return self.tail if value is None else value
+
+
+def _marker_values(text: str, marker: re.Pattern) -> list[float]:
+    """The value after each ``marker`` match (the first number on the rest of its line, or an
+    equation's result: "2024 - 18 = 2006" reads 2006), last match first, those without one left
+    out. Linear: each stretch between two markers of a line is read a bounded number of times."""
+    newlines = [m.start() for m in re.finditer("\n", text)]
+    values: list[float] = []
+    nxt: tuple[int, int, float | None] | None = None  # (line end, next marker's start, its full-scan value)
+    for m in reversed(list(marker.finditer(text))):
+        k = m.end()
+        i = bisect.bisect_left(newlines, k)
+        line_end = newlines[i] if i < len(newlines) else len(text)
+        same_line = nxt is not None and nxt[0] == line_end
+        end, tail = (nxt[1], nxt[2]) if same_line else (line_end, None)
+        span = _Span(text, end, tail)
+        value = None
+        eq = _EQUATION_RE.match(text, k, end)
+        if eq is not None:
+            value = span.first(eq.end())
+        if value is None:
+            value = span.first(k)
+        if value is not None:
+            values.append(value)
+        full = _first_valid(text, k, end)
+        nxt = (line_end, m.start(), tail if full is None else full)
+    return values
 
 
 def _marked_values(text: str) -> list[float]:
     """Every explicit answer's value, most authoritative first: boxed (last first), then ####,
     then answer phrases (each last first)."""
-    values = [v for v in (_last_number(c) for c in reversed(_boxed_contents(text))) if v is not None]
+    values, budget = [], _BOXED_BUDGET * len(text) + 1000
+    for c in reversed(_boxed_contents(text)):
+        budget -= len(c)
+        if budget < 0:
+            break  # boxes nested thousands deep: the innermost ones were read
+        v = _last_number(c)
+        if v is not None:
+            values.append(v)
     for marker in (_HASH_RE, _ANSWER_RE):
-        for m in reversed(list(marker.finditer(text))):
-            value = _marker_span_value(_line_after(text, m.end()))
-            if value is not None:
-                values.append(value)
+        values += _marker_values(text, marker)
     return values
 
 
@@ -240,6 +286,8 @@ def _marked_value(text: str) -> float | None:
 def offers_several_candidates(text: str) -> bool:
     """Whether a reply offers more than one final answer: explicit markers with different values,
     or alternatives ("12 or 14") or a range ("85-90", "between 10 and 20") in its final sentence."""
+    if len(text) > MAX_CHECKED_CHARS:
+        return False
     marked = _marked_values(text)
     if any(not math.isclose(v, marked[0], rel_tol=STRICT_REL_TOL, abs_tol=1e-12) for v in marked[1:]):
         return True
@@ -275,7 +323,7 @@ def extract_marked_answer(text: str) -> str | None:
     Returns:
       The normalised numeric string, or None if no marker is followed by a number.
     """
-    value = _marked_value(text)
+    value = _marked_value(text) if len(text) <= MAX_CHECKED_CHARS else None
     return None if value is None else format_number(value)
 
 
@@ -293,7 +341,7 @@ def extract_answer(text: str) -> str | None:
       The normalised numeric string (``"1234"``, ``"0.75"``, ``"-3"``), or None if the text holds
       no number.
     """
-    value = _extract_value(text)
+    value = _extract_value(text) if len(text) <= MAX_CHECKED_CHARS else None
     return None if value is None else format_number(value)
 
 
@@ -313,6 +361,8 @@ def _check_mode(mode: str) -> None:
 
 
 def _verify_value(text: str, gold_value: float, mode: str) -> float:
+    if len(text) > MAX_CHECKED_CHARS:
+        return 0.0
     if mode == "strict":
         value = _extract_value(text)
         ok = value is not None and math.isclose(

@@ -8,7 +8,8 @@ JSON (:mod:`jaxrl_mt.tasks.calls`).
 
 Verdict statuses: ``correct``, ``wrong`` (the reason names what failed: wrong function, missing
 required argument, unexpected argument, wrong type, wrong value, wrong number of calls),
-``no_answer`` (no parseable call).
+``no_answer`` (no parseable call), ``unparsable`` (a reply over ``MAX_REPLY_CHARS``; no answer
+attempt either).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from jaxrl_mt.data.records import ShardedTask
-from jaxrl_mt.tasks.base import Verdict, lic_extra
+from jaxrl_mt.tasks.base import MAX_REPLY_CHARS, Verdict, lic_extra, oversized
 from jaxrl_mt.tasks.bfcl_check import check_calls
 from jaxrl_mt.tasks.calls import Call, calls_to_json, find_calls
 
@@ -82,6 +83,8 @@ class ActionsTask:
     def calls(self, reply: str, task: ShardedTask) -> list[Call] | None:
         """The function calls of ``reply`` (positional arguments mapped with the task's specs)."""
         functions, _, _ = self._extra(task)
+        if isinstance(reply, str) and len(reply) > MAX_REPLY_CHARS:
+            return None
         return find_calls(reply, self._order(functions))
 
     def extract(self, reply: str, task: ShardedTask) -> str | None:
@@ -99,6 +102,9 @@ class ActionsTask:
     def verify(self, reply: str, task: ShardedTask) -> Verdict:
         """Scores the calls of ``reply`` against the possible answers (BFCL AST rules)."""
         functions, reference, category = self._extra(task)
+        too_long = oversized(reply)
+        if too_long is not None:
+            return too_long
         calls = find_calls(reply, self._order(functions))
         if not calls:
             return Verdict(0.0, None, "no_answer", "no function call in the reply")

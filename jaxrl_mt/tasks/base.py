@@ -17,8 +17,11 @@ import json
 from typing import Any, Protocol, runtime_checkable
 
 from jaxrl_mt.data.records import ShardedTask
+from jaxrl_mt.rewards.verifier import MAX_CHECKED_CHARS
 
-__all__ = ["Verdict", "Task", "register_task", "get_task", "task_names", "lic_extra"]
+__all__ = ["MAX_REPLY_CHARS", "Verdict", "Task", "register_task", "get_task", "task_names", "lic_extra", "oversized"]
+
+MAX_REPLY_CHARS = MAX_CHECKED_CHARS  # a longer reply is not parsed: verdict "unparsable", no answer attempt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +32,8 @@ class Verdict:
       score: in [0, 1] (1: correct).
       extracted: the answer taken from the reply (number, code, SQL, calls), or None.
       status: short machine-readable verdict, e.g. "passed", "failed", "timeout", "crashed",
-        "rejected", "no_answer", "wrong", "correct".
+        "rejected", "no_answer", "wrong", "correct", "unparsable" (a reply over
+        ``MAX_REPLY_CHARS``), "checker_error" (the checker raised; set by the scoring loop).
       reason: one human-readable line (which test failed, which argument was wrong, ...).
     """
 
@@ -40,6 +44,14 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def oversized(reply: object) -> Verdict | None:
+    """The ``unparsable`` verdict of a reply longer than ``MAX_REPLY_CHARS``, else None."""
+    if isinstance(reply, str) and len(reply) > MAX_REPLY_CHARS:
+        return Verdict(0.0, None, "unparsable",
+                       f"reply of {len(reply)} characters: over the checkers' limit of {MAX_REPLY_CHARS}")
+    return None
 
 
 @runtime_checkable

@@ -13,18 +13,27 @@ Accepted forms (BFCL / LiC actions):
 Where: the last fenced block that parses; else the whole reply; else every line or inline code
 span that parses as calls (in order); else calls embedded in prose (``name(`` ... ``)``); else
 JSON objects found in the text.
+
+Hostile replies: every scan is linear in the reply (brackets are matched once,
+:mod:`jaxrl_mt.tasks.brackets`), nothing recurses on the reply's nesting, and values nested
+deeper than ``MAX_DEPTH`` are not read as calls (a JSON value) or kept as :class:`Expr` (a
+Python argument); such a reply gets a verdict, never an exception.
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
 import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jaxrl_mt.tasks.brackets import json_matcher, python_matcher
+
 __all__ = [
+    "MAX_DEPTH",
     "Call",
     "Expr",
     "calls_from_json",
@@ -55,36 +64,61 @@ _FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.S)
 _INLINE_RE = re.compile(r"`([^`\n]+)`")
 _OPEN_RE = re.compile(r"[\[{]")
 _CALL_START_RE = re.compile(r"(?<![\w.])[A-Za-z_][\w.]*\(")
+MAX_DEPTH = 64  # deepest JSON value / Python argument read (BFCL arguments nest a few levels)
+_MAX_TRIES = 20  # closing parentheses tried per call embedded in prose
 
 
 def _dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
 
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
 
-class _JsonNames(ast.NodeTransformer):
-    """``true`` / ``false`` / ``null`` written JSON-style become Python constants."""
+def _json_name(node: Any) -> Any:
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return ast.copy_location(ast.Constant(_JSON_NAMES[node.id]), node)
+    return node
 
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        return ast.copy_location(ast.Constant(_JSON_NAMES[node.id]), node) if node.id in _JSON_NAMES else node
+
+def _json_names(node: ast.AST) -> ast.AST:
+    """``true`` / ``false`` / ``null`` written JSON-style become Python constants (in place)."""
+    for parent in ast.walk(node):
+        for field, value in ast.iter_fields(parent):
+            if isinstance(value, list):
+                value[:] = [_json_name(v) for v in value]
+            elif isinstance(value, ast.Name):
+                setattr(parent, field, _json_name(value))
+    return _json_name(node)
 
 
-def _value(node: ast.AST) -> Any:
-    node = _JsonNames().visit(node)
+def _too_deep(node: ast.AST, limit: int = MAX_DEPTH) -> bool:
+    stack = [(node, 1)]
+    while stack:
+        n, d = stack.pop()
+        if d > limit:
+            return True
+        stack.extend((c, d + 1) for c in ast.iter_child_nodes(n))
+    return False
+
+
+def _value(node: ast.AST, source: str) -> Any:
+    if _too_deep(node):
+        return Expr(ast.get_source_segment(source, node) or "<too deeply nested>")
+    node = _json_names(node)
     try:
         return ast.literal_eval(node)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return Expr(ast.unparse(node))
 
 
-def _call(node: ast.AST, order: Mapping[str, Sequence[str]]) -> Call | None:
+def _call(node: ast.AST, order: Mapping[str, Sequence[str]], source: str) -> Call | None:
     if not isinstance(node, ast.Call):
         return None
     name = _dotted(node.func)
@@ -95,15 +129,16 @@ def _call(node: ast.AST, order: Mapping[str, Sequence[str]]) -> Call | None:
         params = order.get(name)
         if params is None or len(node.args) > len(params):
             return None
-        args.update({p: _value(a) for p, a in zip(params, node.args)})
+        args.update({p: _value(a, source) for p, a in zip(params, node.args)})
     for k in node.keywords:
-        args[k.arg] = _value(k.value)
+        args[k.arg] = _value(k.value, source)
     return Call(name, args)
 
 
 def _python_calls(text: str, order: Mapping[str, Sequence[str]]) -> list[Call] | None:
+    source = text.strip()
     try:
-        tree = ast.parse(text.strip())
+        tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
     calls: list[Call] = []
@@ -112,40 +147,70 @@ def _python_calls(text: str, order: Mapping[str, Sequence[str]]) -> list[Call] |
             return None
         nodes = stmt.value.elts if isinstance(stmt.value, (ast.List, ast.Tuple)) else [stmt.value]
         for n in nodes:
-            c = _call(n, order)
+            c = _call(n, order, source)
             if c is None:
                 return None
             calls.append(c)
     return calls or None
 
 
-def _json_call(obj: Any) -> list[Call] | None:
-    if isinstance(obj, list):
-        out = [_json_call(o) for o in obj]
-        return [c for cs in out for c in cs] if out and all(out) else None
-    if not isinstance(obj, Mapping):
-        return None
-    if isinstance(obj.get("tool_calls"), list):
-        return _json_call(obj["tool_calls"])
-    if isinstance(obj.get("function"), Mapping):
-        return _json_call(obj["function"])
+def _one_json_call(obj: Mapping) -> Call | None:
     name = obj.get("name")
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            return None
+        args = _loads(args) if args.strip() else {}
     if not isinstance(name, str) or not name.strip() or not isinstance(args, Mapping):
         return None
-    return [Call(name.strip(), dict(args))]
+    return Call(name.strip(), dict(args))
+
+
+def _json_call(obj: Any) -> list[Call] | None:
+    """The calls of a decoded JSON value: a call object, a list of them (nested lists flatten,
+    an empty one fails), ``{"tool_calls": [...]}`` or ``{"function": {...}}``; None unless
+    every leaf is a call."""
+    out: list[Call] = []
+    todo = [obj]
+    while todo:
+        o = todo.pop()
+        if isinstance(o, list):
+            if not o:
+                return None
+            todo.extend(reversed(o))
+        elif not isinstance(o, Mapping):
+            return None
+        elif isinstance(o.get("tool_calls"), list):
+            todo.append(o["tool_calls"])
+        elif isinstance(o.get("function"), Mapping):
+            todo.append(o["function"])
+        else:
+            call = _one_json_call(o)
+            if call is None:
+                return None
+            out.append(call)
+    return out or None
+
+
+_NOT_JSON = object()
+
+
+def _decode(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError, MemoryError):
+        return _NOT_JSON
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text)``, or ``_NOT_JSON`` when it fails or nests deeper than ``MAX_DEPTH``."""
+    text = text.strip()
+    if text[:1] in ("[", "{") and json_matcher(text, MAX_DEPTH).close(0) < 0:
+        return _NOT_JSON  # unbalanced or too deep: json would fail or recurse
+    return _decode(text)
 
 
 def _json_calls(text: str) -> list[Call] | None:
-    try:
-        return _json_call(json.loads(text.strip()))
-    except (json.JSONDecodeError, RecursionError):
-        return None
+    obj = _loads(text)
+    return None if obj is _NOT_JSON else _json_call(obj)
 
 
 def parse_calls(text: str, order: Mapping[str, Sequence[str]] | None = None) -> list[Call] | None:
@@ -155,36 +220,39 @@ def parse_calls(text: str, order: Mapping[str, Sequence[str]] | None = None) -> 
 
 
 def _scan_json(text: str) -> list[Call]:
-    dec, out, pos = json.JSONDecoder(), [], 0
+    """JSON calls anywhere in the text: at each ``[`` / ``{`` (left to right) the value that
+    starts there, when it decodes to calls (then the scan goes on after it)."""
+    brackets, out, pos = json_matcher(text, MAX_DEPTH), [], 0
     while True:
         m = _OPEN_RE.search(text, pos)
         if m is None:
             return out
-        try:
-            obj, end = dec.raw_decode(text, m.start())
-        except json.JSONDecodeError:
-            pos = m.start() + 1
-            continue
-        calls = _json_call(obj)
+        end = brackets.close(m.start())
+        obj = _decode(text[m.start() : end + 1]) if end >= 0 else _NOT_JSON  # balanced, not too deep
+        calls = None if obj is _NOT_JSON else _json_call(obj)
         out += calls or []
-        pos = end if calls else m.start() + 1
+        pos = end + 1 if calls else m.start() + 1
 
 
 def _scan_python(text: str, order: Mapping[str, Sequence[str]]) -> list[Call]:
-    """Calls embedded in prose (``I'll call f(a=1) now``): each ``name(`` up to the first ``)``
-    that closes a parseable call."""
-    out, pos = [], 0
+    """Calls embedded in prose (``I'll call f(a=1) now``): each ``name(`` up to the ``)`` that
+    closes it, when that is one of the first 20 after it and the span parses as calls (a span
+    ending at an earlier ``)`` leaves the parenthesis open, one ending later cannot parse when
+    this one does not)."""
+    brackets, out, pos = python_matcher(text), [], 0
+    closers = [c.start() for c in re.finditer(r"\)", text)]
     while True:
         m = _CALL_START_RE.search(text, pos)
         if m is None:
             return out
         pos = m.end()
-        for end in [i for i, ch in enumerate(text[m.end() :], m.end()) if ch == ")"][:20]:
-            calls = _python_calls(text[m.start() : end + 1], order)
-            if calls:
-                out += calls
-                pos = end + 1
-                break
+        end = brackets.close(m.end() - 1)
+        if end < 0 or bisect.bisect_right(closers, end) - bisect.bisect_left(closers, m.end()) > _MAX_TRIES:
+            continue
+        calls = _python_calls(text[m.start() : end + 1], order)
+        if calls:
+            out += calls
+            pos = end + 1
 
 
 def find_calls(reply: str, order: Mapping[str, Sequence[str]] | None = None) -> list[Call] | None:

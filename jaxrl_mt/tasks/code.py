@@ -34,7 +34,7 @@ import ast
 import re
 
 from jaxrl_mt.data.records import DataError, ShardedTask
-from jaxrl_mt.tasks.base import Verdict
+from jaxrl_mt.tasks.base import MAX_REPLY_CHARS, Verdict, oversized
 from jaxrl_mt.tasks.code_tests import CodeTests, code_tests, run_tests
 from jaxrl_mt.tasks.sandbox import SandboxLimits
 
@@ -101,8 +101,8 @@ def _fenced(reply: str) -> list[str]:
 
 
 def extract_code(reply: str) -> str | None:
-    """The code of ``reply`` (see the module doc), or None."""
-    if not isinstance(reply, str) or not reply.strip():
+    """The code of ``reply`` (see the module doc), or None (also for a reply over ``MAX_REPLY_CHARS``)."""
+    if not isinstance(reply, str) or not reply.strip() or len(reply) > MAX_REPLY_CHARS:
         return None
     blocks = _fenced(reply)
     if blocks:
@@ -145,12 +145,16 @@ class CodeTask:
         """Score 1 when the extracted code passes every test in the sandbox, else 0.
 
         Status: the sandbox verdict (passed, failed, timeout, crashed, rejected); ``rejected``
-        with reason "no code in the reply" when nothing was extracted.
+        with reason "no code in the reply" when nothing was extracted; ``unparsable`` for a
+        reply over ``MAX_REPLY_CHARS``.
 
         Raises:
           DataError: the task has no tests.
         """
         tests = self.tests(task)
+        too_long = oversized(reply)
+        if too_long is not None:
+            return too_long
         code = self.extract(reply, task)
         if code is None:
             return Verdict(0.0, None, "rejected", "no code in the reply")

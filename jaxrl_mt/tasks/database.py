@@ -9,7 +9,9 @@ when the reference has a top-level ORDER BY; columns in any order). With ``spide
 set (a folder of ``<db_id>/<db_id>.sqlite``), the real database is used instead (LiC's metric).
 
 Predicted SQL runs read-only (query_only + an authorizer that denies writes, ATTACH and
-PRAGMA; real databases are opened ``mode=ro``) under a time limit. Verdict statuses:
+PRAGMA; real databases are opened ``mode=ro``) in a worker process killed at its time limit
+(:func:`jaxrl_mt.tasks.sql_exec.run_isolated`: the limit holds for parsing and for one long
+step too); the reference queries (the data's own) run in this process. Verdict statuses:
 ``correct``, ``wrong``, ``sql_error``, ``timeout``, ``no_answer`` (and ``reference_error``
 when the reference query itself fails everywhere: a data problem, not the model's).
 """
@@ -21,12 +23,13 @@ import re
 from pathlib import Path
 
 from jaxrl_mt.data.records import ShardedTask
-from jaxrl_mt.tasks.base import Verdict, lic_extra
+from jaxrl_mt.tasks.base import MAX_REPLY_CHARS, Verdict, lic_extra, oversized
 from jaxrl_mt.tasks.sql_exec import (
     QueryResult,
     guard,
     open_readonly,
     results_equal,
+    run_isolated,
     run_query,
 )
 from jaxrl_mt.tasks.sql_fuzz import FuzzConfig, make_instances
@@ -56,15 +59,31 @@ def _is_query(sql: str) -> bool:
     return True
 
 
+def _starts_line(text: str, pos: int) -> bool:
+    """``text[:pos].rsplit("\\n", 1)[-1].strip() in ("", "`", ">")``, reading back from ``pos`` only
+    over the whitespace (and one "`" or ">") before it."""
+    i = pos - 1
+    for allowed_mark in (True, False):
+        while i >= 0 and text[i] != "\n" and text[i].isspace():
+            i -= 1
+        if i < 0 or text[i] == "\n":
+            return True
+        if not (allowed_mark and text[i] in "`>"):
+            return False
+        i -= 1
+    return False
+
+
 def extract_sql(reply: str) -> str | None:
     """The SQL of ``reply``: the last ```sql block; else the last fenced block holding a
     SELECT/WITH query; else the last SELECT ... FROM / WITH ... AS ( statement in the text
     (upper-case keyword, or at the start of a line or inline code).
 
     Returns:
-      the query text, stripped, trailing ``;`` removed, or None.
+      the query text, stripped, trailing ``;`` removed, or None (also for a reply over
+      ``MAX_REPLY_CHARS``).
     """
-    if not isinstance(reply, str):
+    if not isinstance(reply, str) or len(reply) > MAX_REPLY_CHARS:
         return None
     blocks = [(m.group(1).lower(), m.group(2).strip()) for m in _FENCE_RE.finditer(reply)]
     tagged = [b for tag, b in blocks if tag in _SQL_TAGS and strip_comments(b).strip()]
@@ -76,7 +95,7 @@ def extract_sql(reply: str) -> str | None:
     found = None
     for m in _PROSE_RE.finditer(reply):
         text, kw = m.group(0).strip(), m.group(1)
-        line_start = reply[: m.start()].rsplit("\n", 1)[-1].strip() in ("", "`", ">")
+        line_start = _starts_line(reply, m.start())
         ok = kw.isupper() or line_start or reply[max(0, m.start() - 1) : m.start()] == "`"
         has_from = re.search(r"\bfrom\b", text, re.I) if kw.lower() == "select" else _is_query(text)
         if ok and has_from:
@@ -164,6 +183,9 @@ class DatabaseTask:
 
     def verify(self, reply: str, task: ShardedTask) -> Verdict:
         """Extracts the SQL of ``reply`` and scores it by execution (see module doc)."""
+        too_long = oversized(reply)
+        if too_long is not None:
+            return too_long
         sql = extract_sql(reply)
         if sql is None:
             return Verdict(0.0, None, "no_answer", "no SQL query in the reply")
@@ -186,9 +208,9 @@ class DatabaseTask:
             gold = run_query(conn, ref, timeout_s=max(self.timeout_s, 30.0))
             if gold.status != "ok":
                 return Verdict(0.0, sql, "reference_error", f"{db_id}: the reference query failed: {gold.error}")
-            pred = run_query(conn, sql, timeout_s=self.timeout_s)
         finally:
             conn.close()
+        pred = run_isolated(path, sql, timeout_s=self.timeout_s)
         if pred.status != "ok":
             return self._failed(sql, pred, db_id)
         if results_equal(gold.rows, pred.rows, ordered=has_top_level(ref, "ORDER", "BY")):
@@ -196,6 +218,17 @@ class DatabaseTask:
         return Verdict(
             0.0, sql, "wrong", f"{db_id}: {_difference(gold.rows, pred.rows, has_top_level(ref, 'ORDER', 'BY'))}"
         )
+
+    def _run(self, inst, sql: str) -> QueryResult:
+        """``sql`` on one generated instance, in a worker (in this process where Python cannot
+        serialize databases)."""
+        if inst.blob is not None:
+            return run_isolated(inst.blob, sql, timeout_s=self.timeout_s)
+        conn = guard(inst.connect())
+        try:
+            return run_query(conn, sql, timeout_s=self.timeout_s)
+        finally:
+            conn.close()
 
     def _verify_suite(self, sql: str, ref: str, schema: str) -> Verdict:
         instances = make_instances(schema, [ref], seed=self.seed, config=self.fuzz)
@@ -205,11 +238,7 @@ class DatabaseTask:
             if gold.status != "ok":
                 continue
             used += 1
-            conn = guard(inst.connect())
-            try:
-                pred = run_query(conn, sql, timeout_s=self.timeout_s)
-            finally:
-                conn.close()
+            pred = self._run(inst, sql)
             where = f"instance {i + 1}/{k}"
             if pred.status != "ok":
                 return self._failed(sql, pred, where)

@@ -2,35 +2,37 @@
 
 :func:`guard` locks a connection: ``PRAGMA query_only=ON`` plus an authorizer that allows only
 reading (SELECT, column reads, functions, recursive CTEs) and denies every write, schema change,
-ATTACH/DETACH, PRAGMA and transaction. :func:`run_query` runs one statement under a deadline
-(a progress handler aborts it) and caps the rows fetched. :func:`results_equal` compares two
+ATTACH/DETACH, PRAGMA and transaction (:mod:`jaxrl_mt.tasks.sql_worker`). :func:`run_query` runs
+one statement in this process under a deadline (a progress handler aborts it) and caps the rows
+fetched; :func:`run_isolated` runs an untrusted one the same way in a worker process that is
+killed at the deadline, so that one long step (a huge parse, ``printf('%.*c', 2000000000, 'x')``)
+is bounded too. :func:`results_equal` compares two
 results as multisets of rows (as lists when ``ordered``), allowing the columns in any order,
 with numbers compared by value (``1`` equals ``1.0``; floats to 1e-6 relative).
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import math
+import select
 import sqlite3
+import subprocess
+import sys
+import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
-from jaxrl_mt.tasks.sql_schema import split_statements
+from jaxrl_mt.tasks import sql_worker
+from jaxrl_mt.tasks.sql_worker import MAX_VALUE_BYTES, execute, guard, read_record, write_record
 
-__all__ = ["QueryResult", "guard", "open_readonly", "results_equal", "run_query"]
-
-_ALLOWED = {
-    sqlite3.SQLITE_SELECT,
-    sqlite3.SQLITE_READ,
-    sqlite3.SQLITE_FUNCTION,
-    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
-}
-_DENIED_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"}
+__all__ = ["KILL_GRACE_S", "MAX_VALUE_BYTES", "QueryResult", "guard", "open_readonly", "results_equal", "run_isolated",
+           "run_query"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,27 +51,6 @@ class QueryResult:
     error: str = ""
 
 
-def _authorizer(action: int, arg1, arg2, dbname, source) -> int:
-    if action in _ALLOWED:
-        if action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() in _DENIED_FUNCTIONS:
-            return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
-    return sqlite3.SQLITE_DENY
-
-
-MAX_VALUE_BYTES = 10_000_000  # no string or blob above 10 MB (zeroblob(1e9) fails at once)
-
-
-def guard(conn: sqlite3.Connection) -> sqlite3.Connection:
-    """Makes ``conn`` read-only for what runs on it next (query_only + the authorizer) and caps
-    the size of one value."""
-    conn.execute("PRAGMA query_only = ON")
-    conn.set_authorizer(_authorizer)
-    if hasattr(conn, "setlimit"):  # Python >= 3.11
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-    return conn
-
-
 def open_readonly(path: str | Path) -> sqlite3.Connection:
     """Opens an SQLite file read-only (``file:...?mode=ro``), guarded.
 
@@ -84,7 +65,8 @@ def open_readonly(path: str | Path) -> sqlite3.Connection:
 
 
 def run_query(conn: sqlite3.Connection, sql: str, *, timeout_s: float = 2.0, max_rows: int = 10_000) -> QueryResult:
-    """Runs one SELECT on a guarded connection with a deadline.
+    """Runs one SELECT on a guarded connection, in this process, with a deadline (a progress
+    handler: it cannot interrupt one long step; for untrusted SQL use :func:`run_isolated`).
 
     Args:
       conn: a connection passed through :func:`guard`.
@@ -92,35 +74,98 @@ def run_query(conn: sqlite3.Connection, sql: str, *, timeout_s: float = 2.0, max
       timeout_s: wall-clock limit; past it the statement is interrupted.
       max_rows: rows fetched at most (more is an error: no Spider answer is that long).
     """
-    stmts = split_statements(sql)
-    if len(stmts) != 1:
-        return QueryResult("error", error=f"expected one SQL statement, got {len(stmts)}")
-    deadline = time.monotonic() + timeout_s
-    timed_out = [False]
+    return QueryResult(*execute(conn, sql, timeout_s, max_rows))
 
-    def tick() -> int:
-        if time.monotonic() > deadline:
-            timed_out[0] = True
-            return 1
-        return 0
 
-    conn.set_progress_handler(tick, 1000)
-    try:
-        cur = conn.execute(stmts[0])
-        rows = cur.fetchmany(max_rows + 1)
-        cur.close()
-    except sqlite3.DatabaseError as e:
-        if timed_out[0]:
+KILL_GRACE_S = 0.25  # past the limit, a worker that has not answered is killed
+
+
+class _Worker:
+    """One worker process (:mod:`jaxrl_mt.tasks.sql_worker`) and the databases it holds."""
+
+    SLOTS = 64  # databases kept in one worker
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(Path(sql_worker.__file__))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+        )
+        self.slots: OrderedDict[bytes | str, int] = OrderedDict()
+
+    def _slot(self, db: bytes | str) -> tuple[int, bool]:
+        """(slot of ``db``, whether the worker must be sent it)."""
+        if db in self.slots:
+            self.slots.move_to_end(db)
+            return self.slots[db], False
+        slot = len(self.slots) if len(self.slots) < self.SLOTS else self.slots.popitem(last=False)[1]
+        self.slots[db] = slot
+        return slot, True
+
+    def run(self, db: bytes | str, sql: str, timeout_s: float, max_rows: int) -> tuple[str, tuple, str] | None:
+        """The worker's answer, or None when it gave none within ``timeout_s + KILL_GRACE_S``."""
+        slot, send = self._slot(db)
+        blob, path = (db, None) if isinstance(db, bytes) else (None, db)
+        deadline = time.monotonic() + timeout_s + KILL_GRACE_S
+        write_record(self.proc.stdin.fileno(), (slot, blob if send else None, path if send else None, sql,
+                                                float(timeout_s), int(max_rows)))
+        out = self.proc.stdout.fileno()
+        if not select.select([out], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            return None
+        return read_record(out)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            f.close()
+
+
+_IDLE: list[_Worker] = []
+_IDLE_LOCK = threading.Lock()
+
+
+def _release(worker: _Worker) -> None:
+    with _IDLE_LOCK:
+        _IDLE.append(worker)
+
+
+@atexit.register
+def _close_workers() -> None:
+    with _IDLE_LOCK:
+        while _IDLE:
+            _IDLE.pop().close()
+
+
+def run_isolated(db: bytes | str | Path, sql: str, *, timeout_s: float = 2.0, max_rows: int = 10_000) -> QueryResult:
+    """Runs one untrusted SELECT in a worker process, guarded as :func:`guard` does, under a
+    wall-clock limit that holds for any statement, its parsing included: a worker that has not
+    answered ``KILL_GRACE_S`` after the limit is killed (the next query gets a fresh one).
+
+    Args:
+      db: the database: a serialized in-memory database (``Connection.serialize()``) or the
+        path of an SQLite file (opened read-only).
+      sql, timeout_s, max_rows: as :func:`run_query`.
+    """
+    key = db if isinstance(db, bytes) else str(Path(db).resolve())
+    with _IDLE_LOCK:
+        worker = _IDLE.pop() if _IDLE else None
+    for attempt in range(2):
+        worker = worker or _Worker()
+        try:
+            got = worker.run(key, sql, timeout_s, max_rows)
+        except (OSError, EOFError):  # the worker died (memory limit, killed): one retry on a fresh one
+            worker.close()
+            worker = None
+            if attempt:
+                return QueryResult("error", error="the SQL worker process died")
+            continue
+        if got is None:
+            worker.close()
             return QueryResult("timeout", error=f"no result after {timeout_s:g} s")
-        msg = str(e)
-        return QueryResult("refused" if "not authorized" in msg or "readonly" in msg else "error", error=msg)
-    except (sqlite3.Warning, ValueError, OverflowError, MemoryError) as e:
-        return QueryResult("error", error=f"{type(e).__name__}: {e}")
-    finally:
-        conn.set_progress_handler(None, 0)
-    if len(rows) > max_rows:
-        return QueryResult("error", error=f"more than {max_rows} rows")
-    return QueryResult("ok", tuple(tuple(r) for r in rows))
+        _release(worker)
+        return QueryResult(*got)
+    raise AssertionError("unreachable")
 
 
 def _norm(v):

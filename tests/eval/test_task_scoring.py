@@ -17,7 +17,7 @@ from jaxrl_mt.data.records import ShardedTask
 from jaxrl_mt.eval.simulator import Judge, TurnScorer, plan_runs, transcript_record
 from jaxrl_mt.eval.task_scoring import conversation_system, score_task_turns, task_turn
 from jaxrl_mt.tasks import get_task, lic_extra
-from jaxrl_mt.tasks.actions import reference_calls
+from jaxrl_mt.tasks.actions import ActionsTask, reference_calls
 from jaxrl_mt.tasks.calls import Call, render_python
 
 
@@ -153,3 +153,30 @@ def test_transcript_record_of_a_code_conversation(records):
     assert [t["answer_attempt"] for t in rec["turns"]] == [False, True]
     assert (rec["score"], rec["scored_turn"], rec["first_answer_turn"]) == (0.0, 2, 2)
     assert "AssertionError" in rec["turns"][1]["reason"] or "test" in rec["turns"][1]["reason"]
+
+
+class _BrittleActions(ActionsTask):
+    """The real actions task, with a checker bug on one kind of reply (issue 32: a checker that
+    raises must cost only its turn)."""
+
+    def verify(self, reply, task):
+        if "BOOM" in reply:
+            raise RecursionError("maximum recursion depth exceeded\n  (a 70-line traceback)")
+        return super().verify(reply, task)
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_checker_that_raises_gives_that_turn_an_error_verdict(records, workers, caplog):
+    act = records["actions"]
+    good, bad = replies(records)["actions"]
+    texts = [good, "BOOM", bad, "[[" * 600]
+    got = score_task_turns(texts, [act] * 4, ["answer_attempt"] * 4, llm_label=False,
+                           plugins={"actions": _BrittleActions()}, workers=workers)
+    assert [g["status"] for g in got] == ["correct", "checker_error", "wrong", "no_answer"]
+    assert [g["correct"] for g in got] == [1.0, 0.0, 0.0, 0.0]
+    err = got[1]
+    assert (err["label"], err["answer_attempt"], err["extracted"]) == ("discussion", False, None)
+    assert err["reason"] == "the checker raised RecursionError: maximum recursion depth exceeded (a 70-line traceback)"
+    assert any("checker raised" in r.getMessage() and act.task_id in r.getMessage() for r in caplog.records)
+    llm = score_task_turns(["BOOM"], [act], ["answer_attempt"], llm_label=True, plugins={"actions": _BrittleActions()})
+    assert (llm[0]["label"], llm[0]["answer_attempt"], llm[0]["status"]) == ("answer_attempt", True, "checker_error")
