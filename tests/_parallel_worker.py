@@ -97,7 +97,7 @@ def opt_state_follows_params(opt_state, params) -> tuple[int, list[str]]:
 
 def run_mesh(out: Path, parts: set[str]) -> None:
     """Writes {"ref_losses", "meshes": {shape: measurements}}; parts: "train" and/or "infer"."""
-    from jaxrl_mt.sampling import Sampler, SamplingConfig
+    from jaxrl_mt.sampling import DecodeSession, Sampler, SamplingConfig
     from jaxrl_mt.scoring import Scorer
 
     assert jax.device_count() == 8, jax.devices()
@@ -156,7 +156,7 @@ def run_mesh(out: Path, parts: set[str]) -> None:
 
     def session_turns(sampler):
         """Three DecodeSession steps (KV cache kept across turns), one row idle at turn 2."""
-        s = sampler.session(8)
+        s = DecodeSession(sampler, 8)
         toks = []
         for turn in range(3):
             segs = [None if (turn == 1 and i == 2)
