@@ -40,7 +40,7 @@ from jaxrl_mt.eval.simulator import (
     EvalError,
     TranscriptStore,
     canonical_scenarios,
-    get_strategy,
+    check_strategy,
     make_judge,
     plan_runs,
     simulate,
@@ -112,7 +112,7 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
     check_http_config(c)
     _backend_spec(c["judge"], "judge", "rule")
     _backend_spec(c["user_simulator"], "user_simulator", "fixed")
-    get_strategy(c["strategy"])
+    check_strategy(c["strategy"])
     if not str(c["workdir"]).strip():
         raise EvalError("config field 'workdir': empty")
     return c

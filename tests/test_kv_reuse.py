@@ -276,7 +276,8 @@ def test_reuse_falls_back_for_generate_ids_overrides(tiny_chat_model_dir, caplog
 def test_simulate_passes_reuse_cache_only_to_strategies_that_name_it(tiny_chat_model_dir):
     from jaxrl_mt.conversations import accepts_reuse_cache
     from jaxrl_mt.data.synthetic import synthetic_tasks
-    from jaxrl_mt.eval.simulator import Judge, plan_runs, register_strategy, simulate
+    from jaxrl_mt.eval.simulator import Judge, plan_runs, simulate
+    from jaxrl_mt.strategies import STRATEGIES
 
     seen: dict[str, object] = {}
 
@@ -290,8 +291,8 @@ def test_simulate_passes_reuse_cache_only_to_strategies_that_name_it(tiny_chat_m
 
     assert accepts_reuse_cache(run_conversations) and accepts_reuse_cache(named)
     assert not accepts_reuse_cache(kwargs_only)
-    register_strategy("kv_named", named)
-    register_strategy("kv_kwargs", kwargs_only)
+    STRATEGIES.add("kv_named", named, replace=True)
+    STRATEGIES.add("kv_kwargs", kwargs_only, replace=True)
     sampler = chat_sampler(tiny_chat_model_dir)
     tasks = synthetic_tasks(2, steps=1)
     got = {}

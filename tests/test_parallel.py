@@ -122,7 +122,9 @@ def test_make_mesh_shapes_and_errors() -> None:
 
 def test_mesh_from_spec_and_row_shards() -> None:
     """The one reader of `mesh_shape` (training and evaluation): auto / none / D,F,T, clear errors."""
-    assert parallel.mesh_from_spec("auto") is None and parallel.mesh_from_spec("none") is None  # one device
+    auto = parallel.mesh_from_spec("auto")  # one device: a 1-device mesh, not None
+    assert auto is not None and auto.shape == {"data": 1, "fsdp": 1, "tensor": 1}
+    assert parallel.mesh_from_spec("none") is None
     m = parallel.mesh_from_spec("1,-1,1")
     assert dict(m.shape) == {"data": 1, "fsdp": 1, "tensor": 1} and parallel.row_shards(m) == 1
     assert parallel.row_shards(None) == 1

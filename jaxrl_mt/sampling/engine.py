@@ -187,9 +187,9 @@ class FusedWeights:
         self._cache: tuple[list[Any], Params] | None = None
 
     def get(self, engine: DecodeEngine, params: Params) -> Params | None:
-        """The fused weights of `params` (None when the engine does not fuse, or under a mesh, where
-        they are made inside each call so that they inherit the parameters' sharding)."""
-        if not engine.fuse_weights or engine.mesh is not None:
+        """The fused weights of `params` (None when the engine does not fuse, or under a mesh of more
+        than one device, where they are made inside each call so that they inherit the sharding)."""
+        if not engine.fuse_weights or (engine.mesh is not None and engine.mesh.size > 1):
             return None
         leaves = jax.tree_util.tree_leaves(params)
         refs = self._cache[0] if self._cache is not None else []

@@ -3,17 +3,14 @@
 Built in: ``code`` (:class:`jaxrl_mt.tasks.code.CodeTask`, runs candidate programs in
 :mod:`jaxrl_mt.tasks.sandbox`), ``database`` (:class:`jaxrl_mt.tasks.database.DatabaseTask`,
 test-suite execution accuracy in SQLite) and ``actions`` (:class:`jaxrl_mt.tasks.actions.ActionsTask`,
-BFCL's AST rules).
+BFCL's AST rules), registered in ``TASKS`` (a ``jaxrl_mt.registry.Registry``) by
+``jaxrl_mt.tasks.builtin`` on the first lookup; a plug-in registers with ``register_task``.
 """
 
-from jaxrl_mt.tasks.base import Task, Verdict, get_task, lic_extra, register_task, task_names
 from jaxrl_mt.tasks.actions import ActionsTask
+from jaxrl_mt.tasks.base import TASKS, Task, Verdict, get_task, lic_extra, register_task, task_names
 from jaxrl_mt.tasks.code import CodeTask
 from jaxrl_mt.tasks.database import DatabaseTask
 
-register_task(CodeTask())
-register_task(DatabaseTask())
-register_task(ActionsTask())
-
-__all__ = ["ActionsTask", "CodeTask", "DatabaseTask", "Task", "Verdict", "get_task", "lic_extra", "register_task",
-           "task_names"]
+__all__ = ["TASKS", "ActionsTask", "CodeTask", "DatabaseTask", "Task", "Verdict", "get_task", "lic_extra",
+           "register_task", "task_names"]

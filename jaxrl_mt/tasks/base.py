@@ -17,8 +17,9 @@ import json
 from typing import Any, Protocol, runtime_checkable
 
 from jaxrl_mt.data.records import ShardedTask
+from jaxrl_mt.registry import Registry
 
-__all__ = ["Verdict", "Task", "register_task", "get_task", "task_names", "lic_extra"]
+__all__ = ["TASKS", "Verdict", "Task", "register_task", "get_task", "task_names", "lic_extra"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,36 +60,29 @@ class Task(Protocol):
         """Whether ``reply`` commits to an answer (LiC's answer attempt), rule-based."""
 
 
-_TASKS: dict[str, Task] = {}
+# the built-ins (code, database, actions) are registered by `jaxrl_mt.tasks.builtin`, imported on first use
+TASKS: Registry[Task] = Registry("LiC task", builtins=("jaxrl_mt.tasks.builtin",))
 
 
 def register_task(task: Task) -> Task:
-    """Registers ``task`` under ``task.name`` (a later registration of the same name replaces it)."""
+    """Registers ``task`` under ``task.name`` in `TASKS` (a later registration of the name replaces it)."""
     if not isinstance(task, Task):
         raise TypeError(f"{task!r} does not implement jaxrl_mt.tasks.Task")
-    _TASKS[task.name] = task
-    return task
+    return TASKS.add(task.name, task, replace=True)
 
 
 def get_task(name: str) -> Task:
-    """The task registered as ``name``.
+    """The task registered as ``name`` (`TASKS.get`).
 
     Raises:
-      KeyError: unknown name; the message lists the registered ones.
+      KeyError: unknown name; the message lists the known ones.
     """
-    import jaxrl_mt.tasks  # noqa: F401  (registers the built-in tasks)
-
-    try:
-        return _TASKS[name]
-    except KeyError:
-        raise KeyError(f"unknown LiC task {name!r}; registered: {', '.join(sorted(_TASKS))}") from None
+    return TASKS.get(name)
 
 
 def task_names() -> tuple[str, ...]:
     """Names of the registered tasks."""
-    import jaxrl_mt.tasks  # noqa: F401
-
-    return tuple(sorted(_TASKS))
+    return TASKS.names()
 
 
 def lic_extra(task: ShardedTask) -> dict[str, Any]:
