@@ -345,7 +345,7 @@ def decode_params(params: Params, cfg: ModelConfig) -> Params:
     Q/K/V become one [L, D, Hq*K + 2*Hkv*K] matrix and gate/up one [L, D, 2F] matrix (one dot
     each instead of three and two), and a tied head gets its own [D, V] copy so the logits are
     a plain row-major product. On XLA:CPU this made batch-8 decoding of the embedded model about
-    10% faster on one host (`python -m jaxrl_mt.bench sampling`: 130.6 -> 144.1 tok/s) and no
+    10% faster on one host (`python -m jaxrl_mt.benchmarks sampling`: 130.6 -> 144.1 tok/s) and no
     faster on another. `Sampler.decode_weights` makes it once per parameter version and keeps it
     (a second copy of the weights).
     """
