@@ -27,7 +27,6 @@ import time
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mt.batching import bucket, cache_bucket, plan_chunks
@@ -208,6 +207,10 @@ class DecodeSession:
         if not active and rows == ch.rows and not any(i in self._cleared for i in rows):
             return ch
         tb = self._segment_bucket(max(len(segments[i]) for i in active)) if active else 0
+        if self.engine.multi:  # one program on every process
+            from jaxrl_mt.parallel import agree_max
+
+            tb = agree_max(tb)
         chunk = self._repack(ch, rows, tb + call.nb - 1 if active else 0)
         ch.cache = None  # the repacked copy replaces it: free the old one now
         if active:
@@ -236,20 +239,34 @@ class DecodeSession:
         """The chunk of `rows` (a subset of ch.rows, in order) with its cache repacked and `room`
         free slots after the longest context."""
         s = self.engine
-        bb = s.rows_bucket(len(rows))
-        src = [ch.rows.index(i) for i in rows] + [0] * (bb - len(rows))
-        keep = [i not in self._cleared for i in rows] + [False] * (bb - len(rows))
+        bb, old_bb = s.rows_bucket(len(rows)), s.rows_bucket(len(ch.rows))
+        src = np.array([ch.rows.index(i) for i in rows] + [0] * (bb - len(rows)), np.int32)
+        keep = np.array([i not in self._cleared for i in rows] + [False] * (bb - len(rows)))
         longest = max(len(self.tokens[i]) for i in rows)
         capacity = cache_bucket(longest + room, self.cache_quantum)
+        n_proc = 1
+        if s.multi:  # the cache holds every process's rows (process q's block at q * bb): global indices
+            from jaxrl_mt.parallel import agree_max, allgather_ints, check_same_rows
+
+            check_same_rows(len(ch.rows), "DecodeSession chunk")
+            check_same_rows(len(rows), "DecodeSession chunk")
+            capacity = agree_max(capacity)
+            srcs, keeps = allgather_ints(src), allgather_ints(keep.astype(np.int32))
+            n_proc = srcs.shape[0]
+            src = (srcs + old_bb * np.arange(n_proc, dtype=np.int32)[:, None]).reshape(-1)
+            keep = keeps.reshape(-1).astype(bool)
         if ch.cache is None:  # no cache yet (nothing fed): zero slots, in ch.rows' batch layout
-            old_bb = s.rows_bucket(len(ch.rows))
-            shape = (s.cfg.num_layers, old_bb, s.cfg.num_kv_heads, 0, s.cfg.head_dim)
+            shape = (s.cfg.num_layers, old_bb * n_proc, s.cfg.num_kv_heads, 0, s.cfg.head_dim)
             dt = s.cfg.jnp_dtype
-            old = KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt), jnp.zeros((old_bb, 0), bool),
-                          jnp.zeros((), jnp.int32))
+            old = KVCache(np.zeros(shape, dt), np.zeros(shape, dt), np.zeros((old_bb * n_proc, 0), bool),
+                          np.zeros((), np.int32))
+            if s.multi:
+                from jaxrl_mt.parallel import put_replicated
+
+                old = put_replicated(s.mesh, old)
         else:
             old = ch.cache
-        cache = resize_cache(old, jnp.asarray(src, jnp.int32), jnp.asarray(keep), capacity=capacity)
+        cache = resize_cache(old, src, keep, capacity=capacity)
         if s.mesh is not None:
             from jaxrl_mt.parallel import shard_cache
 
@@ -260,7 +277,7 @@ class DecodeSession:
                   call: "_Call", tb: int) -> tuple[dict[str, np.ndarray], KVCache]:
         """One `continue_tokens` call for a chunk (`DecodeEngine.continue_`)."""
         rows = chunk.rows
-        bb = chunk.cache.valid.shape[0]
+        bb = self.engine.rows_bucket(len(rows))  # this process's rows (the cache: every process's)
         segs = [list(segments[i]) if segments[i] is not None else [] for i in rows] + [[]] * (bb - len(rows))
         positions = np.zeros(bb, np.int32)
         positions[: len(rows)] = [len(self.tokens[i]) for i in rows]
