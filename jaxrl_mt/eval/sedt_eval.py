@@ -52,7 +52,7 @@ from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.eval.metrics import aggregate, bootstrap_ci, paired_bootstrap_ci
-from jaxrl_mt.eval.sedt_files import _read_jsonl, _resume
+from jaxrl_mt.eval.sedt_files import read_jsonl, resume
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.sampling import SamplingConfig
 from jaxrl_mt.sedt import (CONFIRMED, GivenUser, SeDTConfig, restate_final_turn, run_until_final, sedt_final_turn,
@@ -288,7 +288,7 @@ def run_blocks(sampler: Any, runs: Sequence[ConversationRun], sampling: Sampling
     main = is_main_process()  # several processes: each runs every block; process 0 alone reads and writes `out`
     task_order = list(dict.fromkeys(r.meta["task_id"] for r in runs))
     block_of = {t: i // block for i, t in enumerate(task_order)}
-    done, kept, err = _resume(out, settings, log) if main else ({}, [], "")
+    done, kept, err = resume(out, settings, log) if main else ({}, [], "")
     state = broadcast_json({"err": err, "done": {str(i): d for i, d in done.items()}})
     if state["err"]:
         raise ValueError(state["err"])
@@ -312,7 +312,7 @@ def run_blocks(sampler: Any, runs: Sequence[ConversationRun], sampling: Sampling
         kept += [{**r, "block": i} for r in recs]
     order = {r.conv_id: k for k, r in enumerate(runs)}
     kept.sort(key=lambda r: order[r["conv_id"]])
-    return kept, sum(d["seconds"] for d in _read_jsonl(out / "blocks.jsonl")) if main else 0.0
+    return kept, sum(d["seconds"] for d in read_jsonl(out / "blocks.jsonl")) if main else 0.0
 
 
 def report_md(results: Mapping[str, Any]) -> str:

@@ -16,13 +16,13 @@ from typing import Any, Mapping
 from jaxrl_mt.data.jsonl_log import read_jsonl_log
 
 
-def _read_jsonl(path: Path, log=lambda s: None) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, log=lambda s: None) -> list[dict[str, Any]]:
     """The records of an append-only file in ``out`` (`data.jsonl_log`: a last line cut by a kill is
     dropped with one log line; an unreadable earlier line is an error)."""
     return [r for _, r in read_jsonl_log(path, warn=log)]
 
 
-def _check_settings(out: Path, settings: Mapping[str, Any]) -> None:
+def check_settings(out: Path, settings: Mapping[str, Any]) -> None:
     """Writes ``settings.json``, or checks that an earlier run in ``out`` used the same settings.
 
     Raises:
@@ -44,15 +44,15 @@ def _check_settings(out: Path, settings: Mapping[str, Any]) -> None:
         path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _resume(out: Path, settings: Mapping[str, Any], log) -> tuple[dict[int, dict], list[dict[str, Any]], str]:
+def resume(out: Path, settings: Mapping[str, Any], log) -> tuple[dict[int, dict], list[dict[str, Any]], str]:
     """The finished blocks and their records in ``out`` (files rewritten without a cut block), or an error."""
     out.mkdir(parents=True, exist_ok=True)
     try:
-        _check_settings(out, settings)
+        check_settings(out, settings)
     except ValueError as e:
         return {}, [], str(e)
-    done = {d["block"]: d for d in _read_jsonl(out / "blocks.jsonl", log)}
-    kept = [r for r in _read_jsonl(out / "transcripts.jsonl", log) if r.get("block") in done]
+    done = {d["block"]: d for d in read_jsonl(out / "blocks.jsonl", log)}
+    kept = [r for r in read_jsonl(out / "transcripts.jsonl", log) if r.get("block") in done]
     counts = Counter(r["block"] for r in kept)
     done = {i: d for i, d in done.items() if counts[i] == d["n"]}  # a block missing records runs again
     kept = [r for r in kept if r["block"] in done]

@@ -183,7 +183,7 @@ def test_bad_config_values(tmp_path):
         normalize_config(tiny_config(tmp_path, protocol="best"))
     with pytest.raises(EvalError, match=r"config field 'judge': unknown 'gpt4'"):
         normalize_config(tiny_config(tmp_path, judge="gpt4"))
-    with pytest.raises(EvalError, match=r"config field 'strategy': unknown 'sedt2'"):
+    with pytest.raises(EvalError, match=r"config field 'strategy': unknown strategy 'sedt2'; known: plain, sedt"):
         normalize_config(tiny_config(tmp_path, strategy="sedt2"))
     with pytest.raises(EvalError, match=r"config field 'runs': bad value 0"):
         normalize_config(tiny_config(tmp_path, runs=0))
