@@ -3,7 +3,7 @@
 Every jitted engine function (the sampler's prefill and decode, the scorer, the train step) sees
 padded batches whose shapes come from a few power-of-two buckets, so a run compiles a handful of
 programs. The helpers that decide those shapes, pack variable-length rows into them and turn a
-seed into per-chunk PRNG keys live here, once, for the sampler, the scorer and the rollout
+seed into a PRNG key live here, once, for the sampler, the scorer and the rollout
 assembly.
 """
 
@@ -101,16 +101,3 @@ def as_key(seed: SeedLike) -> Any:
     import jax
 
     return jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
-
-
-def chunk_key(seed: SeedLike, j: int) -> Any:
-    """The key of chunk `j` of a call seeded with `seed`: the seed's key for chunk 0, else fold_in(key, j).
-
-    The one rule every engine call that splits its rows into chunks (the sampler's `max_batch`
-    chunks, a decode session's chunks, the length-sorted chunks) uses, so a call answered in one
-    chunk samples the same as a call of one chunk.
-    """
-    import jax
-
-    key = as_key(seed)
-    return key if j == 0 else jax.random.fold_in(key, j)

@@ -97,10 +97,3 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = No
     if any(len(s) > t for s in seqs):
         raise ChatError(f"a sequence of length {max(len(s) for s in seqs)} exceeds the pad length {t}")
     return pack_rows(seqs, pad_id, t, align="left")
-
-
-def right_pad(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads id lists into tokens [B, T] int32 and a mask [B, T] bool (longer lists are cut at T)."""
-    t = max(len(s) for s in seqs) if length is None else length
-    return pack_rows([list(s)[:t] for s in seqs], pad_id, t, align="right")

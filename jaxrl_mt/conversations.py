@@ -11,6 +11,11 @@ that reply and the next generation prompt, rendered from the tokenizer's own tem
 sentinel reply (see :func:`turn_suffix`). The model then sees exactly the tokens it generated
 (no detokenize/retokenize round trip); a stop token that ended a reply is replaced by the
 template's end-of-turn text, as a full re-render would do.
+
+Each conversation samples with its own key: its row seed (:func:`row_seed`) is a hash of its
+``conv_id`` and turn index, so a conversation's turn draws the same tokens whichever other
+conversations share its batch, and a conversation redone on its own (a resumed evaluation)
+equals the one of the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import zlib
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
@@ -127,8 +133,9 @@ def run_conversations(sampler: Sampler, runs: Sequence[ConversationRun], samplin
         prompt_lens)``, e.g. ``jaxrl_mt.remote.RemoteSampler`` for a model behind an API).
       runs: the conversations (fresh, or partly run: they continue from their last turn).
       sampling: sampling settings for every assistant turn.
-      seed: base seed; turn k uses seed + SEED_STRIDE k (chunk j of a turn's call uses
-        `batching.chunk_key(seed + SEED_STRIDE k, j)`), so a run is reproducible for a fixed batch.
+      seed: base seed; conversation r's turn t samples with fold_in(key(seed), row_seed(r, t))
+        (`row_seed`), whatever else is in its batch; a `FinalTurn` hook after k lockstep turns gets
+        seed + SEED_STRIDE k.
       user: the user policy (default: FixedOrderUser).
       on_turn: called after every turn with the runs that just got a reply; it may set
         `run.done`/`run.stop_reason` (e.g. LiC stops at the first correct answer) and fill
@@ -166,7 +173,7 @@ def run_conversations(sampler: Sampler, runs: Sequence[ConversationRun], samplin
             break
         if progress:
             progress(k, len(live))
-        _answer(sampler, cached, live, texts, sampling, seed + SEED_STRIDE * k)
+        _answer(sampler, cached, live, texts, sampling, seed)
         if on_turn:
             on_turn(live)
         if cached is not None:
@@ -202,7 +209,8 @@ def _next_turns(user: UserPolicy, active: Sequence[ConversationRun], final_turn:
 def _answer(sampler: Sampler, cached: "_CachedTurns | None", live: Sequence[ConversationRun], texts: Sequence[str],
             sampling: SamplingConfig, seed: int) -> None:
     """One batched sampler call for the live runs (cached or fully re-rendered); appends their turns."""
-    got = cached.answer(live, texts, sampling, seed) if cached is not None else None
+    seeds = [row_seed(r) for r in live]
+    got = cached.answer(live, texts, sampling, seed, seeds) if cached is not None else None
     if got is not None:
         res, prompt_lens = got
     elif hasattr(sampler, "generate_messages"):  # a model behind an API (jaxrl_mt.remote): messages in
@@ -211,7 +219,8 @@ def _answer(sampler: Sampler, cached: "_CachedTurns | None", live: Sequence[Conv
     else:
         prompts = [encode_prompt(sampler.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
                    for r, u in zip(live, texts)]
-        res = sampler.generate_ids(prompts, sampling, seed=seed)
+        kw = {"row_seeds": seeds} if _accepts(sampler.generate_ids, "row_seeds") else {}
+        res = sampler.generate_ids(prompts, sampling, seed=seed, **kw)
         prompt_lens = [len(p) for p in prompts]
     for i, (r, u) in enumerate(zip(live, texts)):
         r.turns.append(TurnRecord(index=len(r.turns), user=u, assistant=res.texts[i],
@@ -231,12 +240,23 @@ def _answer_held(final_turn: FinalTurn, runs: list[ConversationRun], held: dict[
         on_turn(answered)
 
 
-def accepts_reuse_cache(fn: Callable[..., Any]) -> bool:
-    """Whether a strategy function names a ``reuse_cache`` parameter (``**kwargs`` does not count)."""
+def row_seed(run: ConversationRun, turn: int | None = None) -> int:
+    """The row seed of `run`'s turn (default: its next one): crc32 of "conv_id\\0turn" (uint32)."""
+    t = len(run.turns) if turn is None else turn
+    return zlib.crc32(f"{run.conv_id}\0{t}".encode())
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    """Whether `fn` names a parameter `name` (``**kwargs`` does not count)."""
     try:
-        return "reuse_cache" in inspect.signature(fn).parameters
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def accepts_reuse_cache(fn: Callable[..., Any]) -> bool:
+    """Whether a strategy function names a ``reuse_cache`` parameter (``**kwargs`` does not count)."""
+    return _accepts(fn, "reuse_cache")
 
 
 def turn_suffix(tokenizer: Any, history: Sequence[dict[str, str]], user: str, system: str | None) -> str | None:
@@ -334,7 +354,7 @@ class _CachedTurns:
         return encode_prompt(self.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
 
     def answer(self, live: Sequence[ConversationRun], texts: Sequence[str], sampling: SamplingConfig,
-               seed: int) -> tuple[GenerationResult, list[int]]:
+               seed: int, seeds: Sequence[int]) -> tuple[GenerationResult, list[int]]:
         """One session step for the live runs; returns their results and context lengths."""
         s = self.session
         segments: list[list[int] | None] = [None] * s.n_rows
@@ -342,21 +362,12 @@ class _CachedTurns:
         for i, r, u in zip(rows, live, texts):
             segments[i] = self._segment(i, r, u)
         prompt_lens = [len(s.tokens[i]) + len(segments[i]) for i in rows]
-        res = s.step(segments, sampling, seed=seed)
+        row_seeds = np.zeros(s.n_rows, np.uint32)
+        row_seeds[rows] = seeds
+        res = s.step(segments, sampling, seed=seed, row_seeds=row_seeds)
         for i, r in zip(rows, live):
             self.seen[i] = (len(r.turns) + 1, res.texts[i])
         pick = GenerationResult([res.tokens[i] for i in rows], [res.logprobs[i] for i in rows],
                                 res.lengths[rows], [res.finish_reasons[i] for i in rows],
                                 [res.texts[i] for i in rows], dict(res.stats))
         return pick, prompt_lens
-
-
-def final_turn_prompts(tokenizer: Any, runs: Sequence[ConversationRun], last_user: Sequence[str]) -> list[list[int]]:
-    """Token ids of each history plus one more user message, ready for a rollout."""
-    return [encode_prompt(tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
-            for r, u in zip(runs, last_user)]
-
-
-def new_tokens_total(runs: Sequence[ConversationRun]) -> int:
-    """Number of assistant tokens generated across runs."""
-    return int(np.sum([len(t.tokens) for r in runs for t in r.turns]))

@@ -40,7 +40,7 @@ from jaxrl_mt.eval.simulator import (
     EvalError,
     TranscriptStore,
     canonical_scenarios,
-    get_strategy,
+    check_strategy,
     make_judge,
     plan_runs,
     simulate,
@@ -112,7 +112,7 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
     check_http_config(c)
     _backend_spec(c["judge"], "judge", "rule")
     _backend_spec(c["user_simulator"], "user_simulator", "fixed")
-    get_strategy(c["strategy"])
+    check_strategy(c["strategy"])
     if not str(c["workdir"]).strip():
         raise EvalError("config field 'workdir': empty")
     return c
@@ -202,9 +202,10 @@ def _check_workdir(workdir: Path, c: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(want, indent=2) + "\n", encoding="utf-8")
 
 
-def _run_todo(c: dict[str, Any], todo: list[Any], store: TranscriptStore, plugins: dict[str, Any], *,
+def _run_todo(c: dict[str, Any], todo: list[Any], store: TranscriptStore | None, plugins: dict[str, Any], *,
               model: Any, sampler: Any, log: Callable[[str], None]) -> dict[str, Any]:
-    """Simulates the conversations not yet in ``store`` (appending each as it finishes) and returns
+    """Simulates the conversations not yet in ``store`` (appending each as it finishes; None: keeps
+    nothing, a process other than 0 of a multi-process run) and returns
     this invocation's statistics (new tokens, judge, graders, endpoint and user-simulator counters)."""
     t0 = time.perf_counter()
     from jaxrl_mt.eval.user_sim import make_user
@@ -228,7 +229,8 @@ def _run_todo(c: dict[str, Any], todo: list[Any], store: TranscriptStore, plugin
     written = [0]
 
     def sink(recs: list[dict[str, Any]]) -> None:
-        store.append(recs)
+        if store is not None:
+            store.append(recs)
         written[0] += len(recs)
 
     def progress(k: int, n: int) -> None:
@@ -271,7 +273,11 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     Returns:
       ``{"report", "files", "n_planned", "n_resumed", "n_generated", "seconds"}``.
     """
+    from jaxrl_mt.parallel import broadcast_json, is_main_process, maybe_initialize_distributed
+
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    multi = maybe_initialize_distributed()  # several processes: every one simulates every conversation
+    main = is_main_process()  # (replicated rows on the global mesh); process 0 alone writes the workdir
     c = normalize_config(cfg)
     seen: dict[str, str] = {}
     tasks = [t for name, specs in c["sources"].items()
@@ -286,17 +292,23 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     for s in skipped:
         log(f"skipping {s['kind']} for {s['task_id']}: {s['reason']}")
     workdir = Path(c["workdir"])
-    _check_workdir(workdir, c)
+    if main:
+        _check_workdir(workdir, c)
     store = TranscriptStore(workdir / TRANSCRIPTS)
-    done = store.load()
+    done = set(store.load()) if main else set()
+    if multi:  # the same conversations on every process (process 0's store decides)
+        done = set(broadcast_json(sorted(done)))
     todo = [r for r in runs if r.conv_id not in done]
     log(f"{len(tasks)} instructions, {len(c['scenarios'])} scenarios, {len(runs)} conversations "
         f"({len(runs) - len(todo)} already in {store.path})")
     t0 = time.perf_counter()
     stats: dict[str, Any] = {}
     if todo:
-        stats = _run_todo(c, todo, store, plugins, model=model, sampler=sampler, log=log)
+        stats = _run_todo(c, todo, store if main else None, plugins, model=model, sampler=sampler, log=log)
     seconds = time.perf_counter() - t0
+    if not main:
+        return {"report": None, "files": {}, "n_planned": len(runs), "n_resumed": len(runs) - len(todo),
+                "n_generated": len(todo), "seconds": seconds}
     planned = {r.conv_id for r in runs}
     records = [r for cid, r in store.load().items() if cid in planned]
     missing = planned - {r["conv_id"] for r in records}
@@ -328,7 +340,8 @@ def main(argv: Sequence[str]) -> None:
     except (EvalError, DataError, ModelError, BackendError, OSError) as e:  # OSError: an unwritable workdir
         print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    print((Path(result["files"]["report.md"])).read_text(encoding="utf-8"))
+    if result["files"]:  # process 0 (the others write nothing)
+        print((Path(result["files"]["report.md"])).read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":

@@ -199,18 +199,12 @@ class Scorer:
         self.params, self.cfg, self.pad_id = params, cfg, pad_id
         self.batch_size, self.chunk = batch_size, chunk
         self.mesh = mesh  # the params' mesh: rows are split over its (data, fsdp) axes
-        self._last: dict[tuple[tuple[int, ...], tuple[int, ...]], np.ndarray] = {}  # the last call's log-probs
 
-    def cached_logprobs(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-                        ) -> list[np.ndarray] | None:
-        """The log-probs of these pairs from the last `score` call, or None unless it scored all of them.
-
-        Lets a second pass over the same pairs under the same model (e.g. the KL term's reference
-        log-probs after the anchor reward, when the anchor prompt is the policy's prompt) reuse
-        the first instead of running the model again.
-        """
-        out = [self._last.get((tuple(a), tuple(b))) for a, b in zip(contexts, completions)]
-        return None if any(x is None for x in out) else [np.array(x) for x in out]
+    def cached_logprobs(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> None:
+        """Always None: the scorer keeps no side channel of its last call (a reward returns the
+        reference log-probs it computed instead). Kept only so that an old caller computes them."""
+        del contexts, completions
+        return None
 
     def _shape(self, lens: Sequence[int], n: int, multi: bool) -> tuple[int, int]:
         """(rows, tokens) of one batch of pairs of total lengths `lens` (n pairs in the whole call)."""
@@ -245,14 +239,19 @@ class Scorer:
             pmask[i, lo:hi] = True
         return [tokens, tmask, target, pmask]
 
-    def _run(self, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """One `score_batch` call: this process's rows of its outputs, on the host."""
+    def _place(self, arrays: list[np.ndarray]) -> list[Any]:
+        """Rows onto the mesh (`parallel.put_rows`: this process's rows of a global batch); as is without one."""
         if self.mesh is None:
-            return jax.device_get(score_batch(self.params, self.cfg, *arrays, chunk=self.chunk))
-        from jaxrl_mt.parallel import fetch_rows, put_rows
+            return arrays
+        from jaxrl_mt.parallel import put_rows
 
-        # rows over (data, fsdp): `shard_batch` within one process, this process's rows of a global batch across
-        return fetch_rows(score_batch(self.params, self.cfg, *put_rows(self.mesh, arrays), chunk=self.chunk))
+        return put_rows(self.mesh, arrays)
+
+    def _run(self, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """One `score_batch` call: this process's rows of its outputs, on the host (`parallel.fetch_rows`)."""
+        from jaxrl_mt.parallel import fetch_rows
+
+        return fetch_rows(score_batch(self.params, self.cfg, *self._place(arrays), chunk=self.chunk))
 
     def score(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
               pool: str = "completion") -> ScoreResult:
@@ -271,9 +270,9 @@ class Scorer:
             raise ValueError(f"unknown pool {pool!r}")
         multi = spans_processes(self.mesh)
         n = len(contexts)
-        g = context_groups(contexts) if self.mesh is None and pool == "completion" else 1
+        g = context_groups(contexts) if not multi and pool == "completion" else 1
         if g > 1 and (n <= self.batch_size or self.batch_size % g == 0):
-            return self._remember(contexts, completions, self._score_grouped(contexts, completions, g))
+            return self._score_grouped(contexts, completions, g)
         n_batches = -(-n // self.batch_size)
         if multi:  # every process runs the same number of batches (some may be all padding)
             n_batches = agree_max(n_batches)
@@ -291,17 +290,19 @@ class Scorer:
             zero = np.zeros(0, np.float32)
             return ScoreResult([], zero, zero, zero, np.zeros((0, self.cfg.hidden_size), np.float32))
         res = ScoreResult(out_lp, *(np.concatenate(parts[k]) for k in ("sum", "mean", "geo_mean", "pooled")))
-        return res if multi else self._remember(contexts, completions, res)
-
-    def _remember(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                  res: ScoreResult) -> ScoreResult:
-        self._last = {(tuple(a), tuple(b)): lp for a, b, lp in zip(contexts, completions, res.logprobs)}
         return res
 
     def _score_grouped(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], g: int
                        ) -> ScoreResult:
-        """`score` of contexts in runs of g (`context_groups`): each context runs once (`score_grouped`)."""
+        """`score` of contexts in runs of g (`context_groups`): each context runs once (`score_grouped`).
+
+        Under a mesh within one process the context rows (padded to a multiple of the row shards)
+        and their completion rows are split over (data, fsdp) like any batch.
+        """
+        from jaxrl_mt.parallel import fetch_rows, row_shards
+
         n = len(contexts)
+        m = row_shards(self.mesh)
         rows = n if n <= self.batch_size else self.batch_size  # a multiple of g
         max_ctx = self.cfg.max_position_embeddings
         p = bucket(max(len(c) for c in contexts), 16)
@@ -313,11 +314,11 @@ class Scorer:
         for start in range(0, n, rows):
             ctx = [list(x) for x in contexts[start:start + rows:g]]
             comp = [list(x) for x in completions[start:start + rows]]
-            bp = bucket(len(ctx), 1)
+            bp = -(-bucket(len(ctx), 1) // m) * m
             pt, pm = pack_rows(ctx, self.pad_id, p, align="left", n_rows=bp)
             pm[len(ctx):, -1] = True  # padding groups: one real token, so no row attends to nothing
             st, sm = pack_rows(comp, self.pad_id, c, align="right", n_rows=bp * g)
-            r = jax.device_get(score_grouped(self.params, self.cfg, pt, pm, st, sm, chunk=self.chunk))
+            r = fetch_rows(score_grouped(self.params, self.cfg, *self._place([pt, pm, st, sm]), chunk=self.chunk))
             out_lp += [np.asarray(r["logprobs"][i, :len(x)]) for i, x in enumerate(comp)]
             for k, v in parts.items():
                 v.append(r[k][: len(comp)])

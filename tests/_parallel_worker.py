@@ -31,6 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxrl_mt import parallel  # noqa: E402
+from jaxrl_mt.parallel import rules as parallel_rules  # noqa: E402
 from jaxrl_mt.models.config import ModelConfig  # noqa: E402
 from jaxrl_mt.models.decoder import forward, init_cache, init_params, positions_from_mask  # noqa: E402
 from jaxrl_mt.rl.optim import make_optimizer  # noqa: E402
@@ -70,18 +71,18 @@ def sharding_mismatches(tree, want) -> list[str]:
     bad = []
     for (kp, x), w in zip(jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree_util.tree_leaves(want)):
         if not x.sharding.is_equivalent_to(w, x.ndim):
-            bad.append(f"{parallel._path(kp)}: {x.sharding.spec} != {w.spec}")
+            bad.append(f"{parallel_rules._path(kp)}: {x.sharding.spec} != {w.spec}")
     return bad
 
 
 def opt_state_follows_params(opt_state, params) -> tuple[int, list[str]]:
     """Counts optimizer-state moments sharded like their parameter; lists the mismatches."""
-    pleaves = {parallel._path(kp): x for kp, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    pleaves = {parallel_rules._path(kp): x for kp, x in jax.tree_util.tree_flatten_with_path(params)[0]}
     checked, bad = 0, []
     for kp, x in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
         if x.ndim == 0:
             continue  # step counters
-        path = parallel._path(kp)
+        path = parallel_rules._path(kp)
         owner = [p for p in pleaves if path.endswith("/" + p)]
         if len(owner) != 1:
             bad.append(f"{path}: no parameter")
@@ -97,7 +98,7 @@ def opt_state_follows_params(opt_state, params) -> tuple[int, list[str]]:
 
 def run_mesh(out: Path, parts: set[str]) -> None:
     """Writes {"ref_losses", "meshes": {shape: measurements}}; parts: "train" and/or "infer"."""
-    from jaxrl_mt.sampling import Sampler, SamplingConfig
+    from jaxrl_mt.sampling import DecodeSession, Sampler, SamplingConfig
     from jaxrl_mt.scoring import Scorer
 
     assert jax.device_count() == 8, jax.devices()
@@ -156,7 +157,7 @@ def run_mesh(out: Path, parts: set[str]) -> None:
 
     def session_turns(sampler):
         """Three DecodeSession steps (KV cache kept across turns), one row idle at turn 2."""
-        s = sampler.session(8)
+        s = DecodeSession(sampler, 8)
         toks = []
         for turn in range(3):
             segs = [None if (turn == 1 and i == 2)
@@ -270,7 +271,7 @@ def run_multihost(out: Path, ckpt_dir: Path, reference: bool) -> None:
     _, _, m_live = step(params, opt_state, arrays)
     _, _, m_rest = step(state["params"], state["opt_state"], arrays)
     gathered = jax.experimental.multihost_utils.process_allgather(params, tiled=True) if not reference else params
-    digest = {parallel._path(kp): float(np.sum(np.asarray(x, np.float64) ** 2))
+    digest = {parallel_rules._path(kp): float(np.sum(np.asarray(x, np.float64) ** 2))
               for kp, x in jax.tree_util.tree_flatten_with_path(gathered)[0]}
     out.write_text(json.dumps({
         "process": pid, "processes": nproc, "devices": jax.device_count(), "local_devices": jax.local_device_count(),
@@ -387,7 +388,7 @@ def run_trainer(out: Path, workdir: Path, model_dir: Path, steps: int) -> None:
         host = parallel.gather_to_host(params)
         h = hashlib.sha256()
         for kp, x in jax.tree_util.tree_flatten_with_path(host)[0]:
-            h.update(parallel._path(kp).encode() + np.ascontiguousarray(x).tobytes())
+            h.update(parallel_rules._path(kp).encode() + np.ascontiguousarray(x).tobytes())
         seen["digest"] = h.hexdigest()
         return finish(self, params, evals)
 

@@ -74,12 +74,6 @@ def test_left_pad_by_hand():
         chat.left_pad([], pad_id=0)
 
 
-def test_right_pad_by_hand():
-    tokens, mask = chat.right_pad([[5, 6, 7], [8]], pad_id=0)
-    np.testing.assert_array_equal(tokens, [[5, 6, 7], [8, 0, 0]])
-    np.testing.assert_array_equal(mask, [[1, 1, 1], [1, 0, 0]])
-
-
 @pytest.mark.parametrize("messages, match", [
     ([{"role": "robot", "content": "hi"}], r"message 0: unknown role 'robot'"),
     ([{"role": "user", "content": "hi"}, {"content": "x"}], r"message 1: expected a mapping with 'role'"),

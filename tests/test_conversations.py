@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from jaxrl_mt.conversations import SEED_STRIDE, ConversationRun, TurnRecord, run_conversations
+from jaxrl_mt.conversations import SEED_STRIDE, ConversationRun, TurnRecord, row_seed, run_conversations
 from jaxrl_mt.sampling import DecodeSession, SamplingConfig
 from jaxrl_mt.sedt import SeDTConfig, sedt_strategy
 from tests.test_kv_reuse import chat_sampler, make_runs
@@ -58,7 +58,8 @@ def test_sedt_earlier_turns_share_the_plain_loop_cache_and_seeds(tiny_chat_model
     real_step = DecodeSession.step
 
     def step(self, segments, sampling, *, seed=0, **kw):
-        steps.append((name, seed))
+        live = [i for i, g in enumerate(segments) if g is not None]
+        steps.append((name, (seed, tuple((i, int(kw["row_seeds"][i])) for i in live))))
         return real_step(self, segments, sampling, seed=seed, **kw)
 
     monkeypatch.setattr(DecodeSession, "step", step)
@@ -69,8 +70,12 @@ def test_sedt_earlier_turns_share_the_plain_loop_cache_and_seeds(tiny_chat_model
     name = "sedt"
     sedt_strategy(sampler, sedt, greedy, seed=11, reuse_cache=True, config=SeDTConfig(self_correct=False))
     seeds = {n: [sd for m, sd in steps if m == n] for n in ("plain", "sedt")}
-    assert seeds["plain"] == [11 + k * SEED_STRIDE for k in range(4)]
-    assert seeds["sedt"] == seeds["plain"][:3]  # turns 0-2 in the cached loop; the final turns are SeDT's
+    # one base seed; each live row's seed is its conversation's (conv_id, turn) seed
+    assert [sd for sd, _ in seeds["plain"]] == [11] * 4
+    assert all(rs == row_seed(runs[i], k) for k, (_, rows) in enumerate(seeds["plain"]) for i, rs in rows)
+    # turns 0-2 in the cached loop with the plain loop's seeds; the final turns are SeDT's
+    assert len(seeds["sedt"]) == 3
+    assert all(a[0] == b[0] and set(a[1]) <= set(b[1]) for a, b in zip(seeds["sedt"], seeds["plain"]))
     for p, s in zip(plain, sedt):
         final = len(s.user_turns) >= 2  # a single-turn conversation is answered plainly
         n_same = len(s.turns) - 1 if final else len(s.turns)

@@ -51,7 +51,7 @@ def test_cache_bucket_and_plan_chunks_by_hand():
 
 
 def test_first_step_equals_generate_ids(tiny):
-    sess = tiny.session(len(PROMPTS))
+    sess = DecodeSession(tiny, len(PROMPTS))
     got = sess.step(PROMPTS, GREEDY8)
     assert_fresh_parity(tiny, PROMPTS, got, range(len(PROMPTS)))
     # 5 rows, chunks of 4 sorted by length: [3 2 ... ] rows 4, 0, 1, 2 then row 3
@@ -65,7 +65,7 @@ def test_first_step_equals_generate_ids(tiny):
 def test_continuation_parity_with_stops_budgets_and_idle_rows(tiny):
     """Three steps; rows stop at EOS, by length, with small budgets, idle in between."""
     n = len(PROMPTS)
-    sess = tiny.session(n)
+    sess = DecodeSession(tiny, n)
     budgets = [8, 8, 3, 8, 5]
     r1 = sess.step(PROMPTS, GREEDY8, max_new_tokens=budgets)
     assert "stop" in r1.finish_reasons and "length" in r1.finish_reasons  # both endings occur
@@ -119,7 +119,7 @@ def test_release_shrinks_chunk_and_reset_restarts_a_row(tiny):
 
 
 def test_step_rejects_bad_input(tiny):
-    sess = tiny.session(2)
+    sess = DecodeSession(tiny, 2)
     with pytest.raises(ValueError, match="expected 2 segments"):
         sess.step([[1]], GREEDY8)
     with pytest.raises(ValueError, match="row 1: empty segment"):
@@ -276,7 +276,8 @@ def test_reuse_falls_back_for_generate_ids_overrides(tiny_chat_model_dir, caplog
 def test_simulate_passes_reuse_cache_only_to_strategies_that_name_it(tiny_chat_model_dir):
     from jaxrl_mt.conversations import accepts_reuse_cache
     from jaxrl_mt.data.synthetic import synthetic_tasks
-    from jaxrl_mt.eval.simulator import Judge, plan_runs, register_strategy, simulate
+    from jaxrl_mt.eval.simulator import Judge, plan_runs, simulate
+    from jaxrl_mt.strategies import STRATEGIES
 
     seen: dict[str, object] = {}
 
@@ -290,8 +291,8 @@ def test_simulate_passes_reuse_cache_only_to_strategies_that_name_it(tiny_chat_m
 
     assert accepts_reuse_cache(run_conversations) and accepts_reuse_cache(named)
     assert not accepts_reuse_cache(kwargs_only)
-    register_strategy("kv_named", named)
-    register_strategy("kv_kwargs", kwargs_only)
+    STRATEGIES.add("kv_named", named, replace=True)
+    STRATEGIES.add("kv_kwargs", kwargs_only, replace=True)
     sampler = chat_sampler(tiny_chat_model_dir)
     tasks = synthetic_tasks(2, steps=1)
     got = {}
@@ -335,7 +336,7 @@ def test_eval_config_reuse_cache_field():
 
 
 def test_row_idle_at_first_step_starts_later(tiny):
-    sess = tiny.session(3)
+    sess = DecodeSession(tiny, 3)
     sess.step([PROMPTS[0], None, PROMPTS[2]], GREEDY8)
     assert sess.tokens[1] == [] and [c.rows for c in sess.chunks] == [[1, 0, 2]]
     got = sess.step([None, PROMPTS[1], None], GREEDY8)

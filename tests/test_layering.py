@@ -3,13 +3,16 @@
     models (and foundations) <- engine <- methods <- entry points
 
 Every ``import`` of a ``jaxrl_mt`` module counts, also one inside a function (a lazy import is
-still an arrow); an import of a module's own ancestor package does not (Python imports the
-package before any of its modules anyway). A new module must be placed in a layer here.
+still an arrow) and one under ``if TYPE_CHECKING:`` (a type-only arrow is still a dependency, and
+a type-only circle a design circle); an import of a module's own ancestor package does not
+(Python imports the package before any of its modules anyway). A new module must be placed in a
+layer here; docs/architecture.md and the README's Layout name the same layers (checked below).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -27,7 +30,7 @@ LAYERS: dict[str, int] = {
     # 2: methods and their data (data's LLM segmenter uses the backends)
     "data": 2, "rewards": 2, "rl": 2, "eval": 2, "sedt": 2, "tasks": 2, "serving": 2,
     # 3: entry points
-    "train": 3, "evaluate": 3, "generate": 3, "export": 3, "serve": 3, "bench": 3, "benchmarks": 3,
+    "train": 3, "evaluate": 3, "generate": 3, "export": 3, "serve": 3, "benchmarks": 3,
     "experiments": 3, "memory_table": 3, "__init__": 3,
 }
 LAYER_NAMES = ("models", "engine", "methods", "entry points")
@@ -45,25 +48,12 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    """ids of nodes under `if TYPE_CHECKING:` (annotations only, no runtime arrow)."""
-    out: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for sub in node.body:
-                out.update(id(n) for n in ast.walk(sub))
-    return out
-
-
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """The jaxrl_mt modules `name` imports (resolved to modules or packages that exist)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = _type_checking_nodes(tree)
     is_pkg = path.name == "__init__.py"
     out: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -146,10 +136,42 @@ def test_arrows_point_down_the_layers():
 def test_the_checker_sees_lazy_imports_and_cycles(tmp_path):
     """The graph reader counts an import inside a function, and the cycle finder finds a 3-cycle."""
     src = tmp_path / "m.py"
-    src.write_text("def f():\n    from jaxrl_mt.sedt import respond\n    import jaxrl_mt.eval.simulator\n")
-    got = imports_of("jaxrl_mt.sampling.fake", src, {"jaxrl_mt.sedt", "jaxrl_mt.eval", "jaxrl_mt.eval.simulator"})
-    assert got == {"jaxrl_mt.sedt", "jaxrl_mt.eval.simulator"}
+    src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from jaxrl_mt.rl import loop\n"
+                   "def f():\n    from jaxrl_mt.sedt import respond\n    import jaxrl_mt.eval.simulator\n")
+    known = {"jaxrl_mt.sedt", "jaxrl_mt.eval", "jaxrl_mt.eval.simulator", "jaxrl_mt.rl", "jaxrl_mt.rl.loop"}
+    got = imports_of("jaxrl_mt.sampling.fake", src, known)
+    assert got == {"jaxrl_mt.sedt", "jaxrl_mt.eval.simulator", "jaxrl_mt.rl.loop"}
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     with pytest.raises(KeyError, match="not placed in a layer"):
         layer("jaxrl_mt.nowhere")
+
+
+def _doc_layers(text: str, start: str, stop: str) -> dict[int, set[str]]:
+    """Module names per layer in a doc section: each line/row starting with a layer's name."""
+    section = text[text.index(start):]
+    section = section[:section.index(stop)] if stop in section else section
+    out: dict[int, set[str]] = {}
+    names = ["entry points", "methods", "engine", "models"]
+    current = None
+    for line in section.splitlines():
+        head = line.strip("|- ").lower()
+        for n in names:
+            if head.startswith(n):
+                current = LAYER_NAMES.index(n)
+        if current is not None:
+            out.setdefault(current, set()).update(
+                m.rstrip("/").removesuffix(".py") for m in re.findall(r"`([a-z_]+(?:/|\.py))`", line))
+    return out
+
+
+@pytest.mark.parametrize("doc, start, stop", [("docs/architecture.md", "| layer | modules", "tests/test_layering.py"),
+                                              ("README.md", "## Layout", "Docs: [architecture]")])
+def test_docs_name_the_same_layers(doc, start, stop):
+    """docs/architecture.md's table and the README's Layout place every top-level module as LAYERS does."""
+    got = _doc_layers((ROOT / doc).read_text(encoding="utf-8"), start, stop)
+    want: dict[int, set[str]] = {}
+    for name, lay in LAYERS.items():
+        if name != "__init__":
+            want.setdefault(lay, set()).add(name)
+    assert got == want

@@ -19,6 +19,7 @@ from jax.sharding import AbstractMesh
 from ml_collections import ConfigDict
 
 from jaxrl_mt import parallel
+from jaxrl_mt.parallel import rules as parallel_rules
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import KVCache, param_shapes
 from jaxrl_mt.rl.optim import make_optimizer
@@ -44,7 +45,8 @@ def cfg_of(arch: str) -> ModelConfig:
 
 def specs_by_path(cfg: ModelConfig, mesh) -> dict[str, tuple]:
     flat = jax.tree_util.tree_flatten_with_path(param_shapes(cfg), is_leaf=lambda s: isinstance(s, tuple))[0]
-    return {parallel._path(kp): spec(*parallel.param_spec(parallel._path(kp), shape, mesh)) for kp, shape in flat}
+    return {parallel_rules._path(kp): spec(*parallel.param_spec(parallel_rules._path(kp), shape, mesh))
+            for kp, shape in flat}
 
 
 # ----------------------------------------------------------------------------- rules (no devices needed)
@@ -89,7 +91,7 @@ def test_optimizer_moments_resolve_to_their_parameter_rule() -> None:
     state = jax.eval_shape(make_optimizer(1e-3, max_grad_norm=1.0, grad_accum_steps=2).init, abstract)
     n = 0
     for kp, x in jax.tree_util.tree_flatten_with_path(state)[0]:
-        path = parallel._path(kp)
+        path = parallel_rules._path(kp)
         if x.ndim == 0:
             assert spec(*parallel.param_spec(path, x.shape, mesh)) == ()
             continue
@@ -104,11 +106,11 @@ def test_cache_rules_shard_rows_and_kv_heads() -> None:
     mesh = AbstractMesh((2, 2, 2), parallel.AXES)
     cache = KVCache(*(jax.ShapeDtypeStruct(s, d) for s, d in
                       (((2, 8, 2, 16, 8), "float32"), ((2, 8, 2, 16, 8), "float32"), ((8, 16), "bool"), ((), "int32"))))
-    got = {f: spec(*parallel._fit(parallel.CACHE_RULES[f], getattr(cache, f).shape, mesh)) for f in cache._fields}
+    got = {f: spec(*parallel_rules._fit(parallel.CACHE_RULES[f], getattr(cache, f).shape, mesh)) for f in cache._fields}
     assert got == {"k": (None, ("data", "fsdp"), "tensor"), "v": (None, ("data", "fsdp"), "tensor"),
                    "valid": (("data", "fsdp"),), "index": ()}
     odd = AbstractMesh((1, 3, 2), parallel.AXES)  # 8 rows do not split 3 ways; 2 KV heads split 2 ways
-    assert spec(*parallel._fit(parallel.CACHE_RULES["k"], (2, 8, 2, 16, 8), odd)) == (None, None, "tensor")
+    assert spec(*parallel_rules._fit(parallel.CACHE_RULES["k"], (2, 8, 2, 16, 8), odd)) == (None, None, "tensor")
 
 
 def test_make_mesh_shapes_and_errors() -> None:
@@ -122,7 +124,9 @@ def test_make_mesh_shapes_and_errors() -> None:
 
 def test_mesh_from_spec_and_row_shards() -> None:
     """The one reader of `mesh_shape` (training and evaluation): auto / none / D,F,T, clear errors."""
-    assert parallel.mesh_from_spec("auto") is None and parallel.mesh_from_spec("none") is None  # one device
+    auto = parallel.mesh_from_spec("auto")  # one device: a 1-device mesh, not None
+    assert auto is not None and auto.shape == {"data": 1, "fsdp": 1, "tensor": 1}
+    assert parallel.mesh_from_spec("none") is None
     m = parallel.mesh_from_spec("1,-1,1")
     assert dict(m.shape) == {"data": 1, "fsdp": 1, "tensor": 1} and parallel.row_shards(m) == 1
     assert parallel.row_shards(None) == 1

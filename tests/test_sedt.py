@@ -462,9 +462,9 @@ def test_final_turn_is_batched_and_guarded(tiny_model, score_spy):
 
 def test_strategy_in_the_lic_simulator(tiny_model):
     from jaxrl_mt.data import synthetic_tasks
-    from jaxrl_mt.eval.simulator import Judge, get_strategy, plan_runs, simulate
+    from jaxrl_mt.eval.simulator import Judge, check_strategy, plan_runs, simulate
 
-    assert get_strategy("sedt") is sedt_strategy
+    assert check_strategy("sedt") is sedt_strategy
     s = _sampler(tiny_model)
     tasks = synthetic_tasks(2, steps=2)  # target + 3 conditions: 4 turns
     runs, _ = plan_runs(tasks, ["full", "sharded"], 2, system="Solve it.")

@@ -5,7 +5,6 @@
     python -m jaxrl_mt.benchmarks simulator [...]          # simulator.py: LiC simulator vs plain generation
     python -m jaxrl_mt.benchmarks accel [...]              # accel.py: GPU/TPU rates vs the chip's peaks
 
-Each module also runs alone (``python -m jaxrl_mt.benchmarks.engine sampling``, ...);
-``python -m jaxrl_mt.bench sampling|scoring`` is kept as the engine benchmark's old name.
+Each module also runs alone (``python -m jaxrl_mt.benchmarks.engine sampling``, ...).
 Benchmarks are entry points: they import the engine and the methods, nothing imports them.
 """

@@ -28,7 +28,7 @@ Source specs (:func:`load_source`):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from jaxrl_mt.data.fields import (
@@ -439,9 +439,3 @@ def _family_source(spec: str, rest: str) -> list[ShardedTask]:
         return family_tasks(parts[0], n, steps=steps, seed=seed)
     except DataError as e:
         raise DataError(f"source {spec!r}: {e}") from None
-
-
-def iter_sources(specs: Sequence[str]) -> Iterator[ShardedTask]:
-    """All tasks of several source specs, in order."""
-    for s in specs:
-        yield from load_source(s)

@@ -13,7 +13,6 @@ loaders prefix the message with ``file:line``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -314,6 +313,3 @@ class Scenario:
             removed=tuple(removed),
             metadata=to_metadata(meta),
         )
-
-    def to_json_line(self) -> str:
-        return json.dumps(self.to_json(), ensure_ascii=False)

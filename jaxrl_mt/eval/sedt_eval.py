@@ -40,21 +40,19 @@ import argparse
 import copy
 import dataclasses
 import json
-import os
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from jaxrl_mt.conversations import ConversationRun, run_conversations
-from jaxrl_mt.data.jsonl_log import read_jsonl_log
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.eval.metrics import aggregate, bootstrap_ci, paired_bootstrap_ci
+from jaxrl_mt.eval.sedt_files import read_jsonl, resume
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.sampling import SamplingConfig
 from jaxrl_mt.sedt import (CONFIRMED, GivenUser, SeDTConfig, restate_final_turn, run_until_final, sedt_final_turn,
@@ -271,34 +269,6 @@ def _records(held: Sequence[ConversationRun], arms: Mapping[str, Sequence[Conver
 BLOCK_SEED_STRIDE = 104729  # seed offset between blocks (a prime far from conversations.SEED_STRIDE)
 
 
-def _read_jsonl(path: Path, log=lambda s: None) -> list[dict[str, Any]]:
-    """The records of an append-only file in ``out`` (`data.jsonl_log`: a last line cut by a kill is
-    dropped with one log line; an unreadable earlier line is an error)."""
-    return [r for _, r in read_jsonl_log(path, warn=log)]
-
-
-def _check_settings(out: Path, settings: Mapping[str, Any]) -> None:
-    """Writes ``settings.json``, or checks that an earlier run in ``out`` used the same settings.
-
-    Raises:
-      ValueError: naming the first setting that differs (resuming would mix two experiments), or
-        when ``out`` holds transcripts but no settings (they would be overwritten).
-    """
-    path = out / "settings.json"
-    settings = json.loads(json.dumps(settings))  # as stored: tuples become lists, so a resumed run compares equal
-    if path.exists():
-        old = json.loads(path.read_text(encoding="utf-8"))
-        for k in sorted(set(old) | set(settings)):
-            if old.get(k) != settings.get(k):
-                raise ValueError(f"{out} holds a run with {k}={old.get(k)!r}, not {settings.get(k)!r}; "
-                                 "use another --out or delete it")
-    elif (out / "transcripts.jsonl").exists():
-        raise ValueError(f"{out} holds transcripts of an evaluation without settings.json (an older run); "
-                         "use another --out")
-    else:
-        path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
 def run_blocks(sampler: Any, runs: Sequence[ConversationRun], sampling: SamplingConfig, *, cfg: SeDTConfig,
                seed: int, out: Path, block: int, settings: Mapping[str, Any], log=lambda s: None
                ) -> tuple[list[dict[str, Any]], float]:
@@ -313,21 +283,16 @@ def run_blocks(sampler: Any, runs: Sequence[ConversationRun], sampling: Sampling
     Returns:
       ``(all records in plan order, seconds spent over every run of this evaluation)``.
     """
-    out.mkdir(parents=True, exist_ok=True)
-    _check_settings(out, settings)
+    from jaxrl_mt.parallel import broadcast_json, is_main_process
+
+    main = is_main_process()  # several processes: each runs every block; process 0 alone reads and writes `out`
     task_order = list(dict.fromkeys(r.meta["task_id"] for r in runs))
     block_of = {t: i // block for i, t in enumerate(task_order)}
-    done = {d["block"]: d for d in _read_jsonl(out / "blocks.jsonl", log)}
-    kept = [r for r in _read_jsonl(out / "transcripts.jsonl", log) if r.get("block") in done]
-    counts = Counter(r["block"] for r in kept)
-    done = {i: d for i, d in done.items() if counts[i] == d["n"]}  # a block missing records runs again
-    kept = [r for r in kept if r["block"] in done]
-    tmp = out / "transcripts.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept), encoding="utf-8")
-    os.replace(tmp, out / "transcripts.jsonl")  # atomic: a kill here loses nothing
-    tmp = out / "blocks.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(d) + "\n" for d in done.values()), encoding="utf-8")
-    os.replace(tmp, out / "blocks.jsonl")
+    done, kept, err = resume(out, settings, log) if main else ({}, [], "")
+    state = broadcast_json({"err": err, "done": {str(i): d for i, d in done.items()}})
+    if state["err"]:
+        raise ValueError(state["err"])
+    done = {int(i): d for i, d in state["done"].items()}
     n_blocks = max(block_of.values()) + 1
     if done:
         log(f"resuming: {len(done)}/{n_blocks} blocks done ({len(kept)} conversations)")
@@ -338,6 +303,8 @@ def run_blocks(sampler: Any, runs: Sequence[ConversationRun], sampling: Sampling
         mine = [r for r in runs if block_of[r.meta["task_id"]] == i]
         recs = run_block(sampler, mine, sampling, cfg=cfg, seed=seed + BLOCK_SEED_STRIDE * i,
                          log=lambda s, i=i: log(f"block {i + 1}/{n_blocks}: {s}"))
+        if not main:
+            continue
         with open(out / "transcripts.jsonl", "a", encoding="utf-8") as f:
             f.writelines(json.dumps({**r, "block": i}, ensure_ascii=False) + "\n" for r in recs)
         with open(out / "blocks.jsonl", "a", encoding="utf-8") as f:
@@ -345,8 +312,7 @@ def run_blocks(sampler: Any, runs: Sequence[ConversationRun], sampling: Sampling
         kept += [{**r, "block": i} for r in recs]
     order = {r.conv_id: k for k, r in enumerate(runs)}
     kept.sort(key=lambda r: order[r["conv_id"]])
-    seconds = sum(d["seconds"] for d in _read_jsonl(out / "blocks.jsonl"))
-    return kept, seconds
+    return kept, sum(d["seconds"] for d in read_jsonl(out / "blocks.jsonl")) if main else 0.0
 
 
 def report_md(results: Mapping[str, Any]) -> str:
@@ -400,8 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--block", type=int, default=10,
                     help="problems per block: each finished block is written at once, a rerun resumes after it")
-    ap.add_argument("--mesh-shape", default="auto",
-                    help="devices: auto (all on data when > 1) | none | data,fsdp,tensor")
+    ap.add_argument("--mesh-shape", default="auto", help="devices: auto (all on data) | none | data,fsdp,tensor")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="SeDTConfig override (repeatable), e.g. guard=coverage for the coverage-only guard ablation")
     a = ap.parse_args(argv)
@@ -418,8 +383,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from jaxrl_mt.models.registry import load_model
-    from jaxrl_mt.parallel import mesh_from_spec
+    from jaxrl_mt.parallel import is_main_process, maybe_initialize_distributed, mesh_from_spec
     from jaxrl_mt.sampling import Sampler
+
+    maybe_initialize_distributed()  # several processes (JAX_COORDINATOR_ADDRESS, ...): one global mesh
 
     try:
         mesh = mesh_from_spec(a.mesh_shape)
@@ -438,6 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not is_main_process():
+        return 0
     results = results_from_records(records, sampling, cfg, a.seed, seconds)
     results["model"] = a.model
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -18,8 +18,8 @@ needs around it:
 - :class:`TranscriptStore`: ``transcripts.jsonl``, one line per finished conversation, appended
   as they finish; on restart the conversations already there are skipped.
 - Strategies: how a batch of runs is answered, looked up by the config field ``strategy`` in
-  ``jaxrl_mt.strategies`` (``"plain"`` is ``run_conversations`` itself; importing
-  ``jaxrl_mt.sedt``, as this module does, registers ``"sedt"``).
+  ``jaxrl_mt.strategies.STRATEGIES`` (``"plain"`` is ``run_conversations`` itself, ``"sedt"``
+  SeDT's, a built-in loaded on first use).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 
-import jaxrl_mt.sedt  # noqa: F401  (registers the "sedt" strategy)
 from jaxrl_mt import strategies
 from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.conversations import ConversationRun, FixedOrderUser, UserPolicy, accepts_reuse_cache
@@ -53,11 +52,10 @@ __all__ = [
     "canonical_scenarios",
     "conv_id",
     "first_answer_turn",
-    "get_strategy",
+    "check_strategy",
     "judge_turn",
     "make_judge",
     "plan_runs",
-    "register_strategy",
     "run_score",
     "run_scored",
     "simulate",
@@ -350,28 +348,16 @@ class ContextGuard:
 # --------------------------------------------------------------------------- strategies
 
 
-def register_strategy(name: str, fn: strategies.Strategy) -> None:
-    """Registers how batches are answered under ``config.strategy == name`` (``jaxrl_mt.strategies``).
-
-    ``fn(sampler, runs, sampling, *, seed, user, on_turn, progress) -> runs`` must advance the
-    runs like ``run_conversations`` (one batched sampler call per turn, ``on_turn`` after each
-    turn with the runs that got a reply). SeDT registers ``"sedt"`` when imported (this module
-    imports it).
-    """
-    strategies.register_strategy(name, fn)
-
-
-def get_strategy(name: str) -> strategies.Strategy:
-    """The registered strategy.
+def check_strategy(name: str) -> strategies.Strategy:
+    """The strategy ``name`` of ``strategies.STRATEGIES``, as the config field ``strategy``.
 
     Raises:
-      EvalError: ``config field 'strategy': ...`` for an unknown name.
+      EvalError: ``config field 'strategy': unknown strategy ...; known: ...`` for an unknown name.
     """
     try:
-        return strategies.get_strategy(name)
-    except KeyError:
-        raise EvalError(f"config field 'strategy': unknown {name!r}; valid: "
-                        f"{', '.join(strategies.strategy_names())}") from None
+        return strategies.STRATEGIES.get(name)
+    except KeyError as e:
+        raise EvalError(f"config field 'strategy': {e.args[0]}") from None
 
 
 def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: SamplingConfig, *,
@@ -406,7 +392,7 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
     def answer(scorer: TurnScorer) -> None:
         guard = ContextGuard(user or FixedOrderUser(), sampler.tokenizer, sampler.cfg.max_position_embeddings,
                              sampling.max_new_tokens)
-        fn = get_strategy(strategy)
+        fn = check_strategy(strategy)
         kw: dict[str, Any] = {"reuse_cache": reuse_cache} if accepts_reuse_cache(fn) else {}
         fn(LengthSortedSampler(sampler, max_chunk_cells), runs, sampling, seed=seed, user=guard, on_turn=scorer,
            progress=progress, **kw)

@@ -261,22 +261,6 @@ def remat_layer(body: Any, remat: bool | str) -> Any:
     return jax.checkpoint(body) if remat else body
 
 
-def run_layers(body: Any, x: jax.Array, layers: Params | tuple[Params, ...], *, with_index: bool = False
-               ) -> tuple[jax.Array, Any]:
-    """Runs `body(x, lp) -> (x, y)` over the layers: a `lax.scan` over stacked weights, or an unrolled
-    loop over a tuple of per-layer weights (`decode_params(..., unstack=True)`), whose static layer
-    slices are the weights themselves rather than a per-layer dynamic-slice copy. With `with_index`
-    the body gets `(lp, layer_index)`. Returns the last x and the stacked ys [L, ...]."""
-    if not isinstance(layers, (tuple, list)):
-        n = jax.tree_util.tree_leaves(layers)[0].shape[0]
-        return jax.lax.scan(body, x, (layers, jnp.arange(n)) if with_index else layers)
-    ys = []
-    for i, lp in enumerate(layers):
-        x, y = body(x, (lp, i) if with_index else lp)
-        ys.append(y)
-    return x, jax.tree_util.tree_map(lambda *a: jnp.stack(a), *ys)
-
-
 def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
             token_mask: jax.Array, cache: KVCache | None = None, *, logits: str = "all",
             remat: bool | str = False) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
@@ -310,7 +294,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
             x, _, _ = _layer(cfg, lp, x, cos, sin, None, None, None, mask)
             return x, None
 
-        x, _ = run_layers(remat_layer(body, remat), x, layers)
+        x, _ = jax.lax.scan(remat_layer(body, remat), x, layers)
         new_cache = None
     else:
         s = cache.k.shape[3]
@@ -332,7 +316,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
 
         # Only the T new keys/values leave the scan; one in-place update writes them for all
         # layers (writing inside the scan would copy a layer's cache per layer).
-        x, (nk, nv) = run_layers(body, x, layers, with_index=True)  # nk: [L, B, T, Hkv, K]
+        x, (nk, nv) = jax.lax.scan(body, x, (layers, jnp.arange(cfg.num_layers)))  # nk: [L, B, T, Hkv, K]
         nk, nv = nk.swapaxes(2, 3), nv.swapaxes(2, 3)  # [L, B, Hkv, T, K]
         kc = jax.lax.dynamic_update_slice(cache.k, nk.astype(cache.k.dtype), (0, 0, 0, idx, 0))
         vc = jax.lax.dynamic_update_slice(cache.v, nv.astype(cache.v.dtype), (0, 0, 0, idx, 0))
@@ -355,16 +339,15 @@ def lm_head(params: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
                       preferred_element_type=jnp.float32)
 
 
-def decode_params(params: Params, cfg: ModelConfig, unstack: bool = False) -> Params:
+def decode_params(params: Params, cfg: ModelConfig) -> Params:
     """The same weights laid out for small-batch decoding (call inside jit; same `forward` results).
 
     Q/K/V become one [L, D, Hq*K + 2*Hkv*K] matrix and gate/up one [L, D, 2F] matrix (one dot
     each instead of three and two), and a tied head gets its own [D, V] copy so the logits are
     a plain row-major product. On XLA:CPU this made batch-8 decoding of the embedded model about
-    10% faster on one host (`python -m jaxrl_mt.bench sampling`: 130.6 -> 144.1 tok/s) and no
+    10% faster on one host (`python -m jaxrl_mt.benchmarks sampling`: 130.6 -> 144.1 tok/s) and no
     faster on another. `Sampler.decode_weights` makes it once per parameter version and keeps it
-    (a second copy of the weights). With `unstack`, the layers become a tuple of per-layer weight
-    dicts and `forward` unrolls its layer loop over them (`run_layers`).
+    (a second copy of the weights).
     """
     lp = dict(params["layers"])
     fused = {k: v for k, v in lp.items() if k not in ("q", "k", "v", "q_bias", "k_bias", "v_bias", "gate", "up")}
@@ -372,8 +355,6 @@ def decode_params(params: Params, cfg: ModelConfig, unstack: bool = False) -> Pa
     if cfg.attention_bias:
         fused["qkv_bias"] = jnp.concatenate([lp["q_bias"], lp["k_bias"], lp["v_bias"]], axis=-1)
     fused["gate_up"] = jnp.concatenate([lp["gate"], lp["up"]], axis=-1)  # [L, D, 2F]
-    if unstack:
-        fused = tuple({k: v[i] for k, v in fused.items()} for i in range(cfg.num_layers))
     out = {"embed": params["embed"], "layers": fused, "final_norm": params["final_norm"]}
     out["lm_head"] = params["lm_head"] if "lm_head" in params else params["embed"].T  # [D, V]
     return out

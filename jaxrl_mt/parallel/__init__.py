@@ -25,12 +25,12 @@ on per-process rows: `agree_max` (the same buckets everywhere), `put_rows` (rows
 to the single-process path (`shard_batch`, `jax.device_get`, the identity).
 """
 
-from jaxrl_mt.parallel.hosts import (_allgather, _cfg_get, _process_rows, agree_max, agree_max_many,
+from jaxrl_mt.parallel.hosts import (agree_max, agree_max_many,
                                      allgather_ints, allgather_json, broadcast_json, check_same_rows,
                                      distributed_settings, fetch_rows, gather_to_host, is_main_process, local_copy,
                                      local_mesh, log0, maybe_initialize_distributed, mean_over_processes,
                                      process_block, put_replicated, put_rows, rows_multiple, spans_processes)
-from jaxrl_mt.parallel.rules import (AXES, BATCH_AXES, CACHE_RULES, PARAM_RULES, _fit, _key_str, _path, batch_sharding,
+from jaxrl_mt.parallel.rules import (AXES, BATCH_AXES, CACHE_RULES, PARAM_RULES, batch_sharding,
                                      cache_shardings, global_batch, local_rows, make_mesh, mesh_from_spec,
                                      opt_state_shardings, param_shardings, param_spec, row_shards, shard_batch,
                                      shard_cache, shard_params, shard_train_state, shard_train_step)
@@ -42,6 +42,4 @@ __all__ = [
     "make_mesh", "maybe_initialize_distributed", "mean_over_processes", "mesh_from_spec", "opt_state_shardings",
     "param_shardings", "param_spec", "process_block", "put_replicated", "put_rows", "row_shards", "rows_multiple",
     "shard_batch", "shard_cache", "shard_params", "shard_train_state", "shard_train_step", "spans_processes",
-    # private helpers the tests use
-    "_allgather", "_cfg_get", "_fit", "_key_str", "_path", "_process_rows",
 ]

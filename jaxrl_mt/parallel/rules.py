@@ -44,9 +44,9 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence[Any] | None =
 def mesh_from_spec(spec: str) -> Mesh | None:
     """The mesh of a config field ``mesh_shape``.
 
-    ``"auto"``: every device on ``data`` when there is more than one device, else no mesh;
-    ``"none"`` (or ``""``): no mesh (one device); ``"D,F,T"``: that (data, fsdp, tensor) shape
-    (one entry may be -1).
+    ``"auto"``: every device on ``data`` (a 1-device mesh on one CPU: the same code path on
+    every layout); ``"none"`` (or ``""``): no mesh (one device, the plain jit path); ``"D,F,T"``:
+    that (data, fsdp, tensor) shape (one entry may be -1).
 
     Raises:
       ValueError: a malformed spec, or a shape the devices cannot fill (the message names it).
@@ -55,7 +55,7 @@ def mesh_from_spec(spec: str) -> Mesh | None:
     if spec in ("", "none"):
         return None
     if spec == "auto":
-        return make_mesh((-1, 1, 1)) if jax.device_count() > 1 else None
+        return make_mesh((-1, 1, 1))
     try:
         shape = tuple(int(x) for x in spec.split(","))
     except ValueError:

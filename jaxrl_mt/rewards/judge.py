@@ -7,9 +7,9 @@
   (``python -m jaxrl_mt.rewards.judge --eval FILE.jsonl``).
 
 The labelled replies of the embedded model live in ``tests/rewards/judge_real/``: since round 4
-all four files are tuning data (``judge_eval.TUNING_FILES``: ``tune.jsonl``, ``heldout.jsonl``,
+all four files are tuning data (``tests.rewards.judge_real.TUNING_FILES``: ``tune.jsonl``, ``heldout.jsonl``,
 ``heldout2.jsonl``, ``heldout3.jsonl``; cross-validated by problem, ``judge_eval.fold_of``); the
-blind set of round 4 is ``heldout4.jsonl`` (``judge_eval.HELDOUT4_FILE``).
+blind set of round 4 is ``heldout4.jsonl`` (``tests.rewards.judge_real.HELDOUT4_FILE``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,7 @@ from __future__ import annotations
 import sys
 
 from jaxrl_mt.rewards.judge_eval import (
-    HELDOUT2_FILE,
-    HELDOUT3_FILE,
-    HELDOUT4_FILE,
     N_FOLDS,
-    ROUND3_TUNING_FILES,
-    TUNE_V2_FILES,
-    TUNING_FILES,
     TypeScores,
     answer_attempt_by,
     answer_attempt_by_fold,
@@ -52,16 +46,10 @@ from jaxrl_mt.rewards.judge_rules import (
 )
 
 __all__ = [
-    "HELDOUT2_FILE",
-    "HELDOUT3_FILE",
-    "HELDOUT4_FILE",
     "JUDGE_PROMPT",
     "NON_ANSWER_TYPES",
     "RESPONSE_TYPES",
     "N_FOLDS",
-    "ROUND3_TUNING_FILES",
-    "TUNE_V2_FILES",
-    "TUNING_FILES",
     "LLMVerdict",
     "TypeScores",
     "answer_attempt_by",

@@ -5,7 +5,8 @@ prints the per-type table of the rule-based judge (or of an LLM judge, with its 
 the rules) on labelled files of ``{"text": ..., "label": ...}`` lines, and with ``--by FIELD``
 the answer-attempt precision / recall per value of a record field.
 
-The embedded model's labelled replies (``tests/rewards/judge_real/``): ``TUNING_FILES``
+The embedded model's labelled replies live in the repository, not in the package
+(``tests/rewards/judge_real/``, their paths in ``tests.rewards.judge_real``): ``TUNING_FILES``
 (``tune.jsonl``, ``heldout.jsonl``, ``heldout2.jsonl``, ``heldout3.jsonl``; each of the last three
 was scored once as a held-out set, then became tuning data) are what the rules are tuned on,
 cross-validated in 5 folds by problem (:func:`fold_of`); ``HELDOUT4_FILE`` is the fourth
@@ -25,13 +26,6 @@ from dataclasses import dataclass
 from jaxrl_mt.data.jsonl_log import read_jsonl_log
 from jaxrl_mt.rewards.judge_rules import RESPONSE_TYPES, classify_rule_based
 
-REAL_DIR = "tests/rewards/judge_real"  # relative to the repository root
-TUNE_V2_FILES = (f"{REAL_DIR}/tune.jsonl", f"{REAL_DIR}/heldout.jsonl")  # the tuning set "tune_v2"
-HELDOUT2_FILE = f"{REAL_DIR}/heldout2.jsonl"  # blind-labelled, scored once (round 2); tuning data since round 3
-ROUND3_TUNING_FILES = (*TUNE_V2_FILES, HELDOUT2_FILE)  # round 3's tuning data (785 replies)
-HELDOUT3_FILE = f"{REAL_DIR}/heldout3.jsonl"  # the third blind held-out set, scored once (round 3)
-TUNING_FILES = (*ROUND3_TUNING_FILES, HELDOUT3_FILE)  # round 4: every labelled reply is tuning data (1105)
-HELDOUT4_FILE = f"{REAL_DIR}/heldout4.jsonl"  # the fourth blind held-out set (round 4), from held-out problems
 N_FOLDS = 5  # cross-validation folds, grouped by problem (task_id)
 
 

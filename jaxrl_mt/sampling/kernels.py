@@ -82,7 +82,6 @@ class DecodeState:
     logprobs: jax.Array  # [B, N] their log-probs
     lengths: jax.Array  # [B] tokens generated per row
     finish: jax.Array  # [B] 0 running, FINISH_STOP, FINISH_LENGTH
-    key: jax.Array  # the PRNG key of the next draw
 
 
 @flax.struct.dataclass
@@ -93,6 +92,23 @@ class Rows:
     stop_ids: jax.Array  # [B, E] stop ids (-1 = unused)
     budget: jax.Array  # [B] new-token budget (0: the row is done at once)
     params: RowParams  # per-row sampling values
+    keys: jax.Array  # [B] PRNG keys: row r draws slot t with fold_in(keys[r], t)
+
+
+def row_keys(rng: jax.Array, row_seeds: jax.Array | None, rows: int) -> jax.Array:
+    """[B] per-row keys fold_in(rng, row_seeds[r]) (default row seeds: 0..B-1).
+
+    A row's draws depend on its key only, so a row samples the same tokens whichever rows share
+    its batch (`sampling.engine`).
+    """
+    if row_seeds is None:
+        row_seeds = jnp.arange(rows, dtype=jnp.uint32)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, row_seeds)
+
+
+def _slot_keys(rows: Rows, step: jax.Array) -> jax.Array:
+    """[B] keys of the draw at output slot `step`."""
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(rows.keys, step)
 
 
 def _finished(tok: jax.Array, lengths: jax.Array, rows: Rows) -> jax.Array:
@@ -112,21 +128,19 @@ def _record(state: DecodeState, live: jax.Array, tok: jax.Array, lp: jax.Array, 
         lengths=lengths, finish=jnp.where(live, _finished(tok, lengths, rows), state.finish))
 
 
-def init_state(cache: KVCache, logits: jax.Array, rng: jax.Array, rows: Rows, method: Method, max_new: int
-               ) -> DecodeState:
+def init_state(cache: KVCache, logits: jax.Array, rows: Rows, method: Method, max_new: int) -> DecodeState:
     """The state after sampling each row's first token from `logits` [B, 1, V] (its last fed token's)."""
     b = logits.shape[0]
-    key, sub = jax.random.split(rng)
-    tok, lp = method(logits[:, 0], sub, rows.params)
+    tok, lp = method(logits[:, 0], _slot_keys(rows, jnp.int32(0)), rows.params)
     active = rows.budget > 0
     empty = DecodeState(step=jnp.int32(0), cache=cache, last=tok, tokens=jnp.zeros((b, max_new), jnp.int32),
                         logprobs=jnp.zeros((b, max_new), jnp.float32), lengths=jnp.zeros((b,), jnp.int32),
-                        finish=jnp.zeros((b,), jnp.int32), key=key)
+                        finish=jnp.zeros((b,), jnp.int32))
     state = _record(empty, active, tok, lp, rows)
     return state.replace(finish=jnp.where(active, state.finish, FINISH_LENGTH))
 
 
-def decode(params: Params, cfg: ModelConfig, cache: KVCache, logits: jax.Array, rng: jax.Array, rows: Rows, *,
+def decode(params: Params, cfg: ModelConfig, cache: KVCache, logits: jax.Array, rows: Rows, *,
            method: Method, max_new: int) -> DecodeState:
     """The decode loop shared by `generate_tokens` and `continue_tokens` (call inside jit).
 
@@ -137,7 +151,7 @@ def decode(params: Params, cfg: ModelConfig, cache: KVCache, logits: jax.Array, 
     Args:
       cache: the cache holding everything fed so far (room for max_new - 1 more slots).
       logits: [B, 1, V] fp32 logits of each row's last fed token.
-      rng: the PRNG key; rows: the per-row constants; method: the sampling method (static).
+      rows: the per-row constants (keys included); method: the sampling method (static).
       max_new: static size of the output buffers.
 
     Returns:
@@ -151,11 +165,10 @@ def decode(params: Params, cfg: ModelConfig, cache: KVCache, logits: jax.Array, 
         live = state.finish == 0
         pos = (rows.next_pos + state.step - 1)[:, None]
         logits, _, cache = forward(params, cfg, state.last[:, None], pos, live[:, None], state.cache, logits="last")
-        key, sub = jax.random.split(state.key)
-        tok, lp = method(logits[:, 0], sub, rows.params)
-        return _record(state.replace(cache=cache, key=key), live, tok, lp, rows)
+        tok, lp = method(logits[:, 0], _slot_keys(rows, state.step), rows.params)
+        return _record(state.replace(cache=cache), live, tok, lp, rows)
 
-    return jax.lax.while_loop(cond, body, init_state(cache, logits, rng, rows, method, max_new))
+    return jax.lax.while_loop(cond, body, init_state(cache, logits, rows, method, max_new))
 
 
 def _outputs(state: DecodeState) -> dict[str, jax.Array]:
@@ -180,7 +193,7 @@ def _weights(params: Params, cfg: ModelConfig, fuse: bool, dparams: Params | Non
 def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, rng: jax.Array,
                     stop_ids: jax.Array, max_new_per_row: jax.Array, row_params: RowParams, *, max_new: int,
                     method: Method, fuse: bool = False, dparams: Params | None = None, mesh: Any = None,
-                    row_source: jax.Array | None = None) -> dict[str, jax.Array]:
+                    row_source: jax.Array | None = None, row_seeds: jax.Array | None = None) -> dict[str, jax.Array]:
     """The jitted sampler.
 
     Args:
@@ -200,6 +213,8 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
       row_source: optional [B] int, the prompt row (of U) each output row continues: each distinct
         prompt is prefilled once and its cache and last logits copied to its rows (a GRPO group's
         G completions share one prompt). Without it, row i continues prompt i.
+      row_seeds: optional [B] uint32: row r samples with key fold_in(rng, row_seeds[r]) (`row_keys`;
+        default: the row index).
 
     Returns:
       tokens [B, N], logprobs [B, N], lengths [B], finish [B] (1 stop, 2 length).
@@ -216,7 +231,8 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
         cache = _constrain(KVCache(cache.k[:, row_source], cache.v[:, row_source], cache.valid[row_source],
                                    cache.index), mesh)
         logits, prompt_len = logits[row_source], prompt_len[row_source]
-    state = decode(params, cfg, cache, logits, rng, Rows(prompt_len, stop_ids, max_new_per_row, row_params),
+    keys = row_keys(rng, row_seeds, max_new_per_row.shape[0])
+    state = decode(params, cfg, cache, logits, Rows(prompt_len, stop_ids, max_new_per_row, row_params, keys),
                    method=method, max_new=max_new)
     return _outputs(state)
 
@@ -226,7 +242,8 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
 def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions: jax.Array, tokens: jax.Array,
                     token_mask: jax.Array, rng: jax.Array, stop_ids: jax.Array, max_new_per_row: jax.Array,
                     row_params: RowParams, *, max_new: int, method: Method, fuse: bool = False,
-                    dparams: Params | None = None, mesh: Any = None) -> tuple[dict[str, jax.Array], KVCache]:
+                    dparams: Params | None = None, mesh: Any = None, row_seeds: jax.Array | None = None
+                    ) -> tuple[dict[str, jax.Array], KVCache]:
     """The jitted continuation: appends a segment to each row's cached context, then samples.
 
     The segment is prefilled at slots cache.index..index+T-1 (slot order is free: RoPE positions
@@ -241,8 +258,8 @@ def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions:
       positions: [B] RoPE position of each row's first segment token (= its cached tokens).
       tokens: [B, T] left-padded segments; token_mask: [B, T] real tokens. A row with an empty
         segment must have budget 0 (it is idle: nothing is written or generated for it).
-      rng, stop_ids, max_new_per_row, row_params, max_new, method, fuse, dparams, mesh: as in
-        `generate_tokens`.
+      rng, stop_ids, max_new_per_row, row_params, max_new, method, fuse, dparams, mesh, row_seeds: as
+        in `generate_tokens`.
 
     Returns:
       ({tokens [B, N], logprobs [B, N], lengths [B], finish [B], last [B] (the last sampled token,
@@ -254,15 +271,16 @@ def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions:
     seg_len = jnp.sum(token_mask, axis=-1).astype(jnp.int32)  # [B]
     seg_pos = positions[:, None] + positions_from_mask(token_mask)  # [B, T]
     logits, _, cache = forward(params, cfg, tokens, seg_pos, token_mask, cache, logits="last")
-    state = decode(params, cfg, cache, logits, rng, Rows(positions + seg_len, stop_ids, max_new_per_row, row_params),
-                   method=method, max_new=max_new)
+    rows = Rows(positions + seg_len, stop_ids, max_new_per_row, row_params,
+                row_keys(rng, row_seeds, max_new_per_row.shape[0]))
+    state = decode(params, cfg, cache, logits, rows, method=method, max_new=max_new)
     out = _outputs(state)
     out["last"] = state.last
     out["positions"] = positions + seg_len + jnp.maximum(state.lengths - 1, 0)
     return out, state.cache
 
 
-decode_params_jit = jax.jit(decode_params, static_argnames=("cfg", "unstack"))
+decode_params_jit = jax.jit(decode_params, static_argnames=("cfg",))
 
 
 @functools.partial(jax.jit, static_argnames=("capacity",))

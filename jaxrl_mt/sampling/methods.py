@@ -103,7 +103,7 @@ class Greedy:
     """The most likely token; its log-prob under log_softmax(logits)."""
 
     def __call__(self, logits: jax.Array, key: jax.Array, rows: RowParams) -> tuple[jax.Array, jax.Array]:
-        """Next token [B] and its log-prob [B] from fp32 logits [B, V]."""
+        """Next token [B] and its log-prob [B] from fp32 logits [B, V] (`key`: [B] row keys, unused)."""
         del key, rows
         return _picked(jax.nn.log_softmax(logits, axis=-1), jnp.argmax(logits, axis=-1))
 
@@ -116,7 +116,9 @@ class Categorical:
     top_p: bool = False  # apply each row's nucleus filter
 
     def __call__(self, logits: jax.Array, key: jax.Array, rows: RowParams) -> tuple[jax.Array, jax.Array]:
-        """Next token [B] and its log-prob [B] (before truncation) from fp32 logits [B, V]."""
+        """Next token [B] and its log-prob [B] (before truncation) from fp32 logits [B, V]; `key` holds
+        one PRNG key per row ([B]), so a row's draw does not depend on the other rows."""
         scaled = logits / rows.temperature[:, None]
         kept = filter_logits(scaled, rows.top_k, rows.top_p, self.top_k, self.top_p)
-        return _picked(jax.nn.log_softmax(scaled, axis=-1), jax.random.categorical(key, kept, axis=-1))
+        tok = jax.vmap(lambda k, row: jax.random.categorical(k, row))(key, kept)  # one key per row
+        return _picked(jax.nn.log_softmax(scaled, axis=-1), tok)

@@ -13,27 +13,28 @@ Each step repacks a chunk's cache (`resize_cache`: holes removed, capacity round
 it is given). Rows that are `release`d are emptied, and dropped from their chunk when that lets
 the chunk use a smaller power-of-two batch. Under the sampler's mesh a chunk's rows, and its
 cache by `parallel.CACHE_RULES`, are split over the (data, fsdp) axes.
+
+Row i samples with its own key (fold_in(key(seed), row_seeds[i]), default row seed i:
+`sampling.engine`), so its tokens do not depend on the chunk it is in or on the other rows.
+The session drives its host's frozen `DecodeEngine`; the parameters are those of each step's
+`params=` (default: the host's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mt.batching import bucket, cache_bucket, chunk_key, plan_chunks
-from jaxrl_mt.chat import left_pad
-from jaxrl_mt.models.decoder import KVCache
-from jaxrl_mt.sampling.results import GenerationResult, stop_array
-from jaxrl_mt.sampling.kernels import FINISH_NAMES, continue_tokens, resize_cache
-from jaxrl_mt.sampling.methods import RowParams, SamplingConfig
-
-if TYPE_CHECKING:
-    from jaxrl_mt.sampling.host import Sampler
+from jaxrl_mt.batching import bucket, cache_bucket, plan_chunks
+from jaxrl_mt.models.decoder import KVCache, Params
+from jaxrl_mt.sampling.engine import DecodeHost, row_seed_array
+from jaxrl_mt.sampling.kernels import FINISH_NAMES, resize_cache
+from jaxrl_mt.sampling.methods import SamplingConfig
+from jaxrl_mt.sampling.results import GenerationResult
 
 
 @dataclasses.dataclass
@@ -62,10 +63,11 @@ class _StepOut:
 class DecodeSession:
     """Rows whose KV caches persist across generation calls (see the module doc)."""
 
-    def __init__(self, sampler: Sampler, n_rows: int, *, max_cells: int | None = None,
+    def __init__(self, sampler: DecodeHost, n_rows: int, *, max_cells: int | None = None,
                  min_segment_bucket: int = 16, cache_quantum: int = 128):
         """Args:
-          sampler: the sampler (its params, cfg, eos/pad ids, max_batch, mesh, fuse_weights).
+          sampler: the host (a `Sampler`): its engine (cfg, eos/pad ids, max_batch, mesh), default
+            params, fused decode weights and texts.
           n_rows: number of rows.
           max_cells: optional memory bound of a chunk at the first step, in cells
             rows x segment bucket x (segment bucket + new-token bucket) (see
@@ -75,7 +77,7 @@ class DecodeSession:
         """
         if n_rows < 1:
             raise ValueError(f"n_rows must be >= 1, got {n_rows}")
-        self.sampler, self.n_rows = sampler, n_rows
+        self.sampler, self.engine, self.n_rows = sampler, sampler.engine, n_rows
         self.max_cells, self.min_segment_bucket, self.cache_quantum = max_cells, min_segment_bucket, cache_quantum
         self.tokens: list[list[int]] = [[] for _ in range(n_rows)]  # exact ids in each row's cache
         self.pending: list[int | None] = [None] * n_rows  # last sampled token, not in the cache
@@ -113,7 +115,7 @@ class DecodeSession:
             tb = self._segment_bucket(longest)
             return bucket(rows, 1) * tb * (tb + new_bucket)
 
-        groups = plan_chunks([lengths[i] for i in live], self.sampler.max_batch, cells, self.max_cells)
+        groups = plan_chunks([lengths[i] for i in live], self.engine.max_batch, cells, self.max_cells)
         return [_Chunk([live[j] for j in g]) for g in groups]
 
     def _budgets(self, segments: Sequence[Sequence[int] | None], nmax: int,
@@ -122,7 +124,7 @@ class DecodeSession:
         if len(segments) != self.n_rows:
             raise ValueError(f"expected {self.n_rows} segments (one per row), got {len(segments)}")
         budgets = np.zeros(self.n_rows, np.int32)
-        ctx = self.sampler.cfg.max_position_embeddings
+        ctx = self.engine.cfg.max_position_embeddings
         for i, g in enumerate(segments):
             if g is None:
                 continue
@@ -140,7 +142,8 @@ class DecodeSession:
 
     def step(self, segments: Sequence[Sequence[int] | None], sampling: SamplingConfig, *,
              seed: int | jax.Array = 0, max_new_tokens: Sequence[int] | None = None,
-             stop_ids: Sequence[Sequence[int]] | None = None) -> GenerationResult:
+             stop_ids: Sequence[Sequence[int]] | None = None, row_seeds: Sequence[int] | None = None,
+             params: Params | None = None) -> GenerationResult:
         """Appends segments to the rows' contexts and generates each active row's continuation.
 
         Args:
@@ -149,10 +152,13 @@ class DecodeSession:
             token it sampled) is not fed unless the caller puts it in the segment: a pending
             token left out is dropped.
           sampling: the sampling config (its max_new_tokens is the default per-row budget).
-          seed: an int seed or a PRNG key; chunk j uses `batching.chunk_key(seed, j)`.
+          seed: an int seed or a PRNG key.
           max_new_tokens: optional per-row budgets (each in [1, sampling.max_new_tokens] for an
             active row; ignored for an idle one).
           stop_ids: optional per-row stop ids (default: the model's EOS ids).
+          row_seeds: optional [n_rows] seeds: row i samples with fold_in(key(seed), row_seeds[i])
+            (default: i).
+          params: the parameters of this step (default: the host's).
 
         Returns:
           A GenerationResult over all rows (idle rows: no tokens, finish "none"); stats hold
@@ -165,7 +171,10 @@ class DecodeSession:
         """
         sampling.validate()
         budgets = self._budgets(segments, sampling.max_new_tokens, max_new_tokens)
-        nb = bucket(sampling.max_new_tokens, self.sampler.min_new_bucket)
+        nb = bucket(sampling.max_new_tokens, self.engine.min_new_bucket)
+        call = _Call(sampling, nb, seed, row_seed_array(row_seeds, self.n_rows), stop_ids,
+                     self.sampler.params if params is None else params)
+        call.dparams = self.sampler.decode_weights(call.params)
         if self.chunks is None:
             self.chunks = self._plan(segments, nb)
         t0 = time.perf_counter()
@@ -173,8 +182,8 @@ class DecodeSession:
         context = sum(len(self.tokens[i]) + len(g) for i, g in enumerate(segments) if g is not None)
         out = _StepOut.empty(self.n_rows)
         new_chunks: list[_Chunk] = []
-        for j, ch in enumerate(self.chunks):
-            chunk = self._step_chunk(ch, segments, budgets, stop_ids, sampling, nb, chunk_key(seed, j), out)
+        for ch in self.chunks:
+            chunk = self._step_chunk(ch, segments, budgets, call, out)
             if chunk is not None:
                 new_chunks.append(chunk)
         self.chunks = new_chunks
@@ -187,22 +196,25 @@ class DecodeSession:
         return result
 
     def _step_chunk(self, ch: _Chunk, segments: Sequence[Sequence[int] | None], budgets: np.ndarray,
-                    stop_ids: Sequence[Sequence[int]] | None, sampling: SamplingConfig, nb: int, key: jax.Array,
-                    out: _StepOut) -> _Chunk | None:
+                    call: "_Call", out: _StepOut) -> _Chunk | None:
         """One chunk's part of a step: regroup, repack, generate and record; the chunk to keep (None: freed)."""
         kept = [i for i in ch.rows if i not in self.released]
         if not kept:
             return None  # every row released: the cache is freed
-        rb = self.sampler.rows_bucket
+        rb = self.engine.rows_bucket
         rows = kept if rb(len(kept)) < rb(len(ch.rows)) else ch.rows
         active = [i for i in rows if segments[i] is not None]
         if not active and rows == ch.rows and not any(i in self._cleared for i in rows):
             return ch
         tb = self._segment_bucket(max(len(segments[i]) for i in active)) if active else 0
-        chunk = self._repack(ch, rows, tb + nb - 1 if active else 0)
+        if self.engine.multi:  # one program on every process
+            from jaxrl_mt.parallel import agree_max
+
+            tb = agree_max(tb)
+        chunk = self._repack(ch, rows, tb + call.nb - 1 if active else 0)
         ch.cache = None  # the repacked copy replaces it: free the old one now
         if active:
-            res, chunk.cache = self._continue(chunk, segments, budgets, stop_ids, sampling, tb, nb, key)
+            res, chunk.cache = self._continue(chunk, segments, budgets, call, tb)
             self._record(rows, segments, res, out)
         return chunk
 
@@ -226,21 +238,35 @@ class DecodeSession:
     def _repack(self, ch: _Chunk, rows: list[int], room: int) -> _Chunk:
         """The chunk of `rows` (a subset of ch.rows, in order) with its cache repacked and `room`
         free slots after the longest context."""
-        s = self.sampler
-        bb = s.rows_bucket(len(rows))
-        src = [ch.rows.index(i) for i in rows] + [0] * (bb - len(rows))
-        keep = [i not in self._cleared for i in rows] + [False] * (bb - len(rows))
+        s = self.engine
+        bb, old_bb = s.rows_bucket(len(rows)), s.rows_bucket(len(ch.rows))
+        src = np.array([ch.rows.index(i) for i in rows] + [0] * (bb - len(rows)), np.int32)
+        keep = np.array([i not in self._cleared for i in rows] + [False] * (bb - len(rows)))
         longest = max(len(self.tokens[i]) for i in rows)
         capacity = cache_bucket(longest + room, self.cache_quantum)
+        n_proc = 1
+        if s.multi:  # the cache holds every process's rows (process q's block at q * bb): global indices
+            from jaxrl_mt.parallel import agree_max, allgather_ints, check_same_rows
+
+            check_same_rows(len(ch.rows), "DecodeSession chunk")
+            check_same_rows(len(rows), "DecodeSession chunk")
+            capacity = agree_max(capacity)
+            srcs, keeps = allgather_ints(src), allgather_ints(keep.astype(np.int32))
+            n_proc = srcs.shape[0]
+            src = (srcs + old_bb * np.arange(n_proc, dtype=np.int32)[:, None]).reshape(-1)
+            keep = keeps.reshape(-1).astype(bool)
         if ch.cache is None:  # no cache yet (nothing fed): zero slots, in ch.rows' batch layout
-            old_bb = s.rows_bucket(len(ch.rows))
-            shape = (s.cfg.num_layers, old_bb, s.cfg.num_kv_heads, 0, s.cfg.head_dim)
+            shape = (s.cfg.num_layers, old_bb * n_proc, s.cfg.num_kv_heads, 0, s.cfg.head_dim)
             dt = s.cfg.jnp_dtype
-            old = KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt), jnp.zeros((old_bb, 0), bool),
-                          jnp.zeros((), jnp.int32))
+            old = KVCache(np.zeros(shape, dt), np.zeros(shape, dt), np.zeros((old_bb * n_proc, 0), bool),
+                          np.zeros((), np.int32))
+            if s.multi:
+                from jaxrl_mt.parallel import put_replicated
+
+                old = put_replicated(s.mesh, old)
         else:
             old = ch.cache
-        cache = resize_cache(old, jnp.asarray(src, jnp.int32), jnp.asarray(keep), capacity=capacity)
+        cache = resize_cache(old, src, keep, capacity=capacity)
         if s.mesh is not None:
             from jaxrl_mt.parallel import shard_cache
 
@@ -248,28 +274,29 @@ class DecodeSession:
         return _Chunk(list(rows), cache)
 
     def _continue(self, chunk: _Chunk, segments: Sequence[Sequence[int] | None], budgets: np.ndarray,
-                  stop_ids: Sequence[Sequence[int]] | None, sampling: SamplingConfig, tb: int, nb: int,
-                  key: jax.Array) -> tuple[dict[str, np.ndarray], KVCache]:
-        """One `continue_tokens` call for a chunk."""
-        s = self.sampler
+                  call: "_Call", tb: int) -> tuple[dict[str, np.ndarray], KVCache]:
+        """One `continue_tokens` call for a chunk (`DecodeEngine.continue_`)."""
         rows = chunk.rows
-        bb = chunk.cache.valid.shape[0]
+        bb = self.engine.rows_bucket(len(rows))  # this process's rows (the cache: every process's)
         segs = [list(segments[i]) if segments[i] is not None else [] for i in rows] + [[]] * (bb - len(rows))
-        tokens, mask = left_pad(segs, s.pad_id, tb)
         positions = np.zeros(bb, np.int32)
         positions[: len(rows)] = [len(self.tokens[i]) for i in rows]
-        budget = np.zeros(bb, np.int32)
-        budget[: len(rows)] = budgets[rows]
-        stops = stop_array([list(stop_ids[i]) if stop_ids is not None else list(s.eos_ids) for i in rows], bb)
-        s.compiled_shapes.add((bb, tb, int(chunk.cache.valid.shape[1]), nb))
-        rp = sampling.row_params(bb)
-        args = [positions, tokens, mask, stops, budget, rp.temperature, rp.top_k, rp.top_p]
-        if s.mesh is not None:
-            from jaxrl_mt.parallel import shard_batch
+        budget, seeds = np.zeros(bb, np.int32), np.zeros(bb, np.uint32)
+        budget[: len(rows)], seeds[: len(rows)] = budgets[rows], call.row_seeds[rows]
+        stops = None if call.stop_ids is None else [call.stop_ids[i] for i in rows]
+        self.sampler.compiled_shapes.add((bb, tb, int(chunk.cache.valid.shape[1]), call.nb))
+        return self.engine.continue_(call.params, chunk.cache, positions, segs, tb, budget, call.sampling, call.nb,
+                                     call.seed, seeds, stops, call.dparams)
 
-            args = shard_batch(s.mesh, args)
-        positions, tokens, mask, stops, budget, *rp = args
-        out, cache = continue_tokens(s.params, s.cfg, chunk.cache, positions, tokens, mask, key, stops, budget,
-                                     RowParams(*rp), max_new=nb, method=sampling.method(), fuse=s.fuse_weights,
-                                     dparams=s.decode_weights(), mesh=s.mesh)
-        return {k: np.asarray(v) for k, v in jax.device_get(out).items()}, cache
+
+@dataclasses.dataclass
+class _Call:
+    """What every chunk of one `DecodeSession.step` shares."""
+
+    sampling: SamplingConfig
+    nb: int  # new-token bucket
+    seed: int | jax.Array
+    row_seeds: np.ndarray  # [n_rows] uint32
+    stop_ids: Sequence[Sequence[int]] | None
+    params: Params
+    dparams: Params | None = None

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxrl_mt.batching import bucket, chunk_key, plan_chunks
+from jaxrl_mt.batching import bucket, plan_chunks
 from jaxrl_mt.sampling.host import Sampler
 from jaxrl_mt.sampling.results import GenerationResult
 from jaxrl_mt.sampling.methods import SamplingConfig
@@ -49,11 +49,17 @@ class LengthSortedSampler:
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, *, seed: int = 0,
                      max_new_tokens: Sequence[int] | None = None,
-                     stop_ids: Sequence[Sequence[int]] | None = None) -> GenerationResult:
-        """``Sampler.generate_ids`` with the same arguments and result layout (see the class doc)."""
+                     stop_ids: Sequence[Sequence[int]] | None = None, row_seeds: Sequence[int] | None = None,
+                     params: Any = None) -> GenerationResult:
+        """``Sampler.generate_ids`` with the same arguments and result layout (see the class doc).
+
+        Every row keeps its row seed (default: its index in this call), so the outputs are those of
+        the unsorted call whatever the chunks.
+        """
         n = len(prompts)
         if n == 0:
-            return self.sampler.generate_ids(prompts, sampling, seed=seed)
+            return self.sampler.generate_ids(prompts, sampling, seed=seed, params=params)
+        seeds = list(range(n)) if row_seeds is None else list(row_seeds)
         full = self.sampler.max_batch or n
         groups: list[list[int]] = []
         merge = False
@@ -65,14 +71,13 @@ class LengthSortedSampler:
                 groups.append(chunk)
             merge = len(chunk) == full
         parts: list[tuple[list[int], GenerationResult]] = []
-        for j, idx in enumerate(groups):
-            kw: dict[str, Any] = {}
+        for idx in groups:
+            kw: dict[str, Any] = {"row_seeds": [seeds[k] for k in idx], "params": params}
             if max_new_tokens is not None:
                 kw["max_new_tokens"] = [max_new_tokens[k] for k in idx]
             if stop_ids is not None:
                 kw["stop_ids"] = [stop_ids[k] for k in idx]
-            parts.append((idx, self.sampler.generate_ids([prompts[k] for k in idx], sampling, seed=chunk_key(seed, j),
-                                                         **kw)))
+            parts.append((idx, self.sampler.generate_ids([prompts[k] for k in idx], sampling, seed=seed, **kw)))
         return _merge_results(parts, n)
 
 

@@ -20,7 +20,7 @@ from jaxrl_mt.conversations import ConversationRun, TurnRecord, UserPolicy, run_
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.sedt.annotate import (Annotation, Embedder, SeDTConfig, annotate_batch, correction_prompt, coverage,
                                     format_prompt, guard_replace, make_embedder, restate_prompt, should_trigger)
-from jaxrl_mt.strategies import register_strategy
+from jaxrl_mt.strategies import STRATEGIES
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ def sedt_strategy(sampler: Sampler, runs: Sequence[ConversationRun], sampling: S
 
 
 def make_strategy(config: SeDTConfig, embed: Embedder | None = None) -> Callable[..., list[ConversationRun]]:
-    """A strategy function with a given SeDT config (for ``register_strategy``)."""
+    """A strategy function with a given SeDT config (for ``STRATEGIES.add``)."""
     def strategy(sampler, runs, sampling, **kw):
         return sedt_strategy(sampler, runs, sampling, config=config, embed=embed, **kw)
     return strategy
@@ -287,4 +287,4 @@ def respond(sampler: Sampler, conversations: Sequence[Sequence[Mapping[str, str]
             for r, a, f in zip(runs, anns, infos)]
 
 
-register_strategy("sedt", sedt_strategy)
+STRATEGIES.add("sedt", sedt_strategy)

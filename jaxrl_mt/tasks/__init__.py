@@ -3,17 +3,25 @@
 Built in: ``code`` (:class:`jaxrl_mt.tasks.code.CodeTask`, runs candidate programs in
 :mod:`jaxrl_mt.tasks.sandbox`), ``database`` (:class:`jaxrl_mt.tasks.database.DatabaseTask`,
 test-suite execution accuracy in SQLite) and ``actions`` (:class:`jaxrl_mt.tasks.actions.ActionsTask`,
-BFCL's AST rules).
+BFCL's AST rules), registered in ``TASKS`` (a ``jaxrl_mt.registry.Registry``) by
+``jaxrl_mt.tasks.builtin`` on the first lookup; a plug-in registers with ``register_task``.
 """
 
-from jaxrl_mt.tasks.base import Task, Verdict, get_task, lic_extra, register_task, task_names
-from jaxrl_mt.tasks.actions import ActionsTask
-from jaxrl_mt.tasks.code import CodeTask
-from jaxrl_mt.tasks.database import DatabaseTask
+import importlib
+from typing import Any
 
-register_task(CodeTask())
-register_task(DatabaseTask())
-register_task(ActionsTask())
+from jaxrl_mt.tasks.base import TASKS, Task, Verdict, get_task, lic_extra, register_task, task_names
 
-__all__ = ["ActionsTask", "CodeTask", "DatabaseTask", "Task", "Verdict", "get_task", "lic_extra", "register_task",
-           "task_names"]
+_CLASSES = {"ActionsTask": "jaxrl_mt.tasks.actions", "CodeTask": "jaxrl_mt.tasks.code",
+            "DatabaseTask": "jaxrl_mt.tasks.database"}
+
+
+def __getattr__(name: str) -> Any:
+    """The task classes, imported when first named (importing the package imports no checker)."""
+    if name in _CLASSES:
+        return getattr(importlib.import_module(_CLASSES[name]), name)
+    raise AttributeError(f"module 'jaxrl_mt.tasks' has no attribute {name!r}")
+
+
+__all__ = ["TASKS", "ActionsTask", "CodeTask", "DatabaseTask", "Task", "Verdict", "get_task", "lic_extra",
+           "register_task", "task_names"]

@@ -17,9 +17,11 @@ import json
 from typing import Any, Protocol, runtime_checkable
 
 from jaxrl_mt.data.records import ShardedTask
+from jaxrl_mt.registry import Registry
 from jaxrl_mt.rewards.verifier import MAX_CHECKED_CHARS
 
-__all__ = ["MAX_REPLY_CHARS", "Verdict", "Task", "register_task", "get_task", "task_names", "lic_extra", "oversized"]
+__all__ = ["MAX_REPLY_CHARS", "TASKS", "Verdict", "Task", "register_task", "get_task", "task_names", "lic_extra",
+           "oversized"]
 
 MAX_REPLY_CHARS = MAX_CHECKED_CHARS  # a longer reply is not parsed: verdict "unparsable", no answer attempt
 
@@ -71,36 +73,29 @@ class Task(Protocol):
         """Whether ``reply`` commits to an answer (LiC's answer attempt), rule-based."""
 
 
-_TASKS: dict[str, Task] = {}
+# the built-ins (code, database, actions) are registered by `jaxrl_mt.tasks.builtin`, imported on first use
+TASKS: Registry[Task] = Registry("LiC task", builtins=("jaxrl_mt.tasks.builtin",))
 
 
 def register_task(task: Task) -> Task:
-    """Registers ``task`` under ``task.name`` (a later registration of the same name replaces it)."""
+    """Registers ``task`` under ``task.name`` in `TASKS` (a later registration of the name replaces it)."""
     if not isinstance(task, Task):
         raise TypeError(f"{task!r} does not implement jaxrl_mt.tasks.Task")
-    _TASKS[task.name] = task
-    return task
+    return TASKS.add(task.name, task, replace=True)
 
 
 def get_task(name: str) -> Task:
-    """The task registered as ``name``.
+    """The task registered as ``name`` (`TASKS.get`).
 
     Raises:
-      KeyError: unknown name; the message lists the registered ones.
+      KeyError: unknown name; the message lists the known ones.
     """
-    import jaxrl_mt.tasks  # noqa: F401  (registers the built-in tasks)
-
-    try:
-        return _TASKS[name]
-    except KeyError:
-        raise KeyError(f"unknown LiC task {name!r}; registered: {', '.join(sorted(_TASKS))}") from None
+    return TASKS.get(name)
 
 
 def task_names() -> tuple[str, ...]:
     """Names of the registered tasks."""
-    import jaxrl_mt.tasks  # noqa: F401
-
-    return tuple(sorted(_TASKS))
+    return TASKS.names()
 
 
 def lic_extra(task: ShardedTask) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`python -m jaxrl_mt.benchmarks.engine` (old name `jaxrl_mt.bench`): a tiny smoke run of both modes.
+"""`python -m jaxrl_mt.benchmarks.engine`: a tiny smoke run of both modes.
 
 transformers is the reference."""
 
@@ -99,16 +99,8 @@ def test_unknown_model_exits_2(capsys):
     assert capsys.readouterr().err.startswith("error: --model: unknown builtin model 'nope'")
 
 
-def test_one_entry_point_and_the_old_name(capsys):
-    """`python -m jaxrl_mt.benchmarks NAME` dispatches; `python -m jaxrl_mt.bench` still runs the engine bench."""
-    import subprocess
-    import sys
-
-    from jaxrl_mt.bench import main as old_main
+def test_one_entry_point(capsys):
+    """`python -m jaxrl_mt.benchmarks NAME` dispatches to the benchmark NAME."""
     from jaxrl_mt.benchmarks.__main__ import main as dispatch
 
-    assert old_main is main
     assert dispatch(["nope"]) == 2 and "sampling,scoring,grpo,simulator" in capsys.readouterr().err
-    r = subprocess.run([sys.executable, "-m", "jaxrl_mt.bench", "--help"], capture_output=True, text=True, timeout=120,
-                       check=False)
-    assert r.returncode == 0 and "{sampling,scoring}" in r.stdout

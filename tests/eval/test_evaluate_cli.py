@@ -131,6 +131,7 @@ def test_resume_regenerates_only_missing_conversations(tmp_path, tiny_model):
     assert first["n_generated"] == n
     path = tmp_path / "transcripts.jsonl"
     lines = path.read_text().splitlines(keepends=True)
+    uninterrupted = {r["conv_id"]: r for r in read_transcripts(path)}
     kept = lines[: n // 2]
     path.write_text("".join(kept) + lines[n // 2][:40])  # half, plus a line cut by an interruption
     (tmp_path / "report.json").unlink()
@@ -142,6 +143,9 @@ def test_resume_regenerates_only_missing_conversations(tmp_path, tiny_model):
     recs = read_transcripts(path)
     assert len(recs) == n and len({r["conv_id"] for r in recs}) == n
     assert [json.dumps(r) for r in recs[: n // 2]] == [json.dumps(json.loads(x)) for x in kept]
+    # per-conversation sampling keys (temperature 1): the redone conversations, answered in a
+    # smaller batch with other neighbours, are those of the uninterrupted run
+    assert [r for r in recs[n // 2:]] == [uninterrupted[r["conv_id"]] for r in recs[n // 2:]]
     check_transcripts(recs, "final_turn")
     assert_report_matches(json.loads((tmp_path / "report.json").read_text()), recs)
     # Adding runs later only simulates the new ones.
@@ -179,7 +183,7 @@ def test_bad_config_values(tmp_path):
         normalize_config(tiny_config(tmp_path, protocol="best"))
     with pytest.raises(EvalError, match=r"config field 'judge': unknown 'gpt4'"):
         normalize_config(tiny_config(tmp_path, judge="gpt4"))
-    with pytest.raises(EvalError, match=r"config field 'strategy': unknown 'sedt2'"):
+    with pytest.raises(EvalError, match=r"config field 'strategy': unknown strategy 'sedt2'; known: plain, sedt"):
         normalize_config(tiny_config(tmp_path, strategy="sedt2"))
     with pytest.raises(EvalError, match=r"config field 'runs': bad value 0"):
         normalize_config(tiny_config(tmp_path, runs=0))

@@ -228,7 +228,7 @@ def test_blocks_are_written_as_they_finish_and_a_killed_run_resumes_to_the_same_
 def test_settings_with_tuples_resume_as_the_same_settings(tmp_path) -> None:
     """The stored settings.json turns tuples into lists: the check compares them as stored (a
     SeDTConfig's ``anchors`` and ``answer_formats`` are tuples of pairs)."""
-    from jaxrl_mt.eval.sedt_eval import _check_settings
+    from jaxrl_mt.eval.sedt_files import check_settings as _check_settings
 
     settings = {"sedt_config": {"anchors": (("math", "Compute"),), "w_sem": 0.6}, "seed": 0}
     _check_settings(tmp_path, settings)

@@ -23,13 +23,13 @@ from jaxrl_mt.eval.simulator import (
     TurnScorer,
     canonical_scenarios,
     first_answer_turn,
-    get_strategy,
+    check_strategy,
     plan_runs,
-    register_strategy,
     run_score,
     simulate,
 )
 from jaxrl_mt.sampling import SamplingConfig
+from jaxrl_mt.strategies import STRATEGIES
 from tests.sampler_spy import RecordingSampler, recording_sampler
 
 
@@ -165,9 +165,12 @@ def test_transcript_store_roundtrip_truncated_tail_and_bad_line(tmp_path):
 def test_strategy_registry():
     from jaxrl_mt.conversations import run_conversations
 
-    assert get_strategy("plain") is run_conversations
-    with pytest.raises(EvalError, match=r"field 'strategy': unknown 'nope'; valid: .*plain"):
-        get_strategy("nope")
+    assert check_strategy("plain") is run_conversations is STRATEGIES.get("plain")
+    assert {"plain", "sedt"} <= set(STRATEGIES.names())  # sedt: a built-in, loaded on first use
+    with pytest.raises(EvalError, match=r"field 'strategy': unknown strategy 'nope'; known: .*plain, .*sedt"):
+        check_strategy("nope")
+    with pytest.raises(KeyError, match=r"unknown strategy 'nope'; known: .*plain"):
+        STRATEGIES.get("nope")
 
 
 # --------------------------------------------------------------------------- with a (tiny) model
@@ -229,7 +232,7 @@ def test_simulate_custom_strategy_and_context_guard(tiny_model):
         calls.append(len(runs))
         return run_conversations(sampler, runs, sampling, **kw)
 
-    register_strategy("spy", spy)
+    STRATEGIES.add("spy", spy, replace=True)
     tasks = synthetic_tasks(1, steps=2)
     runs, _ = plan_runs(tasks, ["sharded"], 2)
     sampler = counting_sampler(tiny_model, max_batch=None)

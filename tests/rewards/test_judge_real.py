@@ -24,15 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from jaxrl_mt.rewards.judge import (
+from tests.rewards.judge_real import (
     HELDOUT2_FILE,
     HELDOUT3_FILE,
     HELDOUT4_FILE,
     ROUND3_TUNING_FILES,
+    TUNE_V2_FILES,
     TUNING_FILES,
+)
+from jaxrl_mt.rewards.judge import (
     NON_ANSWER_TYPES,
     RESPONSE_TYPES,
-    TUNE_V2_FILES,
     answer_attempt_by,
     answer_attempt_by_fold,
     classify_rule_based,

@@ -20,7 +20,8 @@ import json
 import re
 import sys
 
-from jaxrl_mt.rewards.judge_eval import ROUND3_TUNING_FILES, load_labelled_records
+from jaxrl_mt.rewards.judge_eval import load_labelled_records
+from tests.rewards.judge_real import ROUND3_TUNING_FILES
 
 
 def _norm(text: str) -> str:

@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 from jaxrl_mt.data.loaders import load_tasks_jsonl
-from jaxrl_mt.rewards.judge_eval import TUNING_FILES, load_labelled_records
+from jaxrl_mt.rewards.judge_eval import load_labelled_records
+from tests.rewards.judge_real import TUNING_FILES
 
 TEMPERATURE = {"greedy": 0.0, "lic": 1.0}
 

@@ -2,7 +2,7 @@
 
 ``PYTHONPATH=. python tests/rewards/judge_real/cv_round3.py [--ablate]``
 
-All 785 labelled replies (``judge_eval.ROUND3_TUNING_FILES``) fall in 5 folds by problem
+All 785 labelled replies (``tests.rewards.judge_real.ROUND3_TUNING_FILES``) fall in 5 folds by problem
 (``judge_eval.fold_of``: sha256 of the task_id mod 5, fixed before any error was read). Each rule
 added in round 3 is listed in ``CHANGES`` with the folds whose errors motivated it (only errors
 of folds 0-3 were read; fold 4 was never read). The rules judging fold k are the final rules
@@ -24,6 +24,7 @@ from contextlib import ExitStack, contextmanager
 from jaxrl_mt.rewards import judge_eval as E
 from jaxrl_mt.rewards import judge_rules as J
 from jaxrl_mt.rewards import judge_rules_asked as A
+from tests.rewards.judge_real import ROUND3_TUNING_FILES
 from jaxrl_mt.rewards import judge_rules_math as M
 
 _OLD_ENDS_ON_VALUE_RE = re.compile(
@@ -92,7 +93,7 @@ def report(recs: list[dict], pred: list[str], name: str) -> None:
 
 def main() -> None:
     """Prints the estimate with all changes, the out-of-fold estimate, and (``--ablate``) each change's effect."""
-    recs = [json.loads(line) for f in E.ROUND3_TUNING_FILES for line in open(f, encoding="utf-8") if line.strip()]
+    recs = [json.loads(line) for f in ROUND3_TUNING_FILES for line in open(f, encoding="utf-8") if line.strip()]
     report(recs, out_of_fold(recs, lambda k: list(CHANGES)), "round-3 removals only")
     report(recs, _predict(recs), "all changes, fit on all data")
     report(recs, out_of_fold(recs, lambda k: [n for n, (m, _) in CHANGES.items() if k in m]),
