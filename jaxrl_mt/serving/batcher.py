@@ -36,7 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl_mt.sampling import GenerationResult, Sampler, SamplingConfig
+from jaxrl_mt.sampling import DecodeSession, GenerationResult, Sampler, SamplingConfig
 from jaxrl_mt.serving.protocol import Choice
 
 __all__ = ["Batcher", "Job"]
@@ -240,7 +240,7 @@ class Batcher:
     def _generate_sliced(self, rows: list[Job], sampling: SamplingConfig, seed: int) -> GenerationResult:
         """One call decoded in slices of ``slice_tokens`` on a DecodeSession, dropping rows whose
         client left between slices (runs on the worker thread; ``rows``: each job once per choice)."""
-        sess = self.sampler.session(len(rows), min_segment_bucket=self.sampler.min_prompt_bucket)
+        sess = DecodeSession(self.sampler, len(rows), min_segment_bucket=self.sampler.min_prompt_bucket)
         segments: list[list[int] | None] = [j.prompt for j in rows]
         tokens: list[list[int]] = [[] for _ in rows]
         finish: list[str | None] = [None] * len(rows)
