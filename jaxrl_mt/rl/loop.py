@@ -36,37 +36,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.data.pipeline import make_iterator
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.registry import load_model
-from jaxrl_mt.parallel import (agree_max_many, allgather_ints, check_same_rows, fetch_rows, gather_to_host,
-                               mesh_from_spec, mean_over_processes, put_replicated, put_rows, rows_multiple,
-                               shard_params, shard_train_state, shard_train_step, spans_processes)
-from jaxrl_mt.rewards.registry import RewardEnv, check_output, make_reward
-from jaxrl_mt.rl.data import ConfigError, config_to_dict, load_scenarios, load_tasks, reward_name, validate_config
-from jaxrl_mt.rl.grpo import frac_zero_std, group_advantages
+from jaxrl_mt.parallel import (agree_max_many, check_same_rows, gather_to_host,
+                               mesh_from_spec, mean_over_processes, put_replicated, rows_multiple,
+                               shard_params, shard_train_state, spans_processes)
+from jaxrl_mt.rewards.registry import RewardEnv, make_reward
+from jaxrl_mt.rl.data import (METHODS, ConfigError, config_to_dict, load_scenarios, load_tasks, reward_name,
+                              validate_config)
 from jaxrl_mt.rl.histories import TrainItem
-from jaxrl_mt.rl.icpo import ICPOData
-from jaxrl_mt.rewards.answer_stats import answer_stats
 from jaxrl_mt.rl.metrics_log import MetricsLog, held_out_before, plot_curves, read_metrics
-from jaxrl_mt.rl.multiturn import MultiTurnData
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.policy_io import load_policy
 from jaxrl_mt.rl.probe import make_probe
-from jaxrl_mt.rl.step import (LossConfig, assemble_grouped, assemble_rollouts, choose_remat, completion_logprobs,
-                              dapo_num_items, grouped_completion_logprobs, is_grouped, make_train_step, micro_batch,
-                              reference_logprobs, rollout_prompt_len)
-from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
+from jaxrl_mt.rl.example import TrainExample
+from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout, place_example, rollout
+from jaxrl_mt.rl.step import LossConfig, choose_remat, make_train_step
+from jaxrl_mt.sampling import Sampler, bucket
 from jaxrl_mt.scoring import Scorer
 
 __all__ = ["RECIPES", "ConfigError", "Trainer", "TrainingError", "load_policy", "load_scenarios", "load_tasks",
            "validate_config"]
 
-# method -> its data recipe: load(c), prepare(trainer, train, held), evaluate(trainer, params, held)
-RECIPES: dict[str, Callable[[], Any]] = {"rlsta": MultiTurnData, "grpo": MultiTurnData, "icpo": ICPOData}
+RECIPES = METHODS  # method -> its data recipe (`jaxrl_mt.rl.data.METHODS`, the one registry)
 
 
 class TrainingError(RuntimeError):
@@ -88,7 +83,7 @@ class Trainer:
         self.log = log if self.is_main else (lambda msg: None)  # process 0 logs
         self.system = c.system_prompt or None
         self._stop_signal: int | None = None
-        self.data = RECIPES[c.method]()
+        self.data = METHODS.get(c.method)()
         self.train_scen, self.held_scen = self.data.load(c)  # fails fast on bad or empty data
         if self.is_main:
             (self.wd / "config.json").write_text(json.dumps(config_to_dict(c), indent=2, sort_keys=True))
@@ -114,6 +109,12 @@ class Trainer:
                              max_completion_length=rl.max_new_tokens,
                              remat=False if rl.remat == "auto" else rl.remat)  # "auto": per prompt bucket
         self._steps: dict[int, Any] = {}
+        self.engine = RolloutEngine(
+            sampler=self.sampler, reward_fn=self.reward_fn, reward_name=self.reward_name, ref_params=self.ref_params,
+            ref_cfg=self.ref_cfg, policy_cfg=self.model.cfg, tokenizer=self.tok, pad_id=self.model.pad_id, lc=self.lc,
+            group_size=rl.group_size, max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
+            scale_rewards=rl.scale_rewards, grad_accum=rl.grad_accum, mu=rl.mu, seed=c.seed, system=self.system,
+            mesh=self.mesh, multi=self.multi, grouped=self._grouped())
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
         try:  # the fixed held-out probe (eval.probe_source; None when unset)
             self.probe = make_probe(c, self.system)
@@ -170,82 +171,15 @@ class Trainer:
     # ------------------------------------------------------------------ rollouts and rewards
 
     def rollout(self, params: Any, items: Sequence[TrainItem], step: int
-                ) -> tuple[dict[str, np.ndarray], dict[str, float], list[dict]]:
-        c, G = self.c.rl, self.c.rl.group_size
-        self.sampler.params = params
-        prompts = [encode_prompt(self.tok, it.messages, system=self.system) for it in items]
-        rows = [p for p in prompts for _ in range(G)]
-        t0 = time.perf_counter()
-        res = self.sampler.generate_ids(prompts, SamplingConfig(max_new_tokens=c.max_new_tokens,
-                                                                temperature=c.temperature, top_p=c.top_p),
-                                        seed=jax.random.fold_in(jax.random.PRNGKey(self.c.seed), step),
-                                        group_size=G)  # rows = `rows`: each prompt prefilled once for its G rows
-        self.sampler.release_decode_weights()  # the next step's params differ: no copy through the update
-        gen_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        reward, comps, cols = check_output(self.reward_fn(items, res), len(rows), f"reward {self.reward_name!r}")
-        adv = np.asarray(group_advantages(jnp.asarray(reward, jnp.float32), G, scale_rewards=c.scale_rewards))
-        P = bucket(max(len(p) for p in rows), 32)
-        C = min(bucket(max(max(res.lengths), 1), 16), bucket(c.max_new_tokens, 16))
-        if self.multi:  # one train-step program: every process uses the largest buckets
-            P, C = agree_max_many([P, C])
-        if self._grouped():  # each prompt once for its G completions (rl.step.assemble_grouped)
-            batch = assemble_grouped(prompts, res.tokens, self.model.pad_id, P, C)
-        else:
-            batch = assemble_rollouts(rows, res.tokens, self.model.pad_id, P, C)
-        batch["advantages"] = adv.astype(np.float32)
-        if self.lc.loss_type == "dapo":  # TRL's num_items_in_batch: every row carries the step's normaliser
-            tokens = int(batch["completion_mask"].sum())
-            batch["num_items"] = dapo_num_items(batch["completion_mask"], c.grad_accum,
-                                                int(allgather_ints([tokens]).sum()) if self.multi else tokens)
-        if self.lc.beta > 0:
-            batch["ref_logp"] = self._ref_logprobs(batch, rows, res.tokens, P)
-        if c.mu > 1:
-            batch["old_logp"] = self._completion_logprobs(params, self.model.cfg, batch, P)
-        score_s = time.perf_counter() - t1
-        lens = res.lengths.astype(np.float64)
-        m = {"reward/total": float(reward.mean()), "reward/group_std": float(reward.reshape(-1, G).std(1).mean()),
-             "reward/frac_zero_std": float(frac_zero_std(reward, G))}
-        if "verifier" in comps:  # groups the verifier cannot rank: any other term alone sets their advantages
-            m["reward/verifier_frac_zero_std"] = float(frac_zero_std(np.asarray(comps["verifier"]), G))
-        m.update({f"reward/{k}": float(np.mean(v)) for k, v in comps.items()})
-        m.update(answer_stats(res.texts, [it.answer for it in items for _ in range(G)]))
-        m.update({
-            "completion/mean_length": float(lens.mean()), "completion/max_length": float(lens.max()),
-            "completion/clipped_frac": float(np.mean([f == "length" for f in res.finish_reasons])),
-            "perf/rollout_tokens_per_s": float(lens.sum() / max(gen_s, 1e-9)), "perf/rollout_s": gen_s,
-            "perf/score_s": score_s,
-        })
-        samples = [{"item": items[i // G].item_id, "last_user": items[i // G].last_user, "completion": res.texts[i],
-                    **{k: v[i] for k, v in cols.items()}, "R": f"{reward[i]:.3f}", "A": f"{adv[i]:+.2f}"}
-                   for i in range(0, len(rows), G)]
-        return batch, m, samples
+                ) -> tuple[TrainExample, dict[str, float], list[dict]]:
+        """The step's rollout (`jaxrl_mt.rl.rollout.rollout`, the one the benchmarks time)."""
+        r = rollout(self.engine, params, items, step)
+        return r.example, r.metrics, r.samples
 
     def _grouped(self) -> bool:
-        """Whether rollouts use the grouped layout: no mesh and micro-batches of whole groups."""
+        """Whether rollouts prompt once per group (`rl.rollout.grouped_layout`), with or without a mesh."""
         rl = self.c.rl
-        return self.mesh is None and (rl.batch_size * rl.group_size // rl.grad_accum) % rl.group_size == 0
-
-    def _ref_logprobs(self, batch: dict[str, np.ndarray], rows: list[list[int]], completions: list[list[int]],
-                      P: int) -> np.ndarray:
-        """The reference log-probs of the KL term; reuses the anchor pass when it scored the same pairs."""
-        if self.mesh is None:
-            return reference_logprobs(self.ref_scorer, self.ref_params, self.ref_cfg, batch, rows, completions,
-                                      temperature=self.lc.temperature)
-        return self._completion_logprobs(self.ref_params, self.ref_cfg, batch, P)
-
-    def _completion_logprobs(self, params: Any, cfg: Any, batch: dict[str, np.ndarray], P: int) -> np.ndarray:
-        """Log-probs [N, C] of this process's completions under (params, cfg); under a mesh the rows are
-        split over (data, fsdp) (per-process rows of a global batch across processes)."""
-        if is_grouped(batch):
-            return np.asarray(grouped_completion_logprobs(params, cfg, batch, temperature=self.lc.temperature))
-        tokens, mask = batch["tokens"], batch["token_mask"]
-        if self.mesh is None:
-            return np.asarray(completion_logprobs(params, cfg, tokens, mask, prompt_len=P,
-                                                  temperature=self.lc.temperature))
-        out = completion_logprobs(params, cfg, *put_rows(self.mesh, [tokens, mask]), prompt_len=P,
-                                  temperature=self.lc.temperature)
-        return np.asarray(fetch_rows(out))[: len(tokens)]
+        return grouped_layout(rl.batch_size, rl.group_size, rl.grad_accum, self.mesh, self.multi)
 
     def _remat(self, P: int) -> bool | str:
         """`rl.remat` for the step of prompt bucket P; "auto": the cheapest whose estimated activations
@@ -264,30 +198,25 @@ class Trainer:
         return order[choice]
 
     def _train_step(self, P: int, params: Any, opt_state: Any):
-        """The jitted step for prompt bucket P; it donates params and optimizer state (updated in place)."""
+        """The jitted step for prompt bucket P; shardings and donation (params and optimizer state,
+        updated in place) are decided here, once per bucket."""
         if P not in self._steps:
             lc = dataclasses.replace(self.lc, remat=self._remat(P))
-            if self.mesh is None:
-                self._steps[P] = make_train_step(self.model.cfg, self.optimizer, lc, P, donate=True)
-            else:  # pin outputs to the partition rules (no drift, no recompiles)
-                fn = make_train_step(self.model.cfg, self.optimizer, lc, P)
-                self._steps[P] = shard_train_step(fn, self.mesh, params, opt_state, donate=True)
+            self._steps[P] = make_train_step(self.model.cfg, self.optimizer, lc, mesh=self.mesh,
+                                             state=(params, opt_state), donate=True)
         return self._steps[P]
 
-    def update(self, params: Any, opt_state: Any, batch: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:
+    def update(self, params: Any, opt_state: Any, ex: TrainExample) -> tuple[Any, Any, dict[str, float]]:
         c = self.c.rl
-        P = rollout_prompt_len(batch)  # prompt bucket of the rollout
-        step_fn = self._train_step(P, params, opt_state)
-        n = batch["completion_mask"].shape[0]
+        step_fn = self._train_step(ex.prompt_len, params, opt_state)
+        n = ex.rows
         mb = n // c.grad_accum
         if self.multi:  # one global micro-batch: the same number of rows on every process, no padding
             check_same_rows(n, "train batch")
         acc: dict[str, list[float]] = {}
         for _ in range(c.mu):
             for s in range(0, n, mb):
-                micro = micro_batch(batch, s, mb, c.group_size)
-                if self.mesh is not None:  # one process: shard_batch; several: per-process rows
-                    micro = dict(zip(micro, put_rows(self.mesh, list(micro.values()), pad=False)))
+                micro = place_example(self.mesh, ex.slice_rows(s, mb))
                 params, opt_state, m = step_fn(params, opt_state, micro)
                 m = jax.device_get(m)
                 if not m["finite"]:
