@@ -39,10 +39,14 @@ class RecipeHost(Protocol):
     is_main: bool  # process 0
     multi: bool  # the mesh spans several processes
     system: str | None  # the system prompt
-    sampler: Any  # the policy's sampler
+    sampler: Any  # the policy's sampler on its initial parameters (histories, filtering)
     model: Any  # the policy model (params, cfg)
     mesh: Any
     log: Callable[[str], None]
+
+    def policy_sampler(self, params: Any) -> Any:
+        """The policy's sampler on ``params`` (recipes never set a sampler's parameters themselves)."""
+        ...
 
 
 REMAT_CHOICES = (False, True, "dots", "auto")

@@ -90,9 +90,9 @@ class ICPOData:
             return {}
         if self._judge is None:
             self._judge = ResponseJudge(t.c.icpo.judge)
-        t.sampler.params = params
+        sampler = t.policy_sampler(params)
         t0 = time.perf_counter()
-        res = t.sampler.generate(
+        res = sampler.generate(
             [[{"role": "user", "content": it.last_user}] for it in held],
             SamplingConfig(max_new_tokens=t.c.eval.max_new_tokens, temperature=0.0), system=t.system)
         types = self._judge(res.texts, [it.last_user for it in held])

@@ -26,7 +26,6 @@ processes (`completion/max_length`: the max). Checkpoints are written by every p
 from __future__ import annotations
 
 import dataclasses
-import json
 import signal
 import time
 from pathlib import Path
@@ -42,8 +41,8 @@ from jaxrl_mt.data.records import DataError
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.registry import load_model
 from jaxrl_mt.parallel import (agree_max_many, check_same_rows, gather_to_host,
-                               mesh_from_spec, mean_over_processes, put_replicated, rows_multiple,
-                               shard_params, shard_train_state, spans_processes)
+                               mesh_from_spec, mean_over_processes, rows_multiple,
+                               shard_params, spans_processes)
 from jaxrl_mt.rewards.registry import RewardEnv, make_reward
 from jaxrl_mt.rl.data import (METHODS, ConfigError, config_to_dict, load_scenarios, load_tasks, reward_name,
                               validate_config)
@@ -54,6 +53,7 @@ from jaxrl_mt.rl.policy_io import load_policy
 from jaxrl_mt.rl.probe import make_probe
 from jaxrl_mt.rl.example import TrainExample
 from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout, place_example, rollout
+from jaxrl_mt.rl.state import TrainState, fresh_state, restore_state, save_state, write_config
 from jaxrl_mt.rl.step import LossConfig, choose_remat, make_train_step
 from jaxrl_mt.sampling import Sampler, bucket
 from jaxrl_mt.scoring import Scorer
@@ -66,6 +66,18 @@ RECIPES = METHODS  # method -> its data recipe (`jaxrl_mt.rl.data.METHODS`, the 
 
 class TrainingError(RuntimeError):
     """Training stopped (non-finite loss or gradient); the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """What a hook sees after an optimizer step."""
+
+    state: TrainState  # after the step (state.step = steps done)
+    metrics: dict[str, float]  # the step's metrics (global means)
+    samples: list[dict]  # sample-table rows of the step
+    held: Sequence[TrainItem]  # the held-out items
+    checkpointer: Checkpointer
+    data_iter: Any  # the training data iterator (its state goes into checkpoints)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -83,10 +95,11 @@ class Trainer:
         self.log = log if self.is_main else (lambda msg: None)  # process 0 logs
         self.system = c.system_prompt or None
         self._stop_signal: int | None = None
+        self.hooks: list[Callable[[StepInfo], None]] = []
+        self._last_saved = 0
         self.data = METHODS.get(c.method)()
         self.train_scen, self.held_scen = self.data.load(c)  # fails fast on bad or empty data
-        if self.is_main:
-            (self.wd / "config.json").write_text(json.dumps(config_to_dict(c), indent=2, sort_keys=True))
+        write_config(config_to_dict(c), self.wd, is_main=self.is_main)
         self.model = load_model(c.model, param_dtype=c.param_dtype, dtype=c.dtype)
         self.tok = self.model.tokenizer
         self.mesh = self._make_mesh()
@@ -160,6 +173,12 @@ class Trainer:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
+    def policy_sampler(self, params: Any) -> Sampler:
+        """The policy's sampler on `params`: the one place outside the rollout that sets them (today's Sampler
+        keeps its parameters as an attribute; recipes and the probe receive the sampler from here)."""
+        self.sampler.params = params
+        return self.sampler
+
     def prepare(self) -> tuple[list[TrainItem], list[TrainItem]]:
         """Training and held-out items of the method's data recipe (cached in the workdir)."""
         return self.data.prepare(self, self.train_scen, self.held_scen)
@@ -206,8 +225,10 @@ class Trainer:
                                              state=(params, opt_state), donate=True)
         return self._steps[P]
 
-    def update(self, params: Any, opt_state: Any, ex: TrainExample) -> tuple[Any, Any, dict[str, float]]:
+    def update(self, state: TrainState, ex: TrainExample) -> tuple[TrainState, dict[str, float]]:
+        """``rl.mu`` passes over the example's ``rl.grad_accum`` micro-batches: the next state and train/* means."""
         c = self.c.rl
+        params, opt_state = state.params, state.opt_state
         step_fn = self._train_step(ex.prompt_len, params, opt_state)
         n = ex.rows
         mb = n // c.grad_accum
@@ -225,57 +246,69 @@ class Trainer:
                 for k, v in m.items():
                     acc.setdefault(k, []).append(float(v))
         out = {f"train/{k}": float(np.mean(v)) for k, v in acc.items() if k != "finite"}
-        return params, opt_state, out
+        return TrainState(params, opt_state, state.step + 1), out
 
     # ------------------------------------------------------------------ main loop
+
+    def add_hook(self, fn: Callable[[StepInfo], None]) -> None:
+        """Runs ``fn(info)`` after every optimizer step, after the built-in hooks (log, eval, probe, checkpoint)."""
+        self.hooks.append(fn)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stop_signal = signum
         self.log(f"received {signal.Signals(signum).name}: will checkpoint after the current step and exit")
 
-    def _start_state(self, it: Any, ck: Checkpointer) -> tuple[Any, Any, Any, int]:
-        """(params, optimizer state, rng, first step): fresh, or restored from the latest checkpoint."""
-        params = self.model.params
-        opt_state = self.optimizer.init(params)
-        if self.mesh is not None:
-            params, opt_state = shard_train_state(params, opt_state, self.mesh)
-        rng = jax.random.PRNGKey(self.c.seed)
-        if self.multi:  # orbax saves global arrays: the key, the same on every process, replicated
-            rng = put_replicated(self.mesh, rng)
-        latest = ck.latest_step()
-        if latest is None:
+    def _start_state(self, it: Any, ck: Checkpointer) -> TrainState:
+        """The state at step 0, or restored from the newest checkpoint that restores."""
+        state = fresh_state(self.model.params, self.optimizer, self.mesh)
+        restored = restore_state(ck, state, it, log=self.log)
+        if restored is None:
             if self.is_main:
                 self.metrics.truncate_after(-1)
-            return params, opt_state, rng, 0
-        state, extra = ck.restore(target={"params": params, "opt_state": opt_state, "rng": rng},
-                                  on_skip=self.log)  # the newest step that restores
-        it.set_state(extra["data_state"])
-        start = int(extra["step"])
-        self.metrics.truncate_after(start)
-        self.log(f"resumed from {self.wd / 'checkpoints'} at step {start}")
-        return state["params"], state["opt_state"], state["rng"], start
+            return state
+        self.metrics.truncate_after(restored.step)
+        self.log(f"resumed from {self.wd / 'checkpoints'} at step {restored.step}")
+        return restored
 
-    def _log_step(self, done: int, m: dict[str, float], samples: list[dict], params: Any,
-                  held: Sequence[TrainItem]) -> dict[str, float]:
-        """Logs a finished step's metrics (global means), samples and periodic held-out metrics."""
-        c = self.c
-        if self.multi:  # global means (train/* are already global: the same on every process)
-            m = mean_over_processes(m, max_keys=("completion/max_length",))
+    def _log_hook(self, info: StepInfo) -> None:
+        """Metrics rows (``log.every``, the last step) and the sample table (``log.samples_every``)."""
+        c, done = self.c, info.state.step
         if done % c.log.every == 0 or done == c.rl.steps:
-            self.metrics.scalars(done, m)
+            self.metrics.scalars(done, info.metrics)
         if c.log.samples_every and done % c.log.samples_every == 0:
-            self.metrics.samples(done, samples[: c.log.n_samples])
-        if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and held:
-            self.metrics.scalars(done, self.evaluate(params, held))
+            self.metrics.samples(done, info.samples[: c.log.n_samples])
+
+    def _eval_hook(self, info: StepInfo) -> None:
+        """The method's held-out metrics every ``eval.every`` steps and the probe when due."""
+        c, done = self.c, info.state.step
+        if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and info.held:
+            self.metrics.scalars(done, self.evaluate(info.state.params, info.held))
         if self.probe is not None and self.probe.due(done, c.rl.steps):
-            self.metrics.scalars(done, self.probe(self.sampler, params))
-        return m
+            self.metrics.scalars(done, self.probe(self.policy_sampler(info.state.params)))
+
+    def _checkpoint_hook(self, info: StepInfo) -> None:
+        """A checkpoint every ``checkpoint.every`` steps, at the last step and on a stop signal."""
+        done = info.state.step
+        if done % self.c.checkpoint.every == 0 or done == self.c.rl.steps or self._stop_signal is not None:
+            save_state(info.checkpointer, info.state, info.data_iter)
+            self._last_saved = done
 
     def _eval_phase(self, when: str, step: int, params: Any, held: Sequence[TrainItem],
                     evals: dict[str, dict[str, float]]) -> None:
         evals[when] = self.evaluate(params, held)
         self.metrics.scalars(step, evals[when])
         self.log(f"eval {when}: " + _fmt(evals[when]))
+
+    def train_step(self, state: TrainState, items: Sequence[TrainItem]) -> tuple[TrainState, dict[str, float],
+                                                                                  list[dict]]:
+        """One step: rollout, update; the step's metrics (global means across processes)."""
+        t0 = time.perf_counter()
+        ex, m, samples = self.rollout(state.params, items, state.step)
+        state, tm = self.update(state, ex)
+        m = {**m, **tm, "perf/step_s": time.perf_counter() - t0}
+        if self.multi:  # global means (train/* are already global: the same on every process)
+            m = mean_over_processes(m, max_keys=("completion/max_length",))
+        return state, m, samples
 
     def run(self) -> dict[str, Any]:
         """Trains to `rl.steps` (resuming from the latest checkpoint) and writes the outputs."""
@@ -284,46 +317,42 @@ class Trainer:
         it = make_iterator(items, batch_size=c.rl.batch_size, seed=c.seed, shuffle=True,
                            shard_index=jax.process_index(), shard_count=jax.process_count())
         ck = Checkpointer(self.wd / "checkpoints", max_to_keep=c.checkpoint.keep)
-        params, opt_state, rng, start = self._start_state(it, ck)
+        state = self._start_state(it, ck)
+        start = state.step
         evals: dict[str, dict[str, float]] = {}
         if start == 0 and held:
-            self._eval_phase("before", 0, params, held, evals)
+            self._eval_phase("before", 0, state.params, held, evals)
         if start == 0 and self.probe is not None:
-            self.metrics.scalars(0, self.probe(self.sampler, params))
+            self.metrics.scalars(0, self.probe(self.policy_sampler(state.params)))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        last_saved, step = start, start
+        self._last_saved = start
+        hooks = [self._log_hook, self._eval_hook, self._checkpoint_hook, *self.hooks]
         try:
             bar = _progress(range(start, c.rl.steps), initial=start, total=c.rl.steps, enabled=self.is_main)
-            for step in bar:
-                t0 = time.perf_counter()
-                batch, m, samples = self.rollout(params, next(it), step)
-                params, opt_state, tm = self.update(params, opt_state, batch)
-                m = self._log_step(step + 1, {**m, **tm, "perf/step_s": time.perf_counter() - t0}, samples, params,
-                                   held)
+            for _ in bar:
+                state, m, samples = self.train_step(state, next(it))
+                info = StepInfo(state, m, samples, held, ck, it)
+                for hook in hooks:
+                    hook(info)
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(R=f"{m['reward/total']:.3f}", s=f"{m['perf/step_s']:.1f}")
-                done = step + 1
-                if done % c.checkpoint.every == 0 or done == c.rl.steps or self._stop_signal is not None:
-                    ck.save(done, {"params": params, "opt_state": opt_state, "rng": rng},
-                            {"step": done, "data_state": it.get_state()}, force=True)
-                    last_saved = done
                 if self._stop_signal is not None:
                     ck.wait()
-                    self.log(f"checkpoint saved at step {done}; exiting on signal")
+                    self.log(f"checkpoint saved at step {state.step}; exiting on signal")
                     raise SystemExit(128 + self._stop_signal)
         except TrainingError as e:
             ck.wait()
-            raise TrainingError(f"step {step + 1}: {e}. Stopped; last good checkpoint: step {last_saved} "
-                                f"in {self.wd / 'checkpoints'}") from None
+            raise TrainingError(f"step {state.step + 1}: {e}. Stopped; last good checkpoint: step "
+                                f"{self._last_saved} in {self.wd / 'checkpoints'}") from None
         finally:
             for s, h in old_handlers.items():
                 signal.signal(s, h)
             ck.wait()
             ck.close()
         if held:
-            self._eval_phase("after", c.rl.steps, params, held, evals)
+            self._eval_phase("after", c.rl.steps, state.params, held, evals)
         self.metrics.close()
-        return self.finish(params, evals)
+        return self.finish(state.params, evals)
 
     def finish(self, params: Any, evals: dict[str, dict[str, float]]) -> dict[str, Any]:
         """Writes summary.txt, curves.png and the exported policy (process 0)."""

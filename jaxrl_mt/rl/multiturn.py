@@ -145,7 +145,7 @@ class MultiTurnData:
         """
         if not held:
             return {}
-        t.sampler.params = params
+        sampler = t.policy_sampler(params)
         mine, n_mine = list(held), len(held)
         if t.multi:
             lo, hi = process_block(len(held))
@@ -153,7 +153,7 @@ class MultiTurnData:
             size = agree_max(len(mine))
             mine = (mine + [mine[-1] if mine else held[0]] * size)[:size]
         acc = accuracy_single_and_multi(
-            t.sampler, mine, SamplingConfig(max_new_tokens=t.c.eval.max_new_tokens, temperature=0.0),
+            sampler, mine, SamplingConfig(max_new_tokens=t.c.eval.max_new_tokens, temperature=0.0),
             k=1, seed=0, system=t.system, modes=("strict", "lenient"))
         out = {}
         for mode, (st, mt) in acc.items():

@@ -103,14 +103,14 @@ def rollout(engine: RolloutEngine, params: Any, items: Sequence[Any], step: int)
     e.sampler.params = params
     prompts = [encode_prompt(e.tokenizer, it.messages, system=e.system) for it in items]
     rows = [p for p in prompts for _ in range(G)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = e.sampler.generate_ids(prompts, SamplingConfig(max_new_tokens=e.max_new_tokens, temperature=e.temperature,
                                                          top_p=e.top_p),
                                  seed=jax.random.fold_in(jax.random.PRNGKey(e.seed), step), group_size=G,
                                  stop_ids=[[] for _ in rows] if e.run_to_budget else None)
     e.sampler.release_decode_weights()  # the next step's params differ: no copy through the update
-    gen_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    gen_s, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
+    t1, c1 = time.perf_counter(), time.process_time()
     out = check_output(e.reward_fn(items, res), len(rows), f"reward {e.reward_name!r}")
     reward = out.rewards
     adv = np.asarray(group_advantages(jnp.asarray(reward, jnp.float32), G, scale_rewards=e.scale_rewards))
@@ -131,8 +131,9 @@ def rollout(engine: RolloutEngine, params: Any, items: Sequence[Any], step: int)
         ex = ex.replace(ref_logp=ref if ref is not None else example_logprobs(e, e.ref_params, e.ref_cfg, ex))
     if e.mu > 1:
         ex = ex.replace(old_logp=example_logprobs(e, params, e.policy_cfg, ex))
-    score_s = time.perf_counter() - t1
+    score_s, score_cpu = time.perf_counter() - t1, time.process_time() - c1
     m = _metrics(reward, out.components, res, items, G, gen_s, score_s)
+    m.update({"perf/rollout_cpu_s": gen_cpu, "perf/score_cpu_s": score_cpu})
     samples = [{"item": items[i // G].item_id, "last_user": items[i // G].last_user, "completion": res.texts[i],
                 **{k: v[i] for k, v in out.columns.items()}, "R": f"{reward[i]:.3f}", "A": f"{adv[i]:+.2f}"}
                for i in range(0, len(rows), G)]
