@@ -5,7 +5,7 @@ completions ([N, C], right-padded); completion row i belongs to prompt ``i // gr
 ``prompt_index``, as the sampler's ``row_source``). Each prompt goes through the model once for
 its ``group`` completions, forward and backward (``scoring.grouped_logprobs``). A micro-batch
 that would split a group is assembled with ``group = 1`` (each row's prompt repeated): the same
-struct, the same code.
+struct, the same code (scored as full rows [prompt | completion]).
 
 Optional fields are None when unused (the step's jit sees a different pytree structure, so
 none is carried as a dummy): ``ref_logp`` (the KL term's), ``old_logp`` (``rl.mu > 1``) and

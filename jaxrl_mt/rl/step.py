@@ -25,7 +25,7 @@ from jaxrl_mt.parallel import shard_train_step
 from jaxrl_mt.rewards.registry import RefLogprobs
 from jaxrl_mt.rl.example import TrainExample
 from jaxrl_mt.rl.grpo import grpo_loss
-from jaxrl_mt.scoring import grouped_logprobs, masked_mean
+from jaxrl_mt.scoring import grouped_logprobs, masked_mean, token_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,18 @@ def dapo_num_items(completion_mask: np.ndarray, grad_accum: int, tokens: int | N
 
 def _completion_lp(params: Params, cfg: ModelConfig, ex: TrainExample, *, temperature: float, chunk: int,
                    remat: bool | str = False, with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
-    """Log-probs [N, C] (and entropies) of the completion tokens of a rollout example."""
+    """Log-probs [N, C] (and entropies) of the completion tokens of a rollout example.
+
+    ``group == 1`` (a prompt per row) runs the rows [prompt | completion] (`token_logprobs`): no
+    prompt is shared, and the full-row program is the one the flat layout always ran.
+    """
+    if ex.group == 1:
+        p = ex.prompt_tokens.shape[1]
+        tokens = jnp.concatenate([ex.prompt_tokens, ex.completion_tokens], axis=1)
+        mask = jnp.concatenate([ex.prompt_mask, ex.completion_mask], axis=1)
+        lp, _, ent = token_logprobs(params, cfg, tokens, mask, temperature=temperature, chunk=chunk, remat=remat,
+                                    with_entropy=with_entropy)
+        return lp[:, p:], (None if ent is None else ent[:, p:])
     lp, _, ent = grouped_logprobs(params, cfg, ex.prompt_tokens, ex.prompt_mask, ex.completion_tokens,
                                   ex.completion_mask, temperature=temperature, chunk=chunk, remat=remat,
                                   with_entropy=with_entropy)
