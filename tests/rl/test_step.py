@@ -36,9 +36,9 @@ def _full_rows_logprobs(params, rows, comps):
 def _examples(params):
     rows = [p for p in PROMPTS for _ in range(G)]
     adv = np.array([1.0, -1.0, 0.5, -0.5], np.float32)
-    ref = _full_rows_logprobs(params, rows, COMPS)
     full = assemble_example(rows, COMPS, 0, P, C, group=1, advantages=adv)
     grouped = assemble_example(PROMPTS, COMPS, 0, P, C, group=G, advantages=adv)
+    ref = np.asarray(completion_logprobs(params, LLAMA, full))  # the jitted full-rows pass, as before
     return (full.replace(ref_logp=ref - 0.01), grouped.replace(ref_logp=ref - 0.01))  # a moved policy: KL > 0
 
 
