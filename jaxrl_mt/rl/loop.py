@@ -7,7 +7,7 @@ reward, a pure function of (items, generations) registered by name
 
 Everything a resumed run needs lives in `<workdir>`: `config.json`, the cached training items
 (`histories.jsonl`, `train_items.jsonl`, `heldout.jsonl`), orbax checkpoints (params, optimizer
-state, RNG key, step and the grain iterator state), `metrics.jsonl`, TensorBoard events, sample
+state, step and the grain iterator state: `rl.state.TrainState`), `metrics.jsonl`, TensorBoard events, sample
 tables, and at the end `summary.txt`, `curves.png` and the exported policy (`export/`).
 
 Multi-process runs (`jax.distributed`, one global mesh over every process's devices): each
