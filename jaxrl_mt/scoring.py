@@ -200,12 +200,6 @@ class Scorer:
         self.batch_size, self.chunk = batch_size, chunk
         self.mesh = mesh  # the params' mesh: rows are split over its (data, fsdp) axes
 
-    def cached_logprobs(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> None:
-        """Always None: the scorer keeps no side channel of its last call (a reward returns the
-        reference log-probs it computed instead). Kept only so that an old caller computes them."""
-        del contexts, completions
-        return None
-
     def _shape(self, lens: Sequence[int], n: int, multi: bool) -> tuple[int, int]:
         """(rows, tokens) of one batch of pairs of total lengths `lens` (n pairs in the whole call)."""
         max_ctx = self.cfg.max_position_embeddings

@@ -35,7 +35,8 @@ from jaxrl_mt.parallel import rules as parallel_rules  # noqa: E402
 from jaxrl_mt.models.config import ModelConfig  # noqa: E402
 from jaxrl_mt.models.decoder import forward, init_cache, init_params, positions_from_mask  # noqa: E402
 from jaxrl_mt.rl.optim import make_optimizer  # noqa: E402
-from jaxrl_mt.rl.step import LossConfig, assemble_rollouts, make_train_step  # noqa: E402
+from jaxrl_mt.rl.example import TrainExample, assemble_example  # noqa: E402
+from jaxrl_mt.rl.step import LossConfig, make_train_step  # noqa: E402
 
 MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2))
 P_LEN, C_LEN, ROWS = 8, 8, 8
@@ -53,11 +54,16 @@ def make_batch(seed: int, rows: int = ROWS) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(2, 64, rng.integers(3, P_LEN + 1)).tolist() for _ in range(rows)]
     comps = [rng.integers(2, 64, rng.integers(2, C_LEN + 1)).tolist() for _ in range(rows)]
-    b = assemble_rollouts(prompts, comps, 0, P_LEN, C_LEN)
-    b["advantages"] = rng.normal(size=rows).astype(np.float32)
+    b = assemble_example(prompts, comps, 0, P_LEN, C_LEN, group=1,
+                         advantages=rng.normal(size=rows).astype(np.float32)).arrays()
     b["old_logp"] = (np.log(1 / 64) + 0.05 * rng.normal(size=(rows, C_LEN))).astype(np.float32)
     b["ref_logp"] = (np.log(1 / 64) + 0.05 * rng.normal(size=(rows, C_LEN))).astype(np.float32)
     return b
+
+
+def dict_step(fn):
+    """The train step on a dict of TrainExample fields (one prompt per row): this worker's batches are dicts."""
+    return lambda params, opt_state, b: fn(params, opt_state, TrainExample(**b))
 
 
 def max_tree_diff(a, b) -> float:
@@ -108,7 +114,7 @@ def run_mesh(out: Path, parts: set[str]) -> None:
     # AdamW as the trainer builds it. lr 1e-4 (100x the presets' 1e-6): Adam turns float32 noise
     # on near-zero gradients into update noise of up to lr * relative noise; see docs/scaling.md.
     opt = make_optimizer(1e-4, max_grad_norm=1.0, weight_decay=0.01)
-    step = make_train_step(cfg, opt, lc, P_LEN)
+    step = dict_step(make_train_step(cfg, opt, lc))
     batches = [make_batch(1), make_batch(2)]
 
     def train(params, opt_state, mesh, fn=step):
@@ -235,7 +241,7 @@ def run_multihost(out: Path, ckpt_dir: Path, reference: bool) -> None:
     opt = make_optimizer(1e-3, max_grad_norm=1.0)
     mesh = parallel.make_mesh((-1, 1, 1) if reference else (2, 2, 1))
     params, opt_state = parallel.shard_train_state(params0, opt.init(params0), mesh)
-    step = parallel.shard_train_step(make_train_step(cfg, opt, LossConfig(beta=0.04, chunk=4), P_LEN), mesh,
+    step = parallel.shard_train_step(dict_step(make_train_step(cfg, opt, LossConfig(beta=0.04, chunk=4))), mesh,
                                      params, opt_state)
     losses = []
     for s in range(STEPS):

@@ -133,17 +133,19 @@ class ShapeBench:
 
     def train(self, batch: int) -> dict[str, Any]:
         """One GRPO train step (forward + backward + AdamW) on batch x (P + N) tokens: tokens/s, TFLOP/s, MFU."""
+        from jaxrl_mt.rl.example import TrainExample
         from jaxrl_mt.rl.optim import make_optimizer
         from jaxrl_mt.rl.step import LossConfig, make_train_step
 
         p, c = self.prompt_len, self.new_tokens
         optimizer = make_optimizer(1e-6)
-        step = make_train_step(self.cfg, optimizer, LossConfig(max_completion_length=c, remat=self.remat), p,
-                               donate=True)
+        step = make_train_step(self.cfg, optimizer, LossConfig(max_completion_length=c, remat=self.remat), donate=True)
         rng = np.random.default_rng(batch)
-        data = {"tokens": jnp.asarray(rng.integers(3, self.cfg.vocab_size, (batch, p + c)), jnp.int32),
-                "token_mask": jnp.ones((batch, p + c), bool), "completion_mask": jnp.ones((batch, c), bool),
-                "advantages": jnp.asarray(rng.standard_normal(batch), jnp.float32)}
+        data = TrainExample(  # one prompt per row (group 1): the trainer's layout when no prompt is shared
+            prompt_tokens=jnp.asarray(rng.integers(3, self.cfg.vocab_size, (batch, p)), jnp.int32),
+            prompt_mask=jnp.ones((batch, p), bool),
+            completion_tokens=jnp.asarray(rng.integers(3, self.cfg.vocab_size, (batch, c)), jnp.int32),
+            completion_mask=jnp.ones((batch, c), bool), advantages=jnp.asarray(rng.standard_normal(batch), jnp.float32))
         params = jax.tree_util.tree_map(jnp.copy, self.params)  # donated to the step, which returns the next
         state = [params, optimizer.init(params)]
         del params

@@ -14,11 +14,12 @@ both sides; ``--no-remat`` = ``--remat off``).
 
 One step is tokenisation (the chat template, inside the timed step on both sides) -> generation
 -> rewards -> advantages -> (reference log-probs) -> loss, backward and the optimizer update.
-Ours: ``encode_prompt`` -> ``Sampler.generate_ids`` -> ``verify`` + ``anchor_reward`` (the
+Ours: the trainer's own rollout (``jaxrl_mt.rl.rollout.rollout``: ``encode_prompt`` ->
+``Sampler.generate_ids`` -> the registered ``rlsta`` reward, verifier (lenient) + 1 x anchor (the
 reference model's log-probs of each completion under its anchor prompt, here the policy's own
-prompt) -> ``group_advantages`` -> ``assemble_grouped`` (each prompt once for its G completions)
--> ``reference_logprobs`` (the KL term's; the anchor pass scored the same pairs, so they are
-reused) -> the jitted ``make_train_step`` step, which donates the train state.
+prompt) -> ``group_advantages`` -> a ``TrainExample`` (each prompt once for its G completions)
+with the KL term's reference log-probs reused from the reward's pass) -> the jitted
+``make_train_step`` step, which donates the train state. Nothing of the step is rebuilt here.
 TRL: ``GRPOTrainer`` with a reward function that calls the same verifier (it has no anchor reward).
 
 Each side runs in its own subprocess, so peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) is that
@@ -109,56 +110,49 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
     from jaxrl_mt.models.registry import load_model
     from jaxrl_mt.rl.optim import make_optimizer
-    from jaxrl_mt.rl.step import LossConfig, make_train_step
-    from jaxrl_mt.sampling import Sampler
-    from jaxrl_mt.scoring import Scorer
+    from jaxrl_mt.rl.rollout import rollout
+    from jaxrl_mt.rl.step import make_train_step
 
     t0 = time.perf_counter()
     model = load_model(spec["model_path"])
     G, T = spec["group"], spec["new_tokens"]
-    sampler = Sampler.from_model(model)
-    # the reference is a copy: the train step donates (updates in place) the policy's parameters
     remat = spec["remat"]
     if remat == "auto":  # before the reference copy and the optimizer state exist (see `choose_remat`)
         remat = choose_remat(model, spec["prompts"], G, T)
-    ref_params = jax.tree_util.tree_map(lambda x: x.copy(), model.params)
-    n_rows = len(spec["prompts"]) * G
-    ref_scorer = Scorer(ref_params, model.cfg, pad_id=model.pad_id, batch_size=min(16, n_rows))
+    engine = make_engine(model, spec, remat)
+    items = bench_items(spec["prompts"])
     optimizer = make_optimizer(LR, max_grad_norm=MAX_GRAD_NORM)
-    lc = LossConfig(beta=spec["beta"], loss_type="grpo", temperature=1.0, max_completion_length=T, remat=remat,
-                    chunk=HEAD_CHUNK)
     params, opt_state = model.params, optimizer.init(model.params)
     jax.block_until_ready(opt_state)
     setup_s = time.perf_counter() - t0
     rss_loaded = peak_rss_mb()
-    golds = [p["gold"] for p in spec["prompts"] for _ in range(G)]
     steps: dict[str, list[float]] = {k: [] for k in ("step_s", "cpu_s", "generate_s", "score_s", "update_s",
                                                      "generate_cpu_s", "score_cpu_s", "update_cpu_s", "reward",
                                                      "loss")}
-    train_step = make_train_step(model.cfg, optimizer, lc, 0, donate=True)
+    train_step = make_train_step(model.cfg, optimizer, engine.lc, donate=True)
     for step in range(spec["steps"]):
         t_step, c_step = time.perf_counter(), time.process_time()
-        sampler.params = params
-        prompts, res = _generate(model, sampler, spec["prompts"], G, T, step)  # tokenised inside the step
-        t_gen, c_gen = time.perf_counter(), time.process_time()
-        batch, reward = _score(model, ref_scorer, ref_params, lc, spec["prompts"], prompts, res, golds, G, T)
-        t_score, c_score = time.perf_counter(), time.process_time()
-        params, opt_state, m = train_step(params, opt_state, batch)
+        r = rollout(engine, params, items, step)  # the trainer's rollout and reward
+        if int(r.example.completion_mask.sum(1).min()) != T:
+            raise RuntimeError(f"completions are shorter than {T} tokens")
+        t_roll, c_roll = time.perf_counter(), time.process_time()
+        params, opt_state, m = train_step(params, opt_state, r.example)
         m = jax.device_get(m)
         jax.block_until_ready(params)
         t_end, c_end = time.perf_counter(), time.process_time()
         if not m["finite"]:
             raise RuntimeError(f"step {step}: non-finite loss or gradient (loss={float(m['loss'])})")
-        for k, v in (("step_s", t_end - t_step), ("cpu_s", c_end - c_step), ("generate_s", t_gen - t_step),
-                     ("score_s", t_score - t_gen), ("update_s", t_end - t_score), ("generate_cpu_s", c_gen - c_step),
-                     ("score_cpu_s", c_score - c_gen), ("update_cpu_s", c_end - c_score),
-                     ("reward", float(np.mean(reward))), ("loss", float(m["loss"]))):
+        gen, score = r.metrics["perf/rollout_s"], r.metrics["perf/score_s"]
+        for k, v in (("step_s", t_end - t_step), ("cpu_s", c_end - c_step), ("generate_s", gen),
+                     ("score_s", t_roll - t_step - gen), ("update_s", t_end - t_roll),
+                     ("generate_cpu_s", r.metrics["perf/rollout_cpu_s"]),
+                     ("score_cpu_s", c_roll - c_step - r.metrics["perf/rollout_cpu_s"]),
+                     ("update_cpu_s", c_end - c_roll), ("reward", float(np.mean(r.rewards))),
+                     ("loss", float(m["loss"]))):
             steps[k].append(v)
-        print(f"[ours] step {step + 1}: {t_end - t_step:.1f}s (generate {t_gen - t_step:.1f}, "
-              f"score {t_score - t_gen:.1f}, update {t_end - t_score:.1f}); CPU {c_end - c_step:.1f}s "
-              f"({c_gen - c_step:.1f}, {c_score - c_gen:.1f}, {c_end - c_score:.1f})",
-              file=sys.stderr, flush=True)
-    return {"side": "ours", "setup_s": setup_s, "prompt_tokens": [len(p) for p in prompts],
+        print(f"[ours] step {step + 1}: {t_end - t_step:.1f}s (generate {gen:.1f}, score {score:.1f}, "
+              f"update {t_end - t_roll:.1f}); CPU {c_end - c_step:.1f}s", file=sys.stderr, flush=True)
+    return {"side": "ours", "setup_s": setup_s, "prompt_tokens": [int(x) for x in r.example.prompt_mask.sum(1)],
             "completion_tokens": T, "rss_after_load_mb": rss_loaded, "remat": remat,
             **summarize(steps["step_s"], steps["cpu_s"]),
             "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
@@ -169,6 +163,41 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
             "peak_rss_mb": peak_rss_mb()}
 
 
+def bench_items(prompts: Sequence[dict[str, str]]) -> list[Any]:
+    """The benchmark's questions as the trainer's single-turn items (the anchor prompt is the question)."""
+    from jaxrl_mt.rl.histories import TrainItem
+
+    return [TrainItem(item_id=f"q{i}", task_id=f"q{i}", kind="full", history=(), last_user=p["question"],
+                      anchor_prompt=p["question"], merged_user=p["question"], answer=p["gold"])
+            for i, p in enumerate(prompts)]
+
+
+def make_engine(model: Any, spec: dict[str, Any], remat: bool | str) -> Any:
+    """The trainer's RolloutEngine for the benchmark: reward ``rlsta`` (lenient verifier + 1 x anchor), KL beta."""
+    import jax
+    from ml_collections import ConfigDict
+
+    from jaxrl_mt.rewards.registry import RewardEnv, make_reward
+    from jaxrl_mt.rl.rollout import RolloutEngine
+    from jaxrl_mt.rl.step import LossConfig
+    from jaxrl_mt.sampling import Sampler
+    from jaxrl_mt.scoring import Scorer
+
+    G, T = spec["group"], spec["new_tokens"]
+    # the reference is a copy: the train step donates (updates in place) the policy's parameters
+    ref_params = jax.tree_util.tree_map(lambda x: x.copy(), model.params)
+    ref_scorer = Scorer(ref_params, model.cfg, pad_id=model.pad_id, batch_size=min(16, len(spec["prompts"]) * G))
+    rl = ConfigDict({"rl": {"alpha": 1.0, "verifier_mode": "lenient", "anchor_prompt": "full",
+                            "zero_anchor_for_wrong": False}})
+    reward = make_reward("rlsta", RewardEnv(rl, G, model.tokenizer, None, ref_scorer))
+    lc = LossConfig(beta=spec["beta"], loss_type="grpo", temperature=1.0, max_completion_length=T, remat=remat,
+                    chunk=HEAD_CHUNK)
+    return RolloutEngine(sampler=Sampler.from_model(model), reward_fn=reward, reward_name="rlsta",
+                         ref_params=ref_params, ref_cfg=model.cfg, policy_cfg=model.cfg, tokenizer=model.tokenizer,
+                         pad_id=model.pad_id, lc=lc, group_size=G, max_new_tokens=T, temperature=1.0,
+                         run_to_budget=True)
+
+
 def choose_remat(model: Any, items: Sequence[dict[str, str]], group: int, new_tokens: int) -> bool | str:
     """The rematerialisation of the grouped step chosen from its activation estimate (`rl.step.choose_remat`)."""
     from jaxrl_mt.chat import encode_prompt
@@ -177,48 +206,6 @@ def choose_remat(model: Any, items: Sequence[dict[str, str]], group: int, new_to
 
     longest = max(len(encode_prompt(model.tokenizer, [{"role": "user", "content": p["question"]}])) for p in items)
     return choose(model.cfg, len(items), group, bucket(longest, 32), bucket(new_tokens, 16), chunk=HEAD_CHUNK)
-
-
-def _generate(model: Any, sampler: Any, items: Sequence[dict[str, str]], G: int, T: int, step: int) -> Any:
-    """Tokenises the step's prompts (chat template) and samples G completions of exactly T tokens each."""
-    import jax
-
-    from jaxrl_mt.chat import encode_prompt
-    from jaxrl_mt.sampling import SamplingConfig
-
-    prompts = [encode_prompt(model.tokenizer, [{"role": "user", "content": p["question"]}]) for p in items]
-    res = sampler.generate_ids(prompts, SamplingConfig(max_new_tokens=T, temperature=1.0),
-                               seed=jax.random.fold_in(jax.random.PRNGKey(0), step), group_size=G,
-                               stop_ids=[[] for _ in range(len(prompts) * G)])  # every row runs to exactly T tokens
-    sampler.release_decode_weights()  # the params change at the update: no second copy through it
-    if int(res.lengths.min()) != T or int(res.lengths.max()) != T:
-        raise RuntimeError(f"completions have {res.lengths.min()}..{res.lengths.max()} tokens, expected {T}")
-    return prompts, res
-
-
-def _score(model: Any, ref_scorer: Any, ref_params: Any, lc: Any, items: Sequence[dict[str, str]],
-           prompts: list[list[int]], res: Any, golds: list[str], G: int, T: int) -> tuple[dict[str, Any], Any]:
-    """Rewards (verifier + anchor), advantages and the grouped rollout batch with reference log-probs."""
-    import jax.numpy as jnp
-    import numpy as np
-
-    from jaxrl_mt.rewards.anchor import anchor_reward
-    from jaxrl_mt.rewards.verifier import verify
-    from jaxrl_mt.rl.grpo import group_advantages
-    from jaxrl_mt.rl.step import assemble_grouped, reference_logprobs
-    from jaxrl_mt.sampling import bucket
-
-    rv = np.array([verify(t, g, "lenient") for t, g in zip(res.texts, golds)])
-    rs = anchor_reward(ref_scorer, model.tokenizer, [p["question"] for p in items for _ in range(G)], res.tokens)
-    reward = rv + rs
-    adv = np.asarray(group_advantages(jnp.asarray(reward, jnp.float32), G))
-    batch = assemble_grouped(prompts, res.tokens, model.pad_id, bucket(max(len(p) for p in prompts), 32),
-                             bucket(T, 16))
-    batch["advantages"] = adv.astype(np.float32)
-    if lc.beta > 0:  # the anchor prompt is the policy's prompt here: the anchor pass already scored these pairs
-        batch["ref_logp"] = reference_logprobs(ref_scorer, ref_params, model.cfg, batch, prompts, res.tokens,
-                                               temperature=lc.temperature)
-    return batch, reward
 
 
 # ----------------------------------------------------------------------------- TRL

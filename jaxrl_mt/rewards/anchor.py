@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxrl_mt.chat import encode_prompt
+from jaxrl_mt.rewards.registry import RefLogprobs
 from jaxrl_mt.scoring import Scorer
 
 
@@ -20,9 +21,11 @@ def anchor_contexts(tokenizer: Any, anchor_prompts: Sequence[str], *, system: st
     return [encode_prompt(tokenizer, [{"role": "user", "content": p}], system=system) for p in anchor_prompts]
 
 
-def anchor_reward(scorer: Scorer, tokenizer: Any, anchor_prompts: Sequence[str],
-                  completions: Sequence[Sequence[int]], *, system: str | None = None) -> np.ndarray:
-    """Geometric-mean likelihood [N] of each completion (token ids) under its anchor prompt.
+def anchor_scores(scorer: Scorer, tokenizer: Any, anchor_prompts: Sequence[str],
+                  completions: Sequence[Sequence[int]], *, system: str | None = None
+                  ) -> tuple[np.ndarray, RefLogprobs]:
+    """Geometric-mean likelihood [N] of each completion (token ids) under its anchor prompt, and the
+    per-token reference log-probs it computed (``RefLogprobs``; None for empty completions).
 
     Empty completions get 0 (nothing was answered). The scorer is called even when every
     completion is empty (a call of no rows costs nothing): under a multi-process mesh its call
@@ -34,7 +37,16 @@ def anchor_reward(scorer: Scorer, tokenizer: Any, anchor_prompts: Sequence[str],
     out = np.zeros(len(comps), np.float64)
     r = scorer.score([ctx[i] for i in nonempty], [comps[i] for i in nonempty])
     out[nonempty] = r.geo_mean
-    return out
+    lps: list[np.ndarray | None] = [None] * len(comps)
+    for i, lp in zip(nonempty, r.logprobs):
+        lps[i] = np.asarray(lp, np.float32)
+    return out, RefLogprobs(ctx, comps, lps)
+
+
+def anchor_reward(scorer: Scorer, tokenizer: Any, anchor_prompts: Sequence[str],
+                  completions: Sequence[Sequence[int]], *, system: str | None = None) -> np.ndarray:
+    """Geometric-mean likelihood [N] of each completion under its anchor prompt (``anchor_scores``' first part)."""
+    return anchor_scores(scorer, tokenizer, anchor_prompts, completions, system=system)[0]
 
 
 def zero_anchor_for_wrong(anchor: np.ndarray, correct: np.ndarray, group_size: int) -> np.ndarray:

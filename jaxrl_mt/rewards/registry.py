@@ -11,8 +11,12 @@ scorer it may use) and then called every step::
 ``GenerationResult`` with G consecutive rows per item. ``components`` are logged as
 ``reward/<name>`` (their means), ``columns`` go to the sample table. Built-in rewards: ``rlsta``
 and ``grpo`` (``jaxrl_mt.rewards.rlsta``) and ``icpo`` (``jaxrl_mt.rewards.icpo``), registered
-when their module is imported (the training loop imports them); a new one registers with
-:func:`register_reward`. This module is the registry's leaf: it imports no reward.
+imported on first use by the registry (``REWARDS``, a ``jaxrl_mt.registry.Registry``); a new one
+registers with :func:`register_reward`. This module is the registry's leaf: it imports no reward.
+
+A reward that scores the completions under the frozen reference model (the anchor) returns those
+log-probs (``RewardOutput.ref_logprobs``), so the KL term reuses them when they are for the same
+(prompt, completion) pairs instead of running the reference model a second time.
 """
 
 from __future__ import annotations
@@ -23,8 +27,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["RewardEnv", "RewardFn", "RewardOutput", "check_output", "group_rows", "make_reward", "register_reward",
-           "reward_names"]
+from jaxrl_mt.registry import Registry
+
+__all__ = ["REWARDS", "RefLogprobs", "RewardEnv", "RewardFn", "RewardOutput", "check_output", "group_rows",
+           "make_reward", "register_reward", "reward_names"]
+
+
+class RefLogprobs(NamedTuple):
+    """Per-token log-probs [len(completion)] the reward computed under the reference model, per row."""
+
+    contexts: Sequence[Sequence[int]]  # [N] the context each completion was scored under
+    completions: Sequence[Sequence[int]]  # [N] the scored completions
+    logprobs: Sequence[np.ndarray | None]  # [N] their log-probs (None: the row was not scored)
 
 
 class RewardOutput(NamedTuple):
@@ -33,6 +47,7 @@ class RewardOutput(NamedTuple):
     rewards: np.ndarray  # [N] the scalar reward of each generation
     components: dict[str, np.ndarray]  # logged as reward/<name> (mean over the rows it holds)
     columns: dict[str, list[Any]]  # sample-table columns, [N] each
+    ref_logprobs: RefLogprobs | None = None  # reference log-probs it computed (reused by the KL term)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,20 +63,17 @@ class RewardEnv:
 
 RewardFn = Callable[[Sequence[Any], Any], RewardOutput]
 RewardBuilder = Callable[[RewardEnv], RewardFn]
-_REWARDS: dict[str, RewardBuilder] = {}
+REWARDS: Registry[RewardBuilder] = Registry("reward", builtins=("jaxrl_mt.rewards.rlsta", "jaxrl_mt.rewards.icpo"))
 
 
-def register_reward(name: str) -> Callable[[RewardBuilder], RewardBuilder]:
+def register_reward(name: str, *, replace: bool = False) -> Callable[[RewardBuilder], RewardBuilder]:
     """Decorator: registers ``builder(env) -> fn(items, generations) -> RewardOutput`` as ``name``."""
-    def deco(builder: RewardBuilder) -> RewardBuilder:
-        _REWARDS[name] = builder
-        return builder
-    return deco
+    return REWARDS.register(name, replace=replace)
 
 
 def reward_names() -> tuple[str, ...]:
-    """Names of the registered rewards, sorted."""
-    return tuple(sorted(_REWARDS))
+    """Names of the registered rewards, sorted (the built-ins included)."""
+    return REWARDS.names()
 
 
 def make_reward(name: str, env: RewardEnv) -> RewardFn:
@@ -70,9 +82,7 @@ def make_reward(name: str, env: RewardEnv) -> RewardFn:
     Raises:
       KeyError: an unknown name; the message lists the registered ones.
     """
-    if name not in _REWARDS:
-        raise KeyError(f"unknown reward {name!r}; registered: {', '.join(reward_names())}")
-    return _REWARDS[name](env)
+    return REWARDS.get(name)(env)
 
 
 def check_output(out: RewardOutput, n: int, name: str = "reward") -> RewardOutput:
@@ -89,8 +99,11 @@ def check_output(out: RewardOutput, n: int, name: str = "reward") -> RewardOutpu
     for k, v in out.columns.items():
         if len(v) != n:
             raise ValueError(f"{name}: column {k!r} has {len(v)} rows, expected {n}")
+    ref = out.ref_logprobs
+    if ref is not None and not len(ref.contexts) == len(ref.completions) == len(ref.logprobs) == n:
+        raise ValueError(f"{name}: ref_logprobs have {len(ref.logprobs)} rows, expected {n}")
     return RewardOutput(rewards, {k: np.asarray(v, np.float64) for k, v in out.components.items()},
-                        dict(out.columns))
+                        dict(out.columns), ref)
 
 
 def group_rows(items: Sequence[Any], group_size: int) -> list[Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_mt.rewards.anchor import anchor_reward, zero_anchor_for_wrong
+from jaxrl_mt.rewards.anchor import anchor_scores, zero_anchor_for_wrong
 from jaxrl_mt.rewards.registry import RewardEnv, RewardFn, RewardOutput, group_rows, register_reward
 from jaxrl_mt.rewards.verifier import verify
 
@@ -29,12 +29,12 @@ def rlsta_reward(env: RewardEnv, items: Sequence[Any], generations: Any, *, alph
     lenient = np.array([verify(t, gold, "lenient") for t, gold in zip(generations.texts, golds)], np.float64)
     rv = strict if rl.verifier_mode == "strict" else lenient
     anchors = [it.anchor_prompt if rl.anchor_prompt == "full" else it.merged_user for it in rows]
-    rs = anchor_reward(env.ref_scorer, env.tokenizer, anchors, generations.tokens, system=env.system)
+    rs, ref = anchor_scores(env.ref_scorer, env.tokenizer, anchors, generations.tokens, system=env.system)
     if rl.zero_anchor_for_wrong:
         rs = zero_anchor_for_wrong(rs, rv, g)
     comps = {"verifier": rv, "anchor": rs, "verifier_strict": strict, "verifier_lenient": lenient}
     cols = {"gold": golds, "R_v": [f"{x:.0f}" for x in rv], "R_s": [f"{x:.3f}" for x in rs]}
-    return RewardOutput(rv + alpha * rs, comps, cols)
+    return RewardOutput(rv + alpha * rs, comps, cols, ref)
 
 
 @register_reward("rlsta")

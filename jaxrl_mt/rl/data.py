@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -16,19 +16,38 @@ from jaxrl_mt.checkpointing import check_writable
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError, Scenario
 from jaxrl_mt.data.scenarios import build_scenario
-import jaxrl_mt.rewards.icpo  # noqa: F401  (registers the "icpo" reward)
-import jaxrl_mt.rewards.rlsta  # noqa: F401  (registers the "rlsta" and "grpo" rewards)
+from jaxrl_mt.registry import Registry
 from jaxrl_mt.rewards.registry import reward_names
 from jaxrl_mt.rl.config_checks import run_field_checks
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES
 
-METHODS = ("rlsta", "grpo", "icpo")  # data recipes (`jaxrl_mt.rl.loop.RECIPES`); the reward is chosen apart
+# method -> its data recipe class: load(c), prepare(trainer, train, held), evaluate(trainer, params, held);
+# the one list of methods (the reward is chosen apart, `reward_name`)
+METHODS: Registry = Registry("method", builtins=("jaxrl_mt.rl.multiturn", "jaxrl_mt.rl.icpo"))
 
 
 def reward_name(c: Any) -> str:
     """The reward a config trains with: its ``reward`` field, or the method's own when empty or absent."""
     name = c.get("reward", "") if hasattr(c, "get") else getattr(c, "reward", "")
     return name or c.method
+
+
+class RecipeHost(Protocol):
+    """What a data recipe reads of the run that hosts it (the trainer provides it; recipes import no trainer)."""
+
+    c: Any  # the validated config
+    wd: Path  # the workdir
+    is_main: bool  # process 0
+    multi: bool  # the mesh spans several processes
+    system: str | None  # the system prompt
+    sampler: Any  # the policy's sampler on its initial parameters (histories, filtering)
+    model: Any  # the policy model (params, cfg)
+    mesh: Any
+    log: Callable[[str], None]
+
+    def policy_sampler(self, params: Any) -> Any:
+        """The policy's sampler on ``params`` (recipes never set a sampler's parameters themselves)."""
+        ...
 
 
 REMAT_CHOICES = (False, True, "dots", "auto")
@@ -64,7 +83,7 @@ def validate_config(c: Any) -> None:
         (rl.remat in REMAT_CHOICES,
          f"rl.remat must be one of {REMAT_CHOICES}, got {rl.remat!r}"),
         (c.data.add_source or c.data.refine_source, "no data: set data.add_source and/or data.refine_source"),
-        (c.method in METHODS, f"method must be one of {METHODS}, got {c.method!r}"),
+        (c.method in METHODS, f"method must be one of {METHODS.names()}, got {c.method!r}"),
         (reward_name(c) in reward_names(), f"reward must be one of {reward_names()}, got {reward_name(c)!r}"),
     ]
     if c.method == "icpo":

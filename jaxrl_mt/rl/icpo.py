@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,12 +21,9 @@ from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.icpo import COMPLETE, UNDERSPECIFIED, ResponseJudge, icpo_reward
 from jaxrl_mt.rewards.judge import NON_ANSWER_TYPES, RESPONSE_TYPES
 from jaxrl_mt.rewards.verifier import verify
-from jaxrl_mt.rl.data import ConfigError, load_tasks
+from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeHost, load_tasks
 from jaxrl_mt.rl.histories import TrainItem, load_items, save_items
 from jaxrl_mt.sampling import SamplingConfig
-
-if TYPE_CHECKING:
-    from jaxrl_mt.rl.loop import Trainer
 
 __all__ = ["COMPLETE", "UNDERSPECIFIED", "ICPOData", "icpo_reward", "make_items"]
 
@@ -51,6 +48,7 @@ def make_items(tasks: Sequence[Any], *, ratio: float, seed: int) -> list[TrainIt
     return items
 
 
+@METHODS.register("icpo")
 class ICPOData:
     """The data recipe of ``method = "icpo"`` (see the module doc)."""
 
@@ -71,7 +69,7 @@ class ICPOData:
             raise ConfigError(f"empty dataset: {len(train)} training items < rl.batch_size {c.rl.batch_size}")
         return train, held
 
-    def prepare(self, t: Trainer, train: Sequence[TrainItem], held: Sequence[TrainItem]
+    def prepare(self, t: RecipeHost, train: Sequence[TrainItem], held: Sequence[TrainItem]
                 ) -> tuple[list[TrainItem], list[TrainItem]]:
         """The items as loaded, cached in the workdir (a resumed run reads the cache)."""
         path, held_path = t.wd / "train_items.jsonl", t.wd / "heldout.jsonl"
@@ -85,16 +83,16 @@ class ICPOData:
               f"{len(held)} held-out")
         return list(train), list(held)
 
-    def evaluate(self, t: Trainer, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
+    def evaluate(self, t: RecipeHost, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
         """Greedy held-out replies: accuracy on complete prompts, non-answer rate on underspecified ones,
         and the fraction of each response type."""
         if not held:
             return {}
         if self._judge is None:
             self._judge = ResponseJudge(t.c.icpo.judge)
-        t.sampler.params = params
+        sampler = t.policy_sampler(params)
         t0 = time.perf_counter()
-        res = t.sampler.generate(
+        res = sampler.generate(
             [[{"role": "user", "content": it.last_user}] for it in held],
             SamplingConfig(max_new_tokens=t.c.eval.max_new_tokens, temperature=0.0), system=t.system)
         types = self._judge(res.texts, [it.last_user for it in held])

@@ -7,7 +7,7 @@ reward, a pure function of (items, generations) registered by name
 
 Everything a resumed run needs lives in `<workdir>`: `config.json`, the cached training items
 (`histories.jsonl`, `train_items.jsonl`, `heldout.jsonl`), orbax checkpoints (params, optimizer
-state, RNG key, step and the grain iterator state), `metrics.jsonl`, TensorBoard events, sample
+state, step and the grain iterator state: `rl.state.TrainState`), `metrics.jsonl`, TensorBoard events, sample
 tables, and at the end `summary.txt`, `curves.png` and the exported policy (`export/`).
 
 Multi-process runs (`jax.distributed`, one global mesh over every process's devices): each
@@ -35,42 +35,49 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.data.pipeline import make_iterator
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.registry import load_model
-from jaxrl_mt.parallel import (agree_max_many, allgather_ints, check_same_rows, fetch_rows, gather_to_host,
-                               mesh_from_spec, mean_over_processes, put_replicated, put_rows, rows_multiple,
-                               shard_params, shard_train_state, shard_train_step, spans_processes)
-from jaxrl_mt.rewards.registry import RewardEnv, check_output, make_reward
-from jaxrl_mt.rl.data import ConfigError, load_scenarios, load_tasks, reward_name, validate_config
-from jaxrl_mt.rl.grpo import frac_zero_std, group_advantages
+from jaxrl_mt.parallel import (agree_max_many, check_same_rows, gather_to_host,
+                               mesh_from_spec, mean_over_processes, rows_multiple,
+                               shard_params, spans_processes)
+from jaxrl_mt.rewards.registry import RewardEnv, make_reward
+from jaxrl_mt.rl.data import METHODS, ConfigError, load_scenarios, load_tasks, reward_name, validate_config
 from jaxrl_mt.rl.histories import TrainItem
-from jaxrl_mt.rl.icpo import ICPOData
-from jaxrl_mt.rewards.answer_stats import answer_stats
 from jaxrl_mt.rl.metrics_log import MetricsLog, held_out_before, plot_curves, read_metrics
-from jaxrl_mt.rl.multiturn import MultiTurnData
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.policy_io import load_policy
 from jaxrl_mt.rl.probe import make_probe
-from jaxrl_mt.rl.workdir import NonFiniteUpdate, check_finite_state, check_resume_config, last_good
-from jaxrl_mt.rl.step import (LossConfig, assemble_grouped, assemble_rollouts, choose_remat, completion_logprobs,
-                              dapo_num_items, grouped_completion_logprobs, is_grouped, make_train_step, micro_batch,
-                              reference_logprobs, rollout_prompt_len)
-from jaxrl_mt.sampling import Sampler, SamplingConfig, bucket
+from jaxrl_mt.rl.workdir import NonFiniteUpdate, check_resume_config, last_good
+from jaxrl_mt.rl.example import TrainExample
+from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout, place_example, rollout
+from jaxrl_mt.rl.state import TrainState, fresh_state, restore_state, save_state
+from jaxrl_mt.rl.step import LossConfig, choose_remat, make_train_step
+from jaxrl_mt.sampling import Sampler, bucket
 from jaxrl_mt.scoring import Scorer
 
 __all__ = ["RECIPES", "ConfigError", "Trainer", "TrainingError", "load_policy", "load_scenarios", "load_tasks",
            "validate_config"]
 
-# method -> its data recipe: load(c), prepare(trainer, train, held), evaluate(trainer, params, held)
-RECIPES: dict[str, Callable[[], Any]] = {"rlsta": MultiTurnData, "grpo": MultiTurnData, "icpo": ICPOData}
+RECIPES = METHODS  # method -> its data recipe (`jaxrl_mt.rl.data.METHODS`, the one registry)
 
 
 class TrainingError(RuntimeError):
     """Training stopped (non-finite loss or gradient); the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """What a hook sees after an optimizer step."""
+
+    state: TrainState  # after the step (state.step = steps done)
+    metrics: dict[str, float]  # the step's metrics (global means)
+    samples: list[dict]  # sample-table rows of the step
+    held: Sequence[TrainItem]  # the held-out items
+    checkpointer: Checkpointer
+    data_iter: Any  # the training data iterator (its state goes into checkpoints)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -88,7 +95,8 @@ class Trainer:
         self.log = log if self.is_main else (lambda msg: None)  # process 0 logs
         self.system = c.system_prompt or None
         self._stop_signal: int | None = None
-        self.data = RECIPES[c.method]()
+        self.hooks: list[Callable[[StepInfo], None]] = []
+        self.data = METHODS.get(c.method)()
         # a resumed workdir: changed data or optimizer-structure fields are refused before config.json is written
         self.resumed_config = check_resume_config(c, write=self.is_main, log=self.log)
         self.train_scen, self.held_scen = self.data.load(c)  # fails fast on bad or empty data
@@ -114,6 +122,12 @@ class Trainer:
                              max_completion_length=rl.max_new_tokens,
                              remat=False if rl.remat == "auto" else rl.remat)  # "auto": per prompt bucket
         self._steps: dict[int, Any] = {}
+        self.engine = RolloutEngine(
+            sampler=self.sampler, reward_fn=self.reward_fn, reward_name=self.reward_name, ref_params=self.ref_params,
+            ref_cfg=self.ref_cfg, policy_cfg=self.model.cfg, tokenizer=self.tok, pad_id=self.model.pad_id, lc=self.lc,
+            group_size=rl.group_size, max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
+            scale_rewards=rl.scale_rewards, grad_accum=rl.grad_accum, mu=rl.mu, seed=c.seed, system=self.system,
+            mesh=self.mesh, multi=self.multi, grouped=self._grouped())
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
         try:  # the fixed held-out probe (eval.probe_source; None when unset)
             self.probe = make_probe(c, self.system)
@@ -159,6 +173,12 @@ class Trainer:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
+    def policy_sampler(self, params: Any) -> Sampler:
+        """The policy's sampler on `params`: the one place outside the rollout that sets them (today's Sampler
+        keeps its parameters as an attribute; recipes and the probe receive the sampler from here)."""
+        self.sampler.params = params
+        return self.sampler
+
     def prepare(self) -> tuple[list[TrainItem], list[TrainItem]]:
         """Training and held-out items of the method's data recipe (cached in the workdir)."""
         return self.data.prepare(self, self.train_scen, self.held_scen)
@@ -170,82 +190,15 @@ class Trainer:
     # ------------------------------------------------------------------ rollouts and rewards
 
     def rollout(self, params: Any, items: Sequence[TrainItem], step: int
-                ) -> tuple[dict[str, np.ndarray], dict[str, float], list[dict]]:
-        c, G = self.c.rl, self.c.rl.group_size
-        self.sampler.params = params
-        prompts = [encode_prompt(self.tok, it.messages, system=self.system) for it in items]
-        rows = [p for p in prompts for _ in range(G)]
-        t0 = time.perf_counter()
-        res = self.sampler.generate_ids(prompts, SamplingConfig(max_new_tokens=c.max_new_tokens,
-                                                                temperature=c.temperature, top_p=c.top_p),
-                                        seed=jax.random.fold_in(jax.random.PRNGKey(self.c.seed), step),
-                                        group_size=G)  # rows = `rows`: each prompt prefilled once for its G rows
-        self.sampler.release_decode_weights()  # the next step's params differ: no copy through the update
-        gen_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        reward, comps, cols = check_output(self.reward_fn(items, res), len(rows), f"reward {self.reward_name!r}")
-        adv = np.asarray(group_advantages(jnp.asarray(reward, jnp.float32), G, scale_rewards=c.scale_rewards))
-        P = bucket(max(len(p) for p in rows), 32)
-        C = min(bucket(max(max(res.lengths), 1), 16), bucket(c.max_new_tokens, 16))
-        if self.multi:  # one train-step program: every process uses the largest buckets
-            P, C = agree_max_many([P, C])
-        if self._grouped():  # each prompt once for its G completions (rl.step.assemble_grouped)
-            batch = assemble_grouped(prompts, res.tokens, self.model.pad_id, P, C)
-        else:
-            batch = assemble_rollouts(rows, res.tokens, self.model.pad_id, P, C)
-        batch["advantages"] = adv.astype(np.float32)
-        if self.lc.loss_type == "dapo":  # TRL's num_items_in_batch: every row carries the step's normaliser
-            tokens = int(batch["completion_mask"].sum())
-            batch["num_items"] = dapo_num_items(batch["completion_mask"], c.grad_accum,
-                                                int(allgather_ints([tokens]).sum()) if self.multi else tokens)
-        if self.lc.beta > 0:
-            batch["ref_logp"] = self._ref_logprobs(batch, rows, res.tokens, P)
-        if c.mu > 1:
-            batch["old_logp"] = self._completion_logprobs(params, self.model.cfg, batch, P)
-        score_s = time.perf_counter() - t1
-        lens = res.lengths.astype(np.float64)
-        m = {"reward/total": float(reward.mean()), "reward/group_std": float(reward.reshape(-1, G).std(1).mean()),
-             "reward/frac_zero_std": float(frac_zero_std(reward, G))}
-        if "verifier" in comps:  # groups the verifier cannot rank: any other term alone sets their advantages
-            m["reward/verifier_frac_zero_std"] = float(frac_zero_std(np.asarray(comps["verifier"]), G))
-        m.update({f"reward/{k}": float(np.mean(v)) for k, v in comps.items()})
-        m.update(answer_stats(res.texts, [it.answer for it in items for _ in range(G)]))
-        m.update({
-            "completion/mean_length": float(lens.mean()), "completion/max_length": float(lens.max()),
-            "completion/clipped_frac": float(np.mean([f == "length" for f in res.finish_reasons])),
-            "perf/rollout_tokens_per_s": float(lens.sum() / max(gen_s, 1e-9)), "perf/rollout_s": gen_s,
-            "perf/score_s": score_s,
-        })
-        samples = [{"item": items[i // G].item_id, "last_user": items[i // G].last_user, "completion": res.texts[i],
-                    **{k: v[i] for k, v in cols.items()}, "R": f"{reward[i]:.3f}", "A": f"{adv[i]:+.2f}"}
-                   for i in range(0, len(rows), G)]
-        return batch, m, samples
+                ) -> tuple[TrainExample, dict[str, float], list[dict]]:
+        """The step's rollout (`jaxrl_mt.rl.rollout.rollout`, the one the benchmarks time)."""
+        r = rollout(self.engine, params, items, step)
+        return r.example, r.metrics, r.samples
 
     def _grouped(self) -> bool:
-        """Whether rollouts use the grouped layout: no mesh and micro-batches of whole groups."""
+        """Whether rollouts prompt once per group (`rl.rollout.grouped_layout`), with or without a mesh."""
         rl = self.c.rl
-        return self.mesh is None and (rl.batch_size * rl.group_size // rl.grad_accum) % rl.group_size == 0
-
-    def _ref_logprobs(self, batch: dict[str, np.ndarray], rows: list[list[int]], completions: list[list[int]],
-                      P: int) -> np.ndarray:
-        """The reference log-probs of the KL term; reuses the anchor pass when it scored the same pairs."""
-        if self.mesh is None:
-            return reference_logprobs(self.ref_scorer, self.ref_params, self.ref_cfg, batch, rows, completions,
-                                      temperature=self.lc.temperature)
-        return self._completion_logprobs(self.ref_params, self.ref_cfg, batch, P)
-
-    def _completion_logprobs(self, params: Any, cfg: Any, batch: dict[str, np.ndarray], P: int) -> np.ndarray:
-        """Log-probs [N, C] of this process's completions under (params, cfg); under a mesh the rows are
-        split over (data, fsdp) (per-process rows of a global batch across processes)."""
-        if is_grouped(batch):
-            return np.asarray(grouped_completion_logprobs(params, cfg, batch, temperature=self.lc.temperature))
-        tokens, mask = batch["tokens"], batch["token_mask"]
-        if self.mesh is None:
-            return np.asarray(completion_logprobs(params, cfg, tokens, mask, prompt_len=P,
-                                                  temperature=self.lc.temperature))
-        out = completion_logprobs(params, cfg, *put_rows(self.mesh, [tokens, mask]), prompt_len=P,
-                                  temperature=self.lc.temperature)
-        return np.asarray(fetch_rows(out))[: len(tokens)]
+        return grouped_layout(rl.batch_size, rl.group_size, rl.grad_accum, self.mesh, self.multi)
 
     def _remat(self, P: int) -> bool | str:
         """`rl.remat` for the step of prompt bucket P; "auto": the cheapest whose estimated activations
@@ -264,30 +217,27 @@ class Trainer:
         return order[choice]
 
     def _train_step(self, P: int, params: Any, opt_state: Any):
-        """The jitted step for prompt bucket P; it donates params and optimizer state (updated in place)."""
+        """The jitted step for prompt bucket P; shardings and donation (params and optimizer state,
+        updated in place) are decided here, once per bucket."""
         if P not in self._steps:
             lc = dataclasses.replace(self.lc, remat=self._remat(P))
-            if self.mesh is None:
-                self._steps[P] = make_train_step(self.model.cfg, self.optimizer, lc, P, donate=True)
-            else:  # pin outputs to the partition rules (no drift, no recompiles)
-                fn = make_train_step(self.model.cfg, self.optimizer, lc, P)
-                self._steps[P] = shard_train_step(fn, self.mesh, params, opt_state, donate=True)
+            self._steps[P] = make_train_step(self.model.cfg, self.optimizer, lc, mesh=self.mesh,
+                                             state=(params, opt_state), donate=True)
         return self._steps[P]
 
-    def update(self, params: Any, opt_state: Any, batch: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:
+    def update(self, state: TrainState, ex: TrainExample) -> tuple[TrainState, dict[str, float]]:
+        """``rl.mu`` passes over the example's ``rl.grad_accum`` micro-batches: the next state and train/* means."""
         c = self.c.rl
-        P = rollout_prompt_len(batch)  # prompt bucket of the rollout
-        step_fn = self._train_step(P, params, opt_state)
-        n = batch["completion_mask"].shape[0]
+        params, opt_state = state.params, state.opt_state
+        step_fn = self._train_step(ex.prompt_len, params, opt_state)
+        n = ex.rows
         mb = n // c.grad_accum
         if self.multi:  # one global micro-batch: the same number of rows on every process, no padding
             check_same_rows(n, "train batch")
         acc: dict[str, list[float]] = {}
         for _ in range(c.mu):
             for s in range(0, n, mb):
-                micro = micro_batch(batch, s, mb, c.group_size)
-                if self.mesh is not None:  # one process: shard_batch; several: per-process rows
-                    micro = dict(zip(micro, put_rows(self.mesh, list(micro.values()), pad=False)))
+                micro = place_example(self.mesh, ex.slice_rows(s, mb))
                 params, opt_state, m = step_fn(params, opt_state, micro)
                 m = jax.device_get(m)
                 if not m["finite"]:
@@ -296,61 +246,70 @@ class Trainer:
                 for k, v in m.items():
                     acc.setdefault(k, []).append(float(v))
         out = {f"train/{k}": float(np.mean(v)) for k, v in acc.items() if k != "finite"}
-        return params, opt_state, out
+        return TrainState(params, opt_state, state.step + 1), out
 
     # ------------------------------------------------------------------ main loop
+
+    def add_hook(self, fn: Callable[[StepInfo], None]) -> None:
+        """Runs ``fn(info)`` after every optimizer step, after the built-in hooks (log, eval, probe, checkpoint)."""
+        self.hooks.append(fn)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stop_signal = signum
         self.log(f"received {signal.Signals(signum).name}: will checkpoint after the current step and exit")
 
-    def _start_state(self, it: Any, ck: Checkpointer) -> tuple[Any, Any, Any, int]:
-        """(params, optimizer state, rng, first step): fresh, or restored from the latest checkpoint."""
-        params = self.model.params
-        opt_state = self.optimizer.init(params)
-        if self.mesh is not None:
-            params, opt_state = shard_train_state(params, opt_state, self.mesh)
-        rng = jax.random.PRNGKey(self.c.seed)
-        if self.multi:  # orbax saves global arrays: the key, the same on every process, replicated
-            rng = put_replicated(self.mesh, rng)
-        latest = ck.latest_step()
-        if latest is None:
+    def _start_state(self, it: Any, ck: Checkpointer) -> TrainState:
+        """The state at step 0, or restored from the newest checkpoint that restores."""
+        state = fresh_state(self.model.params, self.optimizer, self.mesh)
+        old_opt = None if self.resumed_config is None else optimizer_from_config(self.resumed_config["rl"])
+        restored = restore_state(ck, state, it, log=self.log,  # the stored optimizer's state, if allowed
+                                 stored_opt_state=None if old_opt is None else old_opt.init(state.params))
+        if restored is None:
             if self.is_main:
                 self.metrics.truncate_after(-1)
-            return params, opt_state, rng, 0
-        old_opt = None if self.resumed_config is None else optimizer_from_config(self.resumed_config["rl"])
-        state, extra = ck.restore(target={"params": params, "rng": rng,  # the stored optimizer's state, if allowed
-                                          "opt_state": opt_state if old_opt is None else old_opt.init(params)},
-                                  on_skip=self.log)  # the newest step that restores
-        if old_opt is not None:
-            state["opt_state"] = opt_state
-        it.set_state(extra["data_state"])
-        start = int(extra["step"])
-        self.metrics.truncate_after(start)
-        self.log(f"resumed from {self.wd / 'checkpoints'} at step {start}")
-        return state["params"], state["opt_state"], state["rng"], start
+            return state
+        self.metrics.truncate_after(restored.step)
+        self.log(f"resumed from {self.wd / 'checkpoints'} at step {restored.step}")
+        return restored
 
-    def _log_step(self, done: int, m: dict[str, float], samples: list[dict], params: Any,
-                  held: Sequence[TrainItem]) -> dict[str, float]:
-        """Logs a finished step's metrics (global means), samples and periodic held-out metrics."""
-        c = self.c
-        if self.multi:  # global means (train/* are already global: the same on every process)
-            m = mean_over_processes(m, max_keys=("completion/max_length",))
+    def _log_hook(self, info: StepInfo) -> None:
+        """Metrics rows (``log.every``, the last step) and the sample table (``log.samples_every``)."""
+        c, done = self.c, info.state.step
         if done % c.log.every == 0 or done == c.rl.steps:
-            self.metrics.scalars(done, m)
+            self.metrics.scalars(done, info.metrics)
         if c.log.samples_every and done % c.log.samples_every == 0:
-            self.metrics.samples(done, samples[: c.log.n_samples])
-        if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and held:
-            self.metrics.scalars(done, self.evaluate(params, held))
+            self.metrics.samples(done, info.samples[: c.log.n_samples])
+
+    def _eval_hook(self, info: StepInfo) -> None:
+        """The method's held-out metrics every ``eval.every`` steps and the probe when due."""
+        c, done = self.c, info.state.step
+        if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and info.held:
+            self.metrics.scalars(done, self.evaluate(info.state.params, info.held))
         if self.probe is not None and self.probe.due(done, c.rl.steps):
-            self.metrics.scalars(done, self.probe(self.sampler, params))
-        return m
+            self.metrics.scalars(done, self.probe(self.policy_sampler(info.state.params)))
+
+    def _checkpoint_hook(self, info: StepInfo) -> None:
+        """A checkpoint every ``checkpoint.every`` steps, at the last step and on a stop signal."""
+        done = info.state.step
+        if done % self.c.checkpoint.every == 0 or done == self.c.rl.steps or self._stop_signal is not None:
+            save_state(info.checkpointer, info.state, info.data_iter)  # refuses a non-finite state
 
     def _eval_phase(self, when: str, step: int, params: Any, held: Sequence[TrainItem],
                     evals: dict[str, dict[str, float]]) -> None:
         evals[when] = self.evaluate(params, held)
         self.metrics.scalars(step, evals[when])
         self.log(f"eval {when}: " + _fmt(evals[when]))
+
+    def train_step(self, state: TrainState, items: Sequence[TrainItem]) -> tuple[TrainState, dict[str, float],
+                                                                                  list[dict]]:
+        """One step: rollout, update; the step's metrics (global means across processes)."""
+        t0 = time.perf_counter()
+        ex, m, samples = self.rollout(state.params, items, state.step)
+        state, tm = self.update(state, ex)
+        m = {**m, **tm, "perf/step_s": time.perf_counter() - t0}
+        if self.multi:  # global means (train/* are already global: the same on every process)
+            m = mean_over_processes(m, max_keys=("completion/max_length",))
+        return state, m, samples
 
     def run(self) -> dict[str, Any]:
         """Trains to `rl.steps` (resuming from the latest checkpoint) and writes the outputs."""
@@ -359,32 +318,29 @@ class Trainer:
         it = make_iterator(items, batch_size=c.rl.batch_size, seed=c.seed, shuffle=True,
                            shard_index=jax.process_index(), shard_count=jax.process_count())
         ck = Checkpointer(self.wd / "checkpoints", max_to_keep=c.checkpoint.keep)
-        params, opt_state, rng, start = self._start_state(it, ck)
+        state = self._start_state(it, ck)
+        start = state.step
         evals: dict[str, dict[str, float]] = {}
         if start == 0 and held:
-            self._eval_phase("before", 0, params, held, evals)
+            self._eval_phase("before", 0, state.params, held, evals)
         if start == 0 and self.probe is not None:
-            self.metrics.scalars(0, self.probe(self.sampler, params))
+            self.metrics.scalars(0, self.probe(self.policy_sampler(state.params)))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         step = start
+        hooks = [self._log_hook, self._eval_hook, self._checkpoint_hook, *self.hooks]
         try:
             bar = _progress(range(start, c.rl.steps), initial=start, total=c.rl.steps, enabled=self.is_main)
-            for step in bar:
-                t0 = time.perf_counter()
-                batch, m, samples = self.rollout(params, next(it), step)
-                params, opt_state, tm = self.update(params, opt_state, batch)
-                m = self._log_step(step + 1, {**m, **tm, "perf/step_s": time.perf_counter() - t0}, samples, params,
-                                   held)
+            for _ in bar:
+                step = state.step  # the failing step of an error below is step + 1
+                state, m, samples = self.train_step(state, next(it))
+                info = StepInfo(state, m, samples, held, ck, it)
+                for hook in hooks:
+                    hook(info)
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(R=f"{m['reward/total']:.3f}", s=f"{m['perf/step_s']:.1f}")
-                done = step + 1
-                if done % c.checkpoint.every == 0 or done == c.rl.steps or self._stop_signal is not None:
-                    check_finite_state(done, {"params": params, "opt_state": opt_state})  # never save non-finite
-                    ck.save(done, {"params": params, "opt_state": opt_state, "rng": rng},
-                            {"step": done, "data_state": it.get_state()}, force=True)
                 if self._stop_signal is not None:
                     ck.wait()
-                    self.log(f"checkpoint saved at step {done}; exiting on signal")
+                    self.log(f"checkpoint saved at step {state.step}; exiting on signal")
                     raise SystemExit(128 + self._stop_signal)
         except (TrainingError, NonFiniteUpdate) as e:
             ck.wait()
@@ -395,9 +351,9 @@ class Trainer:
             ck.wait()
             ck.close()
         if held:
-            self._eval_phase("after", c.rl.steps, params, held, evals)
+            self._eval_phase("after", c.rl.steps, state.params, held, evals)
         self.metrics.close()
-        return self.finish(params, evals)
+        return self.finish(state.params, evals)
 
     def finish(self, params: Any, evals: dict[str, dict[str, float]]) -> dict[str, Any]:
         """Writes summary.txt, curves.png and the exported policy (process 0)."""

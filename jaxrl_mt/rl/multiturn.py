@@ -1,6 +1,6 @@
 """The multi-turn data recipe of RLSTA and GRPO: histories, latent-capability filtering, held-out accuracy.
 
-A data recipe tells the training loop (``jaxrl_mt.rl.loop.Trainer``) where its items come from
+A data recipe tells the training loop (``jaxrl_mt.rl.loop.Trainer``, seen as a ``RecipeHost``) where its items come from
 and how held-out items are scored; the reward is a separate plug-in
 (``jaxrl_mt.rewards.registry``). This one:
 
@@ -21,23 +21,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from jaxrl_mt.parallel import (agree_max, allgather_json, broadcast_json, local_copy, local_mesh,
                                mean_over_processes, process_block)
-from jaxrl_mt.rl.data import ConfigError, load_scenarios
+from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeHost, load_scenarios
 from jaxrl_mt.rl.probe import filter_breakdown
 from jaxrl_mt.rl.histories import TrainItem, accuracy_single_and_multi, build_histories, filter_items, load_items, \
     save_items
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 
-if TYPE_CHECKING:
-    from jaxrl_mt.rl.loop import Trainer
 
-
-def cached_items(t: Trainer, path: Path) -> list[TrainItem] | None:
+def cached_items(t: RecipeHost, path: Path) -> list[TrainItem] | None:
     """The items cached at `path`, or None; multi-process: process 0's file, sent to every process."""
     if not t.multi:
         return load_items(path) if path.exists() else None
@@ -45,7 +42,7 @@ def cached_items(t: Trainer, path: Path) -> list[TrainItem] | None:
     return None if got is None else [TrainItem.from_json(d) for d in got]
 
 
-def per_process(t: Trainer, fn: Callable[[Sequence[Any]], list[Any]], seq: Sequence[Any]) -> list[Any]:
+def per_process(t: RecipeHost, fn: Callable[[Sequence[Any]], list[Any]], seq: Sequence[Any]) -> list[Any]:
     """fn(seq): multi-process, each process maps its contiguous block and the JSON-able results are
     gathered in order (the same list on every process)."""
     if not t.multi:
@@ -55,6 +52,8 @@ def per_process(t: Trainer, fn: Callable[[Sequence[Any]], list[Any]], seq: Seque
     return [x for part in allgather_json(mine) for x in part]
 
 
+@METHODS.register("grpo")
+@METHODS.register("rlsta")
 class MultiTurnData:
     """The data recipe of ``method = "rlsta"`` and ``"grpo"`` (see the module doc)."""
 
@@ -65,7 +64,7 @@ class MultiTurnData:
         """Training and held-out scenarios."""
         return load_scenarios(c)
 
-    def _sampler(self, t: Trainer) -> Sampler:
+    def _sampler(self, t: RecipeHost) -> Sampler:
         """The policy's sampler, or (multi-process) one on a process-local copy of the policy, so that
         each process prepares its block alone."""
         if not t.multi:
@@ -76,7 +75,7 @@ class MultiTurnData:
                                   pad_id=s.pad_id, max_batch=s.max_batch, mesh=local_mesh(t.mesh))
         return self._local
 
-    def _histories(self, t: Trainer, name: str, scenarios: Sequence[Any], seed: int) -> list[TrainItem]:
+    def _histories(self, t: RecipeHost, name: str, scenarios: Sequence[Any], seed: int) -> list[TrainItem]:
         path = t.wd / name
         cached = cached_items(t, path)
         if cached is not None:
@@ -92,7 +91,7 @@ class MultiTurnData:
             save_items(path, items, {"n_items": len(items)})
         return items
 
-    def _filtered(self, t: Trainer, hist: list[TrainItem]) -> tuple[list[TrainItem], dict[str, Any]]:
+    def _filtered(self, t: RecipeHost, hist: list[TrainItem]) -> tuple[list[TrainItem], dict[str, Any]]:
         """Latent-capability filtering: the items the policy solves more often single-turn than multi-turn."""
         c = t.c
         if not c.filter.enabled:
@@ -119,7 +118,7 @@ class MultiTurnData:
                               "single-turn than multi-turn here); disable filter.enabled or use more data")
         return items, stats
 
-    def prepare(self, t: Trainer, train: Sequence[Any], held: Sequence[Any]) -> tuple[list[TrainItem],
+    def prepare(self, t: RecipeHost, train: Sequence[Any], held: Sequence[Any]) -> tuple[list[TrainItem],
                                                                                       list[TrainItem]]:
         """Histories for training and held-out scenarios, filtered training items (cached)."""
         c = t.c
@@ -137,7 +136,7 @@ class MultiTurnData:
         t.log(f"data: {len(items)} training items, {len(held_items)} held-out ({time.perf_counter() - t0:.1f}s)")
         return items, held_items
 
-    def evaluate(self, t: Trainer, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
+    def evaluate(self, t: RecipeHost, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
         """Greedy single-turn (full prompt) and multi-turn (history + last turn) accuracy.
 
         Multi-process: each process evaluates its contiguous block of `held` (padded with repeats
@@ -146,7 +145,7 @@ class MultiTurnData:
         """
         if not held:
             return {}
-        t.sampler.params = params
+        sampler = t.policy_sampler(params)
         mine, n_mine = list(held), len(held)
         if t.multi:
             lo, hi = process_block(len(held))
@@ -154,7 +153,7 @@ class MultiTurnData:
             size = agree_max(len(mine))
             mine = (mine + [mine[-1] if mine else held[0]] * size)[:size]
         acc = accuracy_single_and_multi(
-            t.sampler, mine, SamplingConfig(max_new_tokens=t.c.eval.max_new_tokens, temperature=0.0),
+            sampler, mine, SamplingConfig(max_new_tokens=t.c.eval.max_new_tokens, temperature=0.0),
             k=1, seed=0, system=t.system, modes=("strict", "lenient"))
         out = {}
         for mode, (st, mt) in acc.items():

@@ -63,9 +63,9 @@ class HeldoutProbe:
         """Whether to evaluate after optimizer step ``done`` of ``total``."""
         return done == total or bool(self.every and done % self.every == 0)
 
-    def __call__(self, sampler: Any, params: Any) -> dict[str, float]:
-        """``probe/<kind>_<mode>`` accuracies and ``probe/multi_turn_<mode>`` (all non-FULL kinds)."""
-        sampler.params = params
+    def __call__(self, sampler: Any) -> dict[str, float]:
+        """``probe/<kind>_<mode>`` accuracies and ``probe/multi_turn_<mode>`` (all non-FULL kinds) of the
+        policy ``sampler`` holds (the trainer's ``policy_sampler(params)``)."""
         runs = [ConversationRun(conv_id=f"{tid}|{kind}", system=self.system, user_turns=list(turns))
                 for tid, kind, turns, _ in self.plan]
         run_conversations(sampler, runs, self.sampling, seed=self.seed)  # no kept caches: bounded memory

@@ -1,14 +1,8 @@
-"""The jitted GRPO train step: rollout sequences -> per-token log-probs (the scorer) -> loss -> optax.
+"""The jitted GRPO train step: a rollout example -> per-token log-probs (the scorer) -> loss -> optax.
 
-Two rollout layouts, the same loss:
-
-- full rows (`assemble_rollouts`): [left-padded prompt (P) | right-padded completion (C)] per
-  row, so the completion log-probs are `token_logprobs(...)[:, P:]`;
-- grouped (`assemble_grouped`): each of the Bp prompts once ("prompt_tokens" [Bp, P]) and the
-  Bp * G completions ("completion_tokens" [Bp * G, C], G consecutive rows per prompt), scored by
-  `scoring.grouped_logprobs`: the prompt goes through the model once per group instead of G
-  times, forward and backward. Used whenever a micro-batch holds whole groups and no mesh
-  splits the rows.
+One layout (`jaxrl_mt.rl.example.TrainExample`): each of the Bp prompts once [Bp, P] and the
+Bp * G completions [Bp * G, C], scored by `scoring.grouped_logprobs`: a prompt goes through the
+model once per group instead of G times, forward and backward, with or without a mesh.
 """
 
 from __future__ import annotations
@@ -23,11 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl_mt.batching import pack_rows
+from jax.sharding import Mesh
+
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params
+from jaxrl_mt.parallel import shard_train_step
+from jaxrl_mt.rewards.registry import RefLogprobs
+from jaxrl_mt.rl.example import TrainExample
 from jaxrl_mt.rl.grpo import grpo_loss
-from jaxrl_mt.scoring import Scorer, grouped_logprobs, masked_mean, token_logprobs
+from jaxrl_mt.scoring import grouped_logprobs, masked_mean, token_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,68 +43,6 @@ class LossConfig:
     chunk: int = 128  # time-chunk of the vocabulary projection
 
 
-def assemble_rollouts(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
-                      prompt_len: int, completion_len: int) -> dict[str, np.ndarray]:
-    """Packs prompts and completions into fixed-shape arrays.
-
-    Returns:
-      tokens [N, P + C] int32, token_mask [N, P + C] bool, completion_mask [N, C] bool.
-    """
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-        if len(p) > prompt_len or len(c) > completion_len:
-            raise ValueError(f"row {i}: prompt {len(p)} / completion {len(c)} exceed {prompt_len} / {completion_len}")
-    ptok, pmask = pack_rows(prompts, pad_id, prompt_len, align="left")
-    ctok, cmask = pack_rows(completions, pad_id, completion_len, align="right")
-    return {"tokens": np.concatenate([ptok, ctok], axis=1), "token_mask": np.concatenate([pmask, cmask], axis=1),
-            "completion_mask": cmask}
-
-
-def assemble_grouped(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
-                     prompt_len: int, completion_len: int) -> dict[str, np.ndarray]:
-    """Packs Bp prompts and their Bp * G completions (G consecutive rows per prompt).
-
-    Returns:
-      prompt_tokens / prompt_mask [Bp, P] (left-padded), completion_tokens / completion_mask
-      [Bp * G, C] (right-padded).
-    """
-    if not prompts or len(completions) % len(prompts):
-        raise ValueError(f"{len(completions)} completions are not a multiple of {len(prompts)} prompts")
-    g = len(completions) // len(prompts)
-    for i, c in enumerate(completions):
-        if len(prompts[i // g]) > prompt_len or len(c) > completion_len:
-            raise ValueError(f"row {i}: prompt {len(prompts[i // g])} / completion {len(c)} exceed "
-                             f"{prompt_len} / {completion_len}")
-    ptok, pmask = pack_rows(prompts, pad_id, prompt_len, align="left")
-    ctok, cmask = pack_rows(completions, pad_id, completion_len, align="right")
-    return {"prompt_tokens": ptok, "prompt_mask": pmask, "completion_tokens": ctok, "completion_mask": cmask}
-
-
-def is_grouped(batch: dict[str, Any]) -> bool:
-    """Whether a rollout batch has the grouped layout (`assemble_grouped`)."""
-    return "prompt_tokens" in batch
-
-
-def rollout_prompt_len(batch: dict[str, Any]) -> int:
-    """P, the prompt width of a rollout batch of either layout."""
-    if is_grouped(batch):
-        return int(batch["prompt_tokens"].shape[1])
-    return int(batch["tokens"].shape[1] - batch["completion_mask"].shape[1])
-
-
-def _completion_lp(params: Params, cfg: ModelConfig, batch: dict[str, jax.Array], prompt_len: int, *,
-                   temperature: float, chunk: int, remat: bool | str = False, with_entropy: bool = False
-                   ) -> tuple[jax.Array, jax.Array | None]:
-    """Log-probs [N, C] (and entropies) of the completion tokens of a rollout batch of either layout."""
-    if is_grouped(batch):
-        lp, _, ent = grouped_logprobs(params, cfg, batch["prompt_tokens"], batch["prompt_mask"],
-                                      batch["completion_tokens"], batch["completion_mask"], temperature=temperature,
-                                      chunk=chunk, remat=remat, with_entropy=with_entropy)
-        return lp, ent
-    lp, _, ent = token_logprobs(params, cfg, batch["tokens"], batch["token_mask"], temperature=temperature,
-                               chunk=chunk, remat=remat, with_entropy=with_entropy)
-    return lp[:, prompt_len:], (None if ent is None else ent[:, prompt_len:])
-
-
 def dapo_num_items(completion_mask: np.ndarray, grad_accum: int, tokens: int | None = None) -> np.ndarray:
     """The ``dapo`` normaliser of every row [N]: the step's completion tokens / ``grad_accum``.
 
@@ -117,43 +53,54 @@ def dapo_num_items(completion_mask: np.ndarray, grad_accum: int, tokens: int | N
     return np.full(completion_mask.shape[0], max(total, 1) / grad_accum, np.float32)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "prompt_len", "temperature", "chunk"))
-def completion_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, *,
-                        prompt_len: int, temperature: float = 1.0, chunk: int = 128) -> jax.Array:
-    """Log-probs [N, C] of the completion tokens (no gradient use; for old/ref log-probs)."""
-    lp, _, _ = token_logprobs(params, cfg, tokens, token_mask, temperature=temperature, chunk=chunk)
-    return lp[:, prompt_len:]
+def _completion_lp(params: Params, cfg: ModelConfig, ex: TrainExample, *, temperature: float, chunk: int,
+                   remat: bool | str = False, with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    """Log-probs [N, C] (and entropies) of the completion tokens of a rollout example.
+
+    ``group == 1`` (a prompt per row) runs the rows [prompt | completion] (`token_logprobs`): no
+    prompt is shared, and the full-row program is the one the flat layout always ran.
+    """
+    if ex.group == 1:
+        p = ex.prompt_tokens.shape[1]
+        tokens = jnp.concatenate([ex.prompt_tokens, ex.completion_tokens], axis=1)
+        mask = jnp.concatenate([ex.prompt_mask, ex.completion_mask], axis=1)
+        lp, _, ent = token_logprobs(params, cfg, tokens, mask, temperature=temperature, chunk=chunk, remat=remat,
+                                    with_entropy=with_entropy)
+        return lp[:, p:], (None if ent is None else ent[:, p:])
+    lp, _, ent = grouped_logprobs(params, cfg, ex.prompt_tokens, ex.prompt_mask, ex.completion_tokens,
+                                  ex.completion_mask, temperature=temperature, chunk=chunk, remat=remat,
+                                  with_entropy=with_entropy)
+    return lp, ent
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "temperature", "chunk"))
-def grouped_completion_logprobs(params: Params, cfg: ModelConfig, batch: dict[str, jax.Array], *,
-                                temperature: float = 1.0, chunk: int = 128) -> jax.Array:
-    """Log-probs [N, C] of the completion tokens of a grouped rollout batch (old/ref log-probs)."""
-    keys = ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mask")
-    return _completion_lp(params, cfg, {k: batch[k] for k in keys}, 0, temperature=temperature, chunk=chunk)[0]
+def completion_logprobs(params: Params, cfg: ModelConfig, ex: TrainExample, *, temperature: float = 1.0,
+                        chunk: int = 128) -> jax.Array:
+    """Log-probs [N, C] of an example's completion tokens (no gradient use; for old/ref log-probs)."""
+    return _completion_lp(params, cfg, ex, temperature=temperature, chunk=chunk)[0]
 
 
-def reference_logprobs(scorer: Scorer | None, ref_params: Params, ref_cfg: ModelConfig, batch: dict[str, Any],
-                       prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
-                       temperature: float = 1.0) -> np.ndarray:
-    """Reference log-probs [N, C] of a rollout batch's completions (the KL term's).
+def reused_logprobs(ref: RefLogprobs | None, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                    width: int, *, temperature: float = 1.0) -> np.ndarray | None:
+    """The reward's reference log-probs as [N, width], when it scored exactly these (prompt, completion) pairs.
 
-    When `scorer` (the reference model's) has just scored exactly these (prompt, completion)
-    pairs, i.e. the anchor reward ran under the policy's own prompt, its log-probs are reused
-    (temperature 1 only) instead of running the reference model a second time. `prompts` holds
-    one prompt per row (N).
+    The anchor reward scores every completion under the frozen reference model; when its context
+    is the policy's own prompt (a single-turn item), those log-probs are the KL term's and the
+    reference model need not run a second time. ``prompts`` holds one prompt per row (N). Rows the
+    reward left unscored (empty completions) are all pads and need no log-prob. None otherwise,
+    and at a sampling temperature other than 1 (the reward scores at temperature 1).
     """
-    c = batch["completion_mask"].shape[1]
-    cached = scorer.cached_logprobs(prompts, completions) if scorer is not None and temperature == 1.0 else None
-    if cached is not None and len(cached) == batch["completion_mask"].shape[0]:
-        out = np.zeros((len(cached), c), np.float32)
-        for i, lp in enumerate(cached):
-            out[i, :len(lp)] = lp
-        return out
-    if is_grouped(batch):
-        return np.asarray(grouped_completion_logprobs(ref_params, ref_cfg, batch, temperature=temperature))
-    return np.asarray(completion_logprobs(ref_params, ref_cfg, batch["tokens"], batch["token_mask"],
-                                          prompt_len=rollout_prompt_len(batch), temperature=temperature))
+    if ref is None or temperature != 1.0 or len(ref.contexts) != len(prompts):
+        return None
+    out = np.zeros((len(prompts), width), np.float32)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        if not len(c):
+            continue
+        lp = ref.logprobs[i]
+        if lp is None or list(ref.contexts[i]) != list(p) or list(ref.completions[i]) != list(c):
+            return None
+        out[i, :len(lp)] = lp
+    return out
 
 
 def activation_bytes_grouped(cfg: ModelConfig, n_prompts: int, group: int, prompt_len: int,
@@ -215,35 +162,38 @@ def choose_remat(cfg: ModelConfig, n_prompts: int, group: int, prompt_len: int, 
     return True
 
 
-def loss_fn(params: Params, cfg: ModelConfig, lc: LossConfig, prompt_len: int, batch: dict[str, jax.Array]
+def loss_fn(params: Params, cfg: ModelConfig, lc: LossConfig, ex: TrainExample
             ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """GRPO loss of one (micro-)batch of either layout, and its metrics."""
-    logp, ent = _completion_lp(params, cfg, batch, prompt_len, temperature=lc.temperature, chunk=lc.chunk,
-                               remat=lc.remat, with_entropy=True)  # [N, C]
-    cmask = batch["completion_mask"]
+    """GRPO loss of one (micro-)batch, and its metrics."""
+    logp, ent = _completion_lp(params, cfg, ex, temperature=lc.temperature, chunk=lc.chunk, remat=lc.remat,
+                               with_entropy=True)  # [N, C]
+    cmask = ex.completion_mask
     loss, metrics = grpo_loss(
-        logp, batch.get("old_logp"), batch.get("ref_logp") if lc.beta > 0 else None, batch["advantages"],
+        logp, ex.old_logp, ex.ref_logp if lc.beta > 0 else None, ex.advantages,
         cmask.astype(jnp.float32), epsilon_low=lc.epsilon_low, epsilon_high=lc.epsilon_high, beta=lc.beta,
         kl_estimator=lc.kl_estimator, loss_type=lc.loss_type, max_completion_length=lc.max_completion_length,
-        num_items=jnp.mean(batch["num_items"]) if "num_items" in batch else None)
+        num_items=None if ex.num_items is None else jnp.mean(ex.num_items))
     metrics = dict(metrics)
     metrics["entropy"] = masked_mean(ent, cmask)
     metrics["loss"] = loss
     return loss, metrics
 
 
-def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, lc: LossConfig,
-                    prompt_len: int, *, donate: bool = False) -> Callable[..., Any]:
-    """A jitted `step(params, opt_state, batch) -> (params, opt_state, metrics)`.
+def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, lc: LossConfig, *,
+                    mesh: Mesh | None = None, state: Any = None, donate: bool = False) -> Callable[..., Any]:
+    """A jitted `step(params, opt_state, example) -> (params, opt_state, metrics)`.
 
     A non-finite loss or gradient leaves params and optimizer state unchanged and reports
     metrics["finite"] = 0, so the caller can stop with the last good state. With `donate`, the
     parameters and optimizer state passed in are donated (updated in place: one copy of the
-    train state instead of two; the caller must not read them again).
+    train state instead of two; the caller must not read them again). With a `mesh`, shardings
+    are decided here, once: parameters and optimizer state keep the partition rules
+    (`parallel.shard_train_step`; `state` = (params, opt_state) examples of the trees), metrics
+    are replicated and the example keeps the sharding it arrives with.
     """
 
-    def step(params: Params, opt_state: Any, batch: dict[str, jax.Array]):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, cfg, lc, prompt_len, batch)
+    def step(params: Params, opt_state: Any, ex: TrainExample):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, cfg, lc, ex)
         gnorm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         updates, new_opt = optimizer.update(grads, opt_state, params)
@@ -252,12 +202,7 @@ def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, l
         metrics = dict(metrics, grad_norm=gnorm, finite=finite.astype(jnp.float32))
         return keep(new_params, params), keep(new_opt, opt_state), metrics
 
+    if mesh is not None:
+        params, opt_state = state
+        return shard_train_step(step, mesh, params, opt_state, donate=donate)
     return jax.jit(step, donate_argnums=(0, 1) if donate else ())
-
-
-def micro_batch(batch: dict[str, np.ndarray], start: int, rows: int, group: int) -> dict[str, np.ndarray]:
-    """Rows [start, start + rows) of a rollout batch; of a grouped one, their prompts too (whole groups)."""
-    if not is_grouped(batch):
-        return {k: v[start:start + rows] for k, v in batch.items()}
-    lo, hi = start // group, (start + rows) // group
-    return {k: (v[lo:hi] if k.startswith("prompt_") else v[start:start + rows]) for k, v in batch.items()}

@@ -26,12 +26,18 @@ def test_our_step_tokenises_inside_the_timed_step(tiny_chat_model_dir, monkeypat
     for mod in list(sys.modules.values()):  # every module that imported the name (order of the test run)
         if mod is not None and getattr(mod, "encode_prompt", None) is real:
             monkeypatch.setattr(mod, "encode_prompt", counting)
+    import jaxrl_mt.rl.rollout as ro
+
+    rollouts: list[int] = []
+    real_rollout = ro.rollout
+    monkeypatch.setattr(ro, "rollout", lambda *a, **k: rollouts.append(1) or real_rollout(*a, **k))
     prompts = grpo.load_prompts(2)
     spec = {"model_path": str(tiny_chat_model_dir), "prompts": prompts, "group": 2, "new_tokens": 4, "beta": 1e-4,
             "steps": 2, "threads": 1, "remat": "auto"}
     r = grpo.run_ours(spec)
     # per step: the 2 policy prompts and the 4 anchor prompts; at setup: the 2 of the memory estimate
     assert len(calls) == 2 * (2 + 4) + 2
+    assert len(rollouts) == 2  # the trainer's own rollout and reward, once per step (no copy in the benchmark)
     assert len(r["steps"]["step_s"]) == 2 and math.isfinite(r["steady_step_s"])
     assert r["remat"] is False  # a tiny model's activations fit
     assert all(math.isfinite(x) for x in r["steps"]["loss"])

@@ -53,11 +53,11 @@ def test_killed_run_resumes_identically(tiny_chat_model_dir: Path, tmp_path: Pat
     original = Trainer.update
     calls = {"n": 0}
 
-    def crash_on_third(self, params, opt_state, batch):
+    def crash_on_third(self, state, ex):
         calls["n"] += 1
         if calls["n"] == 3:  # dies in the middle of step 3, after checkpoint 2
             raise KeyboardInterrupt("simulated kill")
-        return original(self, params, opt_state, batch)
+        return original(self, state, ex)
 
     monkeypatch.setattr(Trainer, "update", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
@@ -175,9 +175,9 @@ def test_dapo_steps_carry_the_whole_batch_token_count(tiny_chat_model_dir: Path,
     seen = []
     original = Trainer.update
 
-    def spy(self, params, opt_state, batch):
-        seen.append((batch["num_items"].copy(), batch["completion_mask"].sum()))
-        return original(self, params, opt_state, batch)
+    def spy(self, state, ex):
+        seen.append((np.array(ex.num_items), ex.completion_mask.sum()))
+        return original(self, state, ex)
 
     monkeypatch.setattr(Trainer, "update", spy)
     Trainer(c).run()
