@@ -338,7 +338,8 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def restore(self, step: int | None = None, *, target: PyTree,
-                on_skip: Callable[[str], None] | None = None) -> tuple[PyTree, dict[str, Any]]:
+                on_skip: Callable[[str], None] | None = None,
+                retired: tuple[str, ...] = ()) -> tuple[PyTree, dict[str, Any]]:
         """Restores a step into the structure of ``target``.
 
         Args:
@@ -350,6 +351,9 @@ class Checkpointer:
             ``jax.ShapeDtypeStruct``, with shardings) give the shape, dtype and sharding of
             each restored array; values are not read.
           on_skip: receives the line of each skipped step (default: a logging warning).
+          retired: top-level entries of a dict ``target`` that older checkpoints hold and the
+            current state no longer has (e.g. the train state's former ``rng``): read when present
+            and dropped, so that those checkpoints still restore.
 
         Returns:
           ``(state, extra)`` of the restored step (with a fallback: an older one than the latest);
@@ -368,13 +372,13 @@ class Checkpointer:
             if step not in steps:
                 raise FileNotFoundError(
                     f"Checkpointer.restore: no step {step} in {self.directory} (available: {steps})")
-            return self._restore_step(step, abstract)
+            return self._restore_step(step, abstract, retired)
         if not steps:
             raise FileNotFoundError(f"Checkpointer.restore: no checkpoint in {self.directory}")
         skipped: list[tuple[int, str]] = []
         for s in reversed(steps):
             try:
-                out = self._restore_step(s, abstract)
+                out = self._restore_step(s, abstract, retired)
             except CheckpointError as e:
                 skipped.append((s, e.reason))
                 continue
@@ -383,7 +387,8 @@ class Checkpointer:
         raise CheckpointError(f"no checkpoint in {self.directory} restores: "
                               + "; ".join(f"step {s}: {why}" for s, why in skipped))
 
-    def _restore_step(self, step: int, abstract: PyTree) -> tuple[PyTree, dict[str, Any]]:
+    def _restore_step(self, step: int, abstract: PyTree,
+                      retired: tuple[str, ...] = ()) -> tuple[PyTree, dict[str, Any]]:
         """One step; CheckpointError(message, reason) when its files are damaged."""
         with _no_closed_loop_reports():
             try:
@@ -392,6 +397,11 @@ class Checkpointer:
                     raise FileNotFoundError(f"no '{_STATE}' item")
             except Exception as e:
                 raise self._damaged(step, e) from None
+            dropped = [k for k in retired if isinstance(abstract, dict) and k not in abstract
+                       and hasattr(saved_tree, "keys") and k in saved_tree.keys()]
+            if dropped:
+                abstract = dict(abstract, **{k: jax.tree.map(
+                    lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), saved_tree[k]) for k in dropped})
             self._check_structure(step, saved_tree, abstract)
             try:
                 restored = self._manager.restore(
@@ -402,7 +412,10 @@ class Checkpointer:
                 )
             except Exception as e:
                 raise self._damaged(step, e) from None
-        return restored[_STATE], restored[_EXTRA]
+        state = restored[_STATE]
+        if dropped:
+            state = {k: v for k, v in state.items() if k not in dropped}
+        return state, restored[_EXTRA]
 
     def _damaged(self, step: int, e: Exception) -> CheckpointError:
         why = short_reason(e, self.directory)

@@ -6,11 +6,10 @@ import json
 import os
 from pathlib import Path
 
-import jax
-
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.models.registry import Model, load_model
 from jaxrl_mt.rl.optim import optimizer_from_config
+from jaxrl_mt.rl.state import RETIRED_KEYS
 
 __all__ = ["load_policy"]
 
@@ -28,8 +27,8 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
     if ck.latest_step() is None:
         raise FileNotFoundError(f"{wd}/checkpoints: no checkpoint")
     opt = optimizer_from_config(conf["rl"])
-    target = {"params": model.params, "opt_state": opt.init(model.params), "rng": jax.random.PRNGKey(0)}
-    state, _ = ck.restore(step, target=target)
+    target = {"params": model.params, "opt_state": opt.init(model.params)}
+    state, _ = ck.restore(step, target=target, retired=RETIRED_KEYS)
     ck.close()
     model.params = state["params"]
     model.spec = f"workdir:{wd}"

@@ -23,7 +23,11 @@ from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.parallel import shard_train_state
 from jaxrl_mt.rl.workdir import check_finite_state
 
-__all__ = ["TrainState", "fresh_state", "restore_state", "save_state"]
+__all__ = ["RETIRED_KEYS", "TrainState", "fresh_state", "restore_state", "save_state"]
+
+#: Entries that checkpoints written before the typed state held and it no longer has: ``rng``
+#: (a PRNG key that was saved and never used). Read when present and dropped.
+RETIRED_KEYS = ("rng",)
 
 
 @flax.struct.dataclass
@@ -58,7 +62,7 @@ def restore_state(ck: Checkpointer, like: TrainState, data_iter: Any, *, log: Ca
     if ck.latest_step() is None:
         return None
     target = like.arrays() if stored_opt_state is None else {"params": like.params, "opt_state": stored_opt_state}
-    arrays, extra = ck.restore(target=target, on_skip=log)
+    arrays, extra = ck.restore(target=target, on_skip=log, retired=RETIRED_KEYS)
     data_iter.set_state(extra["data_state"])
     opt_state = arrays["opt_state"] if stored_opt_state is None else like.opt_state
     return TrainState(arrays["params"], opt_state, int(extra["step"]))

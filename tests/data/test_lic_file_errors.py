@@ -20,8 +20,8 @@ from jaxrl_mt.data.records import DataError
 def test_unreadable_lic_file_is_one_line_naming_it(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "lic.json"
     path.write_bytes(content)
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # CPU time of this thread: a loaded host does not count
     with pytest.raises(DataError) as info:
         load_source(f"lic:{path}:math")
     assert str(info.value) == f"{path}: {message}"
-    assert time.perf_counter() - t0 < 2.0
+    assert time.thread_time() - t0 < 2.0

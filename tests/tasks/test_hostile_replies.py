@@ -49,7 +49,7 @@ def records():
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_every_checker_gives_a_verdict_in_under_a_second(records, name):
+def test_every_checker_gives_a_verdict_in_under_a_second_of_cpu(records, name):
     reply = HOSTILE[name]
     actions, code, database = (get_task(k) for k in ("actions", "code", "database"))
     checks = {
@@ -65,9 +65,11 @@ def test_every_checker_gives_a_verdict_in_under_a_second(records, name):
         "judge_llm": lambda: (parse_judge_reply(reply), parse_judge_answer(reply)),
     }
     for what, check in checks.items():
-        t0 = time.perf_counter()
+        # this thread's CPU time, not wall time: a loaded CI host or a collector thread does not
+        # count (one wall-clock 1.1 s on CI for 0.13 s of work); the bugs took 5-120 s of it
+        t0 = time.thread_time()
         check()
-        assert time.perf_counter() - t0 < 1.0, what
+        assert time.thread_time() - t0 < 1.0, what
     status = actions.verify(reply, records["actions"]).status
     if len(reply) > MAX_REPLY_CHARS:
         assert status == "unparsable"
