@@ -35,10 +35,9 @@ from jaxrl_mt.conversations import ConversationRun, FixedOrderUser, UserPolicy, 
 from jaxrl_mt.data.records import LIC_SCENARIOS, DataError, ShardedTask, canonical_kind
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.eval.errors import EvalError
+from jaxrl_mt.eval.judging import Judge, checked_judge_turn, judge_turn, make_judge
 from jaxrl_mt.eval.task_scoring import MATH, score_task_turns
 from jaxrl_mt.eval.transcripts import TranscriptStore
-from jaxrl_mt.rewards.judge import classify_rule_based, judge_llm
-from jaxrl_mt.rewards.verifier import extract_answer, verify
 from jaxrl_mt.sampling import DEFAULT_MAX_CHUNK_CELLS, LengthSortedSampler, Sampler, SamplingConfig
 
 __all__ = [
@@ -140,79 +139,7 @@ def plan_runs(tasks: Sequence[ShardedTask], kinds: Sequence[str], runs: int, *, 
     return out, skipped
 
 
-# --------------------------------------------------------------------------- judging and scores
-
-
-class Judge:
-    """Labels assistant replies with the LiC response types (``jaxrl_mt.rewards.judge``)."""
-
-    def __init__(self, backend: Any = None, *, max_new_tokens: int = 32, name: str = "rule"):
-        """Args:
-          backend: None for the rule-based judge, else a ChatBackend for ``judge_llm``.
-          max_new_tokens: the LLM judge's reply budget.
-          name: how the report names this judge.
-        """
-        self.backend = backend
-        self.max_new_tokens = max_new_tokens
-        self.name = name
-        self.stats: dict[str, int] = {}
-
-    def judge(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str],
-              users: Sequence[str] | None = None) -> list[tuple[str, str | None]]:
-        """``(label, extracted answer or None)`` per reply; the rule-based judge extracts nothing
-        (the verifier does) and reads the question and the user message the reply answers as
-        context; an LLM judge is asked once per domain present (once in math)."""
-        if self.backend is None:
-            users = users if users is not None else [None] * len(texts)
-            return [(classify_rule_based(t, d, question=q, user=u), None)
-                    for t, q, d, u in zip(texts, questions, domains, users)]
-        out: list[tuple[str, str | None]] = [("", None)] * len(texts)
-        for dom in dict.fromkeys(domains):
-            idx = [i for i, d in enumerate(domains) if d == dom]
-            got = judge_llm(self.backend, [texts[i] for i in idx], [questions[i] for i in idx],
-                            domain=dom, max_new_tokens=self.max_new_tokens, stats=self.stats)
-            for i, v in zip(idx, got):
-                out[i] = (v.label, v.answer)
-        return out
-
-    def classify(self, texts: Sequence[str], questions: Sequence[str], domains: Sequence[str]) -> list[str]:
-        """One label per reply."""
-        return [label for label, _ in self.judge(texts, questions, domains)]
-
-
-def make_judge(spec: str, *, model: Any = None, max_new_tokens: int = 32, **backend_kw: Any) -> Judge:
-    """``"rule"`` or a backend spec (``"local"``, ``"local:MODEL"``, ``"http:URL#MODEL"``)."""
-    if spec == "rule":
-        return Judge(name="rule")
-    from jaxrl_mt.eval.user_sim import backend_for
-
-    return Judge(backend_for(spec, model=model, role="judge", **backend_kw), max_new_tokens=max_new_tokens, name=spec)
-
-
-def judge_turn(text: str, gold: str, label: str, mode: str, judge_answer: str | None = None) -> dict[str, Any]:
-    """The verdict stored in ``turn.info``: the judge's label and the verifier's check.
-
-    Args:
-      text: the reply.
-      gold: the gold answer.
-      label: the judge's response type.
-      mode: the verifier mode of ``correct``.
-      judge_answer: the answer an LLM judge extracted (LiC's answer extraction), or None. When
-        given, ``extracted`` is that answer and ``correct`` checks it; else the verifier extracts.
-
-    Returns:
-      ``{"label", "answer_attempt", "extracted", "correct", "correct_strict"}``; ``correct`` is
-      the verifier's score of the answer (0/1) in ``mode`` whatever the label, ``correct_strict``
-      the strict verifier's score of the reply itself (the report's judge-free cross-check).
-    """
-    strict = float(verify(text, gold, "strict"))
-    if judge_answer is not None:
-        extracted, correct = judge_answer, float(verify(f"The answer is {judge_answer}", gold, mode))
-    else:
-        extracted = extract_answer(text)
-        correct = strict if mode == "strict" else float(verify(text, gold, mode))
-    return {"label": label, "answer_attempt": label == "answer_attempt",
-            "extracted": extracted, "correct": correct, "correct_strict": strict}
+# --------------------------------------------------------------------------- scores
 
 
 def run_score(turns: Sequence[Mapping[str, Any]], protocol: str) -> tuple[float, int | None]:
@@ -289,7 +216,7 @@ class TurnScorer:
                                                  llm_label=self.judge.backend is not None)))
         for i, (r, text, (label, answer)) in enumerate(zip(live, texts, verdicts)):
             turn = r.turns[-1]
-            turn.info.update(infos.get(i) or judge_turn(text, r.meta["answer"], label, self.mode, answer))
+            turn.info.update(infos.get(i) or checked_judge_turn(text, r.meta["answer"], label, self.mode, answer))
             sim = r.meta.get("user_sim")
             if sim and len(sim) >= len(r.turns):
                 s = sim[len(r.turns) - 1]

@@ -250,3 +250,37 @@ def test_lic_shipped_sample_plans_every_scenario():
     assert skipped == []
     assert {r.meta["kind"] for r in runs} == set(LIC_SCENARIOS)
     assert np.all([r.meta["answer"] for r in runs])
+
+
+def test_a_math_checker_that_raises_marks_its_turn_and_the_run_goes_on(monkeypatch, caplog):
+    """Fault injection: the rule judge and the verifier raise on one reply (as the recursive
+    scanners did on ``"[[" * 600``); that turn gets a non-answer / ``checker_error`` verdict."""
+    import jaxrl_mt.eval.judging as sim
+
+    real_rule, real_verify = sim.classify_rule_based, sim.verify
+
+    def rule(text, *a, **k):
+        if "BOOM-JUDGE" in text:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real_rule(text, *a, **k)
+
+    def verify(text, *a, **k):
+        if "BOOM" in text:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real_verify(text, *a, **k)
+
+    monkeypatch.setattr(sim, "classify_rule_based", rule)
+    monkeypatch.setattr(sim, "verify", verify)
+    replies = ["BOOM-JUDGE. The answer is 70.", "BOOM. The answer is 75.", "So 25 * 3 = 75. The answer is 75."]
+    run = _run_with_replies(replies)
+    out = []
+    scorer = TurnScorer([run], Judge(), protocol="lic", verifier_mode="strict", sink=out.extend)
+    for reply in replies:
+        _step(scorer, run, reply)
+    info = [t.info for t in run.turns]
+    assert [i.get("status") for i in info] == ["checker_error", "checker_error", None]
+    assert [i["answer_attempt"] for i in info] == [False, False, True]
+    assert info[0]["label"] == info[1]["label"] == "discussion"
+    assert info[1]["reason"] == "the checker raised RecursionError: maximum recursion depth exceeded"
+    assert run.stop_reason == "correct_answer" and out[0]["score"] == 1.0 and out[0]["scored_turn"] == 3
+    assert sum("raised on a" in r.getMessage() for r in caplog.records) == 3
