@@ -6,9 +6,10 @@ start-up with one line (`ConfigError`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from jaxrl_mt.rewards.registry import reward_names
 from jaxrl_mt.rl.config_checks import run_field_checks
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES
 
-# method -> its data recipe class: load(c), prepare(trainer, train, held), evaluate(trainer, params, held);
+# method -> its data recipe class: load(c), prepare(env, train, held), evaluate(env, params, held) (env: RecipeEnv);
 # the one list of methods (the reward is chosen apart, `reward_name`)
 METHODS: Registry = Registry("method", builtins=("jaxrl_mt.rl.multiturn", "jaxrl_mt.rl.icpo"))
 
@@ -32,22 +33,27 @@ def reward_name(c: Any) -> str:
     return name or c.method
 
 
-class RecipeHost(Protocol):
-    """What a data recipe reads of the run that hosts it (the trainer provides it; recipes import no trainer)."""
+@dataclasses.dataclass(frozen=True)
+class RecipeEnv:
+    """What a data recipe sees of the run that hosts it: a narrow, frozen view (recipes import no trainer).
 
-    c: Any  # the validated config
-    wd: Path  # the workdir
+    A recipe reads the config, writes its caches in the workdir, samples with ``sampler`` (the
+    policy on its initial parameters) or with ``policy_sampler(params)`` (a view of the same
+    sampler on other parameters: the shared one is never changed).
+    """
+
+    config: Any  # the validated config (``rl.run_config.TrainConfig``)
+    workdir: Path
     is_main: bool  # process 0
     multi: bool  # the mesh spans several processes
     system: str | None  # the system prompt
     sampler: Any  # the policy's sampler on its initial parameters (histories, filtering)
-    model: Any  # the policy model (params, cfg)
     mesh: Any
     log: Callable[[str], None]
 
     def policy_sampler(self, params: Any) -> Any:
-        """The policy's sampler on ``params`` (recipes never set a sampler's parameters themselves)."""
-        ...
+        """The policy's sampler on ``params`` (``Sampler.bound``: the shared sampler is unchanged)."""
+        return self.sampler.bound(params)
 
 
 REMAT_CHOICES = (False, True, "dots", "auto")

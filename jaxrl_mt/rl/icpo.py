@@ -21,7 +21,7 @@ from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.icpo import COMPLETE, UNDERSPECIFIED, ResponseJudge, icpo_reward
 from jaxrl_mt.rewards.judge import NON_ANSWER_TYPES, RESPONSE_TYPES
 from jaxrl_mt.rewards.verifier import verify
-from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeHost, load_tasks
+from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeEnv, load_tasks
 from jaxrl_mt.rl.histories import TrainItem, load_items, save_items
 from jaxrl_mt.sampling import SamplingConfig
 
@@ -69,32 +69,32 @@ class ICPOData:
             raise ConfigError(f"empty dataset: {len(train)} training items < rl.batch_size {c.rl.batch_size}")
         return train, held
 
-    def prepare(self, t: RecipeHost, train: Sequence[TrainItem], held: Sequence[TrainItem]
+    def prepare(self, env: RecipeEnv, train: Sequence[TrainItem], held: Sequence[TrainItem]
                 ) -> tuple[list[TrainItem], list[TrainItem]]:
         """The items as loaded, cached in the workdir (a resumed run reads the cache)."""
-        path, held_path = t.wd / "train_items.jsonl", t.wd / "heldout.jsonl"
+        path, held_path = env.workdir / "train_items.jsonl", env.workdir / "heldout.jsonl"
         if path.exists() and held_path.exists():
             return load_items(path), load_items(held_path)
-        if t.is_main:
+        if env.is_main:
             kinds = collections.Counter(it.kind for it in train)
             save_items(path, train, {"n_items": len(train), **kinds})
             save_items(held_path, held, {"n_items": len(held)})
-        t.log(f"data: {len(train)} ICPO items ({sum(it.kind == UNDERSPECIFIED for it in train)} underspecified), "
+        env.log(f"data: {len(train)} ICPO items ({sum(it.kind == UNDERSPECIFIED for it in train)} underspecified), "
               f"{len(held)} held-out")
         return list(train), list(held)
 
-    def evaluate(self, t: RecipeHost, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
+    def evaluate(self, env: RecipeEnv, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
         """Greedy held-out replies: accuracy on complete prompts, non-answer rate on underspecified ones,
         and the fraction of each response type."""
         if not held:
             return {}
         if self._judge is None:
-            self._judge = ResponseJudge(t.c.icpo.judge)
-        sampler = t.policy_sampler(params)
+            self._judge = ResponseJudge(env.config.icpo.judge)
+        sampler = env.policy_sampler(params)
         t0 = time.perf_counter()
         res = sampler.generate(
             [[{"role": "user", "content": it.last_user}] for it in held],
-            SamplingConfig(max_new_tokens=t.c.eval.max_new_tokens, temperature=0.0), system=t.system)
+            SamplingConfig(max_new_tokens=env.config.eval.max_new_tokens, temperature=0.0), system=env.system)
         types = self._judge(res.texts, [it.last_user for it in held])
         out: dict[str, float] = {}
         comp = [(it, text) for it, text in zip(held, res.texts) if it.kind == COMPLETE]

@@ -32,34 +32,32 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.data.pipeline import make_iterator
 from jaxrl_mt.data.records import DataError
-from jaxrl_mt.models.hf_io import export_hf_folder
-from jaxrl_mt.models.registry import load_model
-from jaxrl_mt.parallel import (agree_max_many, check_same_rows, gather_to_host,
-                               mesh_from_spec, mean_over_processes, rows_multiple,
-                               shard_params, spans_processes)
+from jaxrl_mt.parallel import agree_max_many, check_same_rows, mean_over_processes, spans_processes
 from jaxrl_mt.rewards.registry import RewardEnv, make_reward
-from jaxrl_mt.rl.data import METHODS, ConfigError, load_scenarios, load_tasks, reward_name, validate_config
+from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeEnv, load_scenarios, load_tasks, reward_name, validate_config
+from jaxrl_mt.rl.example import TrainExample
 from jaxrl_mt.rl.histories import TrainItem
-from jaxrl_mt.rl.metrics_log import MetricsLog, held_out_before, plot_curves, read_metrics
+from jaxrl_mt.rl.metrics_log import MetricsLog
 from jaxrl_mt.rl.optim import optimizer_from_config
+from jaxrl_mt.rl.outputs import fmt_metrics, write_outputs
 from jaxrl_mt.rl.policy_io import load_policy
 from jaxrl_mt.rl.probe import make_probe
-from jaxrl_mt.rl.workdir import NonFiniteUpdate, check_resume_config, last_good
-from jaxrl_mt.rl.example import TrainExample
 from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout, place_example, rollout
+from jaxrl_mt.rl.run_config import TrainConfig, typed_config
+from jaxrl_mt.rl.setup import check_micro_batch, load_policy_model, make_mesh, reference
 from jaxrl_mt.rl.state import TrainState, fresh_state, restore_state, save_state
-from jaxrl_mt.rl.step import LossConfig, choose_remat, make_train_step
+from jaxrl_mt.rl.step import choose_remat, loss_config, make_train_step
+from jaxrl_mt.rl.workdir import NonFiniteUpdate, check_resume_config, last_good
 from jaxrl_mt.sampling import Sampler, bucket
 from jaxrl_mt.scoring import Scorer
 
-__all__ = ["RECIPES", "ConfigError", "Trainer", "TrainingError", "load_policy", "load_scenarios", "load_tasks",
-           "validate_config"]
+__all__ = ["RECIPES", "ConfigError", "StepInfo", "TrainConfig", "Trainer", "TrainingError", "load_policy",
+           "load_scenarios", "load_tasks", "validate_config"]
 
 RECIPES = METHODS  # method -> its data recipe (`jaxrl_mt.rl.data.METHODS`, the one registry)
 
@@ -87,8 +85,13 @@ class Trainer:
     """Runs one training job described by a config (see configs/rlsta.py): the loop, for every method."""
 
     def __init__(self, c: Any, *, log: Callable[[str], None] | None = None):
+        """Args:
+          c: the run's config (a ConfigDict of configs/*.py, or a ``TrainConfig``): typed and
+            validated here, once; the loop reads only the frozen result.
+          log: where progress lines go (default: stdout); process 0 only.
+        """
+        self.c = c = typed_config(c)
         validate_config(c)
-        self.c = c
         self.wd = Path(c.workdir)
         self.is_main = jax.process_index() == 0
         log = log or (lambda msg: print(msg, flush=True))
@@ -100,34 +103,22 @@ class Trainer:
         # a resumed workdir: changed data or optimizer-structure fields are refused before config.json is written
         self.resumed_config = check_resume_config(c, write=self.is_main, log=self.log)
         self.train_scen, self.held_scen = self.data.load(c)  # fails fast on bad or empty data
-        self.model = load_model(c.model, param_dtype=c.param_dtype, dtype=c.dtype)
+        self.mesh = make_mesh(c)
+        self.model = load_policy_model(c, self.mesh)
         self.tok = self.model.tokenizer
-        self.mesh = self._make_mesh()
-        if self.mesh is not None:
-            self.model.params = shard_params(self.model.params, self.mesh)
         self.multi = spans_processes(self.mesh)  # one global mesh over several processes
-        self._check_micro_batch()
-        self.ref_params, self.ref_cfg = self._reference()
+        check_micro_batch(c, self.mesh, self.multi)
+        self.ref_params, self.ref_cfg = reference(c, self.model, self.mesh)
         # a step's rollout has one row count (batch x G): pad it to a multiple of 8, not the next power of two
         self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch, mesh=self.mesh, row_multiple=8)
+        self.env = RecipeEnv(config=c, workdir=self.wd, is_main=self.is_main, multi=self.multi, system=self.system,
+                             sampler=self.sampler, mesh=self.mesh, log=self.log)
+        self.optimizer = optimizer_from_config(c.rl)
+        self.lc = loss_config(c.rl)
+        self._steps: dict[int, Any] = {}
         self.ref_scorer = Scorer(self.ref_params, self.ref_cfg, pad_id=self.model.pad_id,
                                  batch_size=min(16, c.rl.batch_size * c.rl.group_size), mesh=self.mesh)
-        self.reward_name = reward_name(c)
-        self.reward_fn = make_reward(self.reward_name, RewardEnv(c, c.rl.group_size, self.tok, self.system,
-                                                                 self.ref_scorer))
-        rl = c.rl
-        self.optimizer = optimizer_from_config(rl)
-        self.lc = LossConfig(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=rl.beta,
-                             kl_estimator=rl.kl_estimator, loss_type=rl.loss_type, temperature=rl.temperature,
-                             max_completion_length=rl.max_new_tokens,
-                             remat=False if rl.remat == "auto" else rl.remat)  # "auto": per prompt bucket
-        self._steps: dict[int, Any] = {}
-        self.engine = RolloutEngine(
-            sampler=self.sampler, reward_fn=self.reward_fn, reward_name=self.reward_name, ref_params=self.ref_params,
-            ref_cfg=self.ref_cfg, policy_cfg=self.model.cfg, tokenizer=self.tok, pad_id=self.model.pad_id, lc=self.lc,
-            group_size=rl.group_size, max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
-            scale_rewards=rl.scale_rewards, grad_accum=rl.grad_accum, mu=rl.mu, seed=c.seed, system=self.system,
-            mesh=self.mesh, multi=self.multi, grouped=self._grouped())
+        self.engine = self._rollout_engine()
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
         try:  # the fixed held-out probe (eval.probe_source; None when unset)
             self.probe = make_probe(c, self.system)
@@ -136,56 +127,25 @@ class Trainer:
         if self.probe is not None and self.multi:
             raise ConfigError("eval.probe_source is not supported in a multi-process run")
 
-    def _check_micro_batch(self) -> None:
-        c = self.c
-        micro_rows = c.rl.batch_size * c.rl.group_size // c.rl.grad_accum
-        if self.multi and micro_rows % rows_multiple(self.mesh):
-            raise ConfigError(f"train micro-batch of {micro_rows} rows per process (rl.batch_size * rl.group_size "
-                              f"/ rl.grad_accum) is not a multiple of {rows_multiple(self.mesh)}, this process's "
-                              "share of the mesh's data x fsdp shards")
-
-    def _reference(self) -> tuple[Any, Any]:
-        """The frozen reference model: its own parameters and its own config.
-
-        Default: a separate copy of the policy's initial parameters (the train step donates the
-        policy's buffers, so the reference must not share them). With `ref_model`, that model
-        under its own config (another depth or width is fine); refused with a ConfigError when
-        its token ids cannot mean the policy's (another vocabulary) or its context is shorter.
-        """
-        c, cfg = self.c, self.model.cfg
-        if not c.ref_model or c.ref_model == c.model:
-            return jax.tree_util.tree_map(jnp.copy, self.model.params), cfg
-        ref = load_model(c.ref_model, param_dtype=c.param_dtype, dtype=c.dtype, with_tokenizer=False)
-        if ref.cfg.vocab_size != cfg.vocab_size:
-            raise ConfigError(f"ref_model {c.ref_model!r} has a vocabulary of {ref.cfg.vocab_size} tokens, the policy "
-                              f"{c.model!r} {cfg.vocab_size}: the reference must score the policy's token ids")
-        if ref.cfg.max_position_embeddings < cfg.max_position_embeddings:
-            raise ConfigError(f"ref_model {c.ref_model!r} has a context of {ref.cfg.max_position_embeddings} "
-                              f"tokens, shorter than the policy's {cfg.max_position_embeddings}")
-        return (ref.params if self.mesh is None else shard_params(ref.params, self.mesh)), ref.cfg
-
-    # ------------------------------------------------------------------ stages
-
-    def _make_mesh(self) -> Any:
-        """The device mesh from `mesh_shape` (`parallel.mesh_from_spec`: "auto", "none" or "data,fsdp,tensor")."""
-        try:
-            return mesh_from_spec(self.c.mesh_shape)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-
-    def policy_sampler(self, params: Any) -> Sampler:
-        """The policy's sampler on `params`: the one place outside the rollout that sets them (today's Sampler
-        keeps its parameters as an attribute; recipes and the probe receive the sampler from here)."""
-        self.sampler.params = params
-        return self.sampler
+    def _rollout_engine(self) -> RolloutEngine:
+        """The rollout's frozen environment: sampler, reward (with the reference's scorer), shapes."""
+        c, rl = self.c, self.c.rl
+        name = reward_name(c)
+        reward_fn = make_reward(name, RewardEnv(c, rl.group_size, self.tok, self.system, self.ref_scorer))
+        return RolloutEngine(
+            sampler=self.sampler, reward_fn=reward_fn, reward_name=name, ref_params=self.ref_params,
+            ref_cfg=self.ref_cfg, policy_cfg=self.model.cfg, tokenizer=self.tok, pad_id=self.model.pad_id, lc=self.lc,
+            group_size=rl.group_size, max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
+            scale_rewards=rl.scale_rewards, grad_accum=rl.grad_accum, mu=rl.mu, seed=c.seed, system=self.system,
+            mesh=self.mesh, multi=self.multi, grouped=self._grouped())
 
     def prepare(self) -> tuple[list[TrainItem], list[TrainItem]]:
         """Training and held-out items of the method's data recipe (cached in the workdir)."""
-        return self.data.prepare(self, self.train_scen, self.held_scen)
+        return self.data.prepare(self.env, self.train_scen, self.held_scen)
 
     def evaluate(self, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
         """The method's held-out metrics of `params`."""
-        return self.data.evaluate(self, params, held)
+        return self.data.evaluate(self.env, params, held)
 
     # ------------------------------------------------------------------ rollouts and rewards
 
@@ -286,7 +246,7 @@ class Trainer:
         if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and info.held:
             self.metrics.scalars(done, self.evaluate(info.state.params, info.held))
         if self.probe is not None and self.probe.due(done, c.rl.steps):
-            self.metrics.scalars(done, self.probe(self.policy_sampler(info.state.params)))
+            self.metrics.scalars(done, self.probe(self.sampler.bound(info.state.params)))
 
     def _checkpoint_hook(self, info: StepInfo) -> None:
         """A checkpoint every ``checkpoint.every`` steps, at the last step and on a stop signal."""
@@ -298,7 +258,7 @@ class Trainer:
                     evals: dict[str, dict[str, float]]) -> None:
         evals[when] = self.evaluate(params, held)
         self.metrics.scalars(step, evals[when])
-        self.log(f"eval {when}: " + _fmt(evals[when]))
+        self.log(f"eval {when}: " + fmt_metrics(evals[when]))
 
     def train_step(self, state: TrainState, items: Sequence[TrainItem]) -> tuple[TrainState, dict[str, float],
                                                                                   list[dict]]:
@@ -324,7 +284,7 @@ class Trainer:
         if start == 0 and held:
             self._eval_phase("before", 0, state.params, held, evals)
         if start == 0 and self.probe is not None:
-            self.metrics.scalars(0, self.probe(self.policy_sampler(state.params)))
+            self.metrics.scalars(0, self.probe(self.sampler.bound(state.params)))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         step = start
         hooks = [self._log_hook, self._eval_hook, self._checkpoint_hook, *self.hooks]
@@ -353,40 +313,8 @@ class Trainer:
         if held:
             self._eval_phase("after", c.rl.steps, state.params, held, evals)
         self.metrics.close()
-        return self.finish(state.params, evals)
-
-    def finish(self, params: Any, evals: dict[str, dict[str, float]]) -> dict[str, Any]:
-        """Writes summary.txt, curves.png and the exported policy (process 0)."""
-        if self.multi and self.c.export:  # collective: every process takes part in gathering the weights
-            params = gather_to_host(params)
-        if not self.is_main:
-            return {}
-        rows = read_metrics(self.wd / "metrics.jsonl")
-        train_rows = [r for r in rows if "reward/total" in r]
-        keys = ["reward/total", "reward/verifier", "reward/anchor", "train/kl", "train/entropy",
-                "train/clip_ratio/region_mean", "train/loss", "completion/mean_length", "perf/step_s"]
-        plot_curves(self.wd / "metrics.jsonl", self.wd / "curves.png", keys)
-        lines = [f"run: {self.wd}", f"method: {self.c.method}  model: {self.c.model}  steps: {self.c.rl.steps}"]
-        for k in keys:
-            vals = [r[k] for r in train_rows if isinstance(r.get(k), (int, float))]
-            if vals:
-                lines.append(f"{k:32s} first {vals[0]:.4g}  last {vals[-1]:.4g}  mean {np.mean(vals):.4g}")
-        if "before" not in evals and (before := held_out_before(rows)):
-            evals = {"before": before, **evals}  # a resumed run did not evaluate "before": it is in the log
-        for when, ev in evals.items():
-            lines.append(f"held-out {when}: " + _fmt(ev))
-        export_dir = None
-        (self.wd / "summary.txt").write_text("\n".join(lines) + "\n")  # before the export, which may fail
-        if self.c.export:  # atomic; a failure is one ExportError line, the previous export is kept
-            export_dir = export_hf_folder(self.model.cfg, params, self.wd / "export", tokenizer=self.tok)
-            lines.append(f"exported policy: {export_dir}")
-            (self.wd / "summary.txt").write_text("\n".join(lines) + "\n")
-        self.log("\n".join(lines))
-        return {"evals": evals, "export": str(export_dir) if export_dir else None, "metrics": train_rows}
-
-
-def _fmt(d: dict[str, float]) -> str:
-    return ", ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in d.items())
+        return write_outputs(c, self.model.cfg, self.tok, state.params, evals, multi=self.multi,
+                             is_main=self.is_main, log=self.log)
 
 
 def _progress(it: Any, *, initial: int, total: int, enabled: bool) -> Any:

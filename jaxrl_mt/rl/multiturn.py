@@ -1,6 +1,6 @@
 """The multi-turn data recipe of RLSTA and GRPO: histories, latent-capability filtering, held-out accuracy.
 
-A data recipe tells the training loop (``jaxrl_mt.rl.loop.Trainer``, seen as a ``RecipeHost``) where its items come from
+A data recipe tells the training loop where its items come from (it sees the run as a frozen ``RecipeEnv``)
 and how held-out items are scored; the reward is a separate plug-in
 (``jaxrl_mt.rewards.registry``). This one:
 
@@ -27,25 +27,25 @@ import numpy as np
 
 from jaxrl_mt.parallel import (agree_max, allgather_json, broadcast_json, local_copy, local_mesh,
                                mean_over_processes, process_block)
-from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeHost, load_scenarios
+from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeEnv, load_scenarios
 from jaxrl_mt.rl.probe import filter_breakdown
 from jaxrl_mt.rl.histories import TrainItem, accuracy_single_and_multi, build_histories, filter_items, load_items, \
     save_items
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 
 
-def cached_items(t: RecipeHost, path: Path) -> list[TrainItem] | None:
+def cached_items(env: RecipeEnv, path: Path) -> list[TrainItem] | None:
     """The items cached at `path`, or None; multi-process: process 0's file, sent to every process."""
-    if not t.multi:
+    if not env.multi:
         return load_items(path) if path.exists() else None
-    got = broadcast_json([it.to_json() for it in load_items(path)] if t.is_main and path.exists() else None)
+    got = broadcast_json([it.to_json() for it in load_items(path)] if env.is_main and path.exists() else None)
     return None if got is None else [TrainItem.from_json(d) for d in got]
 
 
-def per_process(t: RecipeHost, fn: Callable[[Sequence[Any]], list[Any]], seq: Sequence[Any]) -> list[Any]:
+def per_process(env: RecipeEnv, fn: Callable[[Sequence[Any]], list[Any]], seq: Sequence[Any]) -> list[Any]:
     """fn(seq): multi-process, each process maps its contiguous block and the JSON-able results are
     gathered in order (the same list on every process)."""
-    if not t.multi:
+    if not env.multi:
         return fn(seq)
     lo, hi = process_block(len(seq))
     mine = fn(seq[lo:hi]) if hi > lo else []
@@ -64,79 +64,79 @@ class MultiTurnData:
         """Training and held-out scenarios."""
         return load_scenarios(c)
 
-    def _sampler(self, t: RecipeHost) -> Sampler:
+    def _sampler(self, env: RecipeEnv) -> Sampler:
         """The policy's sampler, or (multi-process) one on a process-local copy of the policy, so that
         each process prepares its block alone."""
-        if not t.multi:
-            return t.sampler
+        if not env.multi:
+            return env.sampler
         if self._local is None:
-            s = t.sampler
-            self._local = Sampler(local_copy(t.model.params, t.mesh), s.cfg, s.tokenizer, eos_ids=s.eos_ids,
-                                  pad_id=s.pad_id, max_batch=s.max_batch, mesh=local_mesh(t.mesh))
+            s = env.sampler
+            self._local = Sampler(local_copy(env.sampler.params, env.mesh), s.cfg, s.tokenizer, eos_ids=s.eos_ids,
+                                  pad_id=s.pad_id, max_batch=s.max_batch, mesh=local_mesh(env.mesh))
         return self._local
 
-    def _histories(self, t: RecipeHost, name: str, scenarios: Sequence[Any], seed: int) -> list[TrainItem]:
-        path = t.wd / name
-        cached = cached_items(t, path)
+    def _histories(self, env: RecipeEnv, name: str, scenarios: Sequence[Any], seed: int) -> list[TrainItem]:
+        path = env.workdir / name
+        cached = cached_items(env, path)
         if cached is not None:
             return cached
-        h = t.c.history
+        h = env.config.history
         sampling = SamplingConfig(max_new_tokens=h.max_new_tokens, temperature=h.temperature)
-        sampler = self._sampler(t)
+        sampler = self._sampler(env)
         items = per_process(
-            t, lambda sc: [it.to_json() for it in build_histories(sampler, sc, sampling, seed=seed, system=t.system)],
-            scenarios)
+            env, lambda sc: [it.to_json() for it in build_histories(sampler, sc, sampling, seed=seed,
+                                                                    system=env.system)], scenarios)
         items = [TrainItem.from_json(d) for d in items]
-        if t.is_main:
+        if env.is_main:
             save_items(path, items, {"n_items": len(items)})
         return items
 
-    def _filtered(self, t: RecipeHost, hist: list[TrainItem]) -> tuple[list[TrainItem], dict[str, Any]]:
+    def _filtered(self, env: RecipeEnv, hist: list[TrainItem]) -> tuple[list[TrainItem], dict[str, Any]]:
         """Latent-capability filtering: the items the policy solves more often single-turn than multi-turn."""
-        c = t.c
+        c = env.config
         if not c.filter.enabled:
             return hist, {"n_items": len(hist), "n_kept": len(hist), "filter": "disabled"}
-        sampler = self._sampler(t)
+        sampler = self._sampler(env)
         sampling = SamplingConfig(max_new_tokens=c.rl.max_new_tokens, temperature=c.filter.temperature)
 
         def acc(block: Sequence[TrainItem]) -> list[list[float]]:  # [n, 2] (st, mt) per item
             st, mt = accuracy_single_and_multi(sampler, block, sampling, k=c.filter.k, seed=c.seed + 2,
-                                               system=t.system, modes=(c.rl.verifier_mode,))[c.rl.verifier_mode]
+                                               system=env.system, modes=(c.rl.verifier_mode,))[c.rl.verifier_mode]
             return [[float(a), float(b)] for a, b in zip(st, mt)]
 
-        both = np.asarray(per_process(t, acc, hist), np.float64).reshape(-1, 2)  # [n, 2]
+        both = np.asarray(per_process(env, acc, hist), np.float64).reshape(-1, 2)  # [n, 2]
         st, mt = both[:, 0], both[:, 1]
         items, stats = filter_items(hist, st, mt, cap=c.filter.cap_per_problem, seed=c.seed)
         kept_ids = {it.item_id for it in items}
         stats.update(filter_breakdown([h.kind for h in hist], st, mt, [h.item_id in kept_ids for h in hist]))
-        t.log("filtering breakdown: " + ", ".join(f"{k}={v}" for k, v in stats.items()
+        env.log("filtering breakdown: " + ", ".join(f"{k}={v}" for k, v in stats.items()
                                                  if k.startswith(("kept", "dropped"))))
-        t.log(f"filtering: kept {stats['n_kept']}/{stats['n_items']} histories "
+        env.log(f"filtering: kept {stats['n_kept']}/{stats['n_items']} histories "
               f"(single-turn acc {stats['st_acc_mean']:.3f}, multi-turn acc {stats['mt_acc_mean']:.3f})")
         if not items:
             raise ConfigError("latent-capability filtering kept no history (the policy is never better "
                               "single-turn than multi-turn here); disable filter.enabled or use more data")
         return items, stats
 
-    def prepare(self, t: RecipeHost, train: Sequence[Any], held: Sequence[Any]) -> tuple[list[TrainItem],
+    def prepare(self, env: RecipeEnv, train: Sequence[Any], held: Sequence[Any]) -> tuple[list[TrainItem],
                                                                                       list[TrainItem]]:
         """Histories for training and held-out scenarios, filtered training items (cached)."""
-        c = t.c
+        c = env.config
         t0 = time.perf_counter()
-        held_items = self._histories(t, "heldout.jsonl", held, c.seed + 1) if held else []
-        items_path = t.wd / "train_items.jsonl"
-        items = cached_items(t, items_path)
+        held_items = self._histories(env, "heldout.jsonl", held, c.seed + 1) if held else []
+        items_path = env.workdir / "train_items.jsonl"
+        items = cached_items(env, items_path)
         if items is None:
-            items, stats = self._filtered(t, self._histories(t, "histories.jsonl", train, c.seed))
-            if t.is_main:
+            items, stats = self._filtered(env, self._histories(env, "histories.jsonl", train, c.seed))
+            if env.is_main:
                 save_items(items_path, items, stats)
         self._local = None  # frees the process-local copy of the policy
         if len(items) < c.rl.batch_size:
             raise ConfigError(f"empty dataset: {len(items)} training items < rl.batch_size {c.rl.batch_size}")
-        t.log(f"data: {len(items)} training items, {len(held_items)} held-out ({time.perf_counter() - t0:.1f}s)")
+        env.log(f"data: {len(items)} training items, {len(held_items)} held-out ({time.perf_counter() - t0:.1f}s)")
         return items, held_items
 
-    def evaluate(self, t: RecipeHost, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
+    def evaluate(self, env: RecipeEnv, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
         """Greedy single-turn (full prompt) and multi-turn (history + last turn) accuracy.
 
         Multi-process: each process evaluates its contiguous block of `held` (padded with repeats
@@ -145,19 +145,19 @@ class MultiTurnData:
         """
         if not held:
             return {}
-        sampler = t.policy_sampler(params)
+        sampler = env.policy_sampler(params)
         mine, n_mine = list(held), len(held)
-        if t.multi:
+        if env.multi:
             lo, hi = process_block(len(held))
             mine, n_mine = list(held[lo:hi]), hi - lo
             size = agree_max(len(mine))
             mine = (mine + [mine[-1] if mine else held[0]] * size)[:size]
         acc = accuracy_single_and_multi(
-            sampler, mine, SamplingConfig(max_new_tokens=t.c.eval.max_new_tokens, temperature=0.0),
-            k=1, seed=0, system=t.system, modes=("strict", "lenient"))
+            sampler, mine, SamplingConfig(max_new_tokens=env.config.eval.max_new_tokens, temperature=0.0),
+            k=1, seed=0, system=env.system, modes=("strict", "lenient"))
         out = {}
         for mode, (st, mt) in acc.items():
             st, mt = st[:n_mine], mt[:n_mine]
             out[f"eval/single_turn_acc_{mode}"] = float(np.mean(st)) if len(st) else 0.0
             out[f"eval/multi_turn_acc_{mode}"] = float(np.mean(mt)) if len(mt) else 0.0
-        return mean_over_processes(out, weight=n_mine) if t.multi else out
+        return mean_over_processes(out, weight=n_mine) if env.multi else out

@@ -124,7 +124,7 @@ def make_optimizer(
 def optimizer_from_config(rl: Any) -> optax.GradientTransformation:
     """The optimizer of a training config's ``rl`` section: the one place a run's optimizer is built
     (the loop, and ``load_policy`` to restore a checkpoint's optimizer state)."""
-    get = rl.get if hasattr(rl, "get") else rl.__getitem__
+    get = rl.__getitem__ if isinstance(rl, dict) else lambda k: getattr(rl, k)  # config.json's dict or a section
     return make_optimizer(get("lr"), schedule=get("schedule"), warmup_steps=get("warmup_steps"),
                           total_steps=get("steps"), weight_decay=get("weight_decay"),
                           max_grad_norm=get("max_grad_norm") or None, grad_accum_steps=get("grad_accum"))

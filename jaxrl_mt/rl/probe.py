@@ -65,7 +65,7 @@ class HeldoutProbe:
 
     def __call__(self, sampler: Any) -> dict[str, float]:
         """``probe/<kind>_<mode>`` accuracies and ``probe/multi_turn_<mode>`` (all non-FULL kinds) of the
-        policy ``sampler`` holds (the trainer's ``policy_sampler(params)``)."""
+        policy ``sampler`` holds (the trainer's ``sampler.bound(params)``)."""
         runs = [ConversationRun(conv_id=f"{tid}|{kind}", system=self.system, user_turns=list(turns))
                 for tid, kind, turns, _ in self.plan]
         run_conversations(sampler, runs, self.sampling, seed=self.seed)  # no kept caches: bounded memory
@@ -85,13 +85,11 @@ class HeldoutProbe:
 def make_probe(c: Any, system: str | None) -> HeldoutProbe | None:
     """The probe of a training config (``eval.probe_*`` fields), or None when ``probe_source`` is empty."""
     ev = c.eval
-    source = ev.get("probe_source", "") if hasattr(ev, "get") else ""
-    if not source:
+    if not ev.probe_source:
         return None
-    kinds = [k.strip() for k in str(ev.get("probe_kinds", "sharded,mt_refine")).split(",") if k.strip()]
-    return HeldoutProbe(source, limit=int(ev.get("probe_limit", 0)), kinds=kinds,
-                        max_new_tokens=int(ev.get("max_new_tokens", 64)), every=int(ev.get("probe_every", 0)),
-                        system=system, seed=int(c.seed))
+    kinds = [k.strip() for k in str(ev.probe_kinds).split(",") if k.strip()]
+    return HeldoutProbe(ev.probe_source, limit=ev.probe_limit, kinds=kinds, max_new_tokens=ev.max_new_tokens,
+                        every=ev.probe_every, system=system, seed=c.seed)
 
 
 def filter_breakdown(kinds: Sequence[str], st_acc: Sequence[float], mt_acc: Sequence[float],

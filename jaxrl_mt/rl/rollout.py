@@ -38,7 +38,7 @@ __all__ = ["Rollout", "RolloutEngine", "grouped_layout", "place_example", "rollo
 class RolloutEngine:
     """What a rollout uses besides the policy parameters (built once per run)."""
 
-    sampler: Any  # the policy's Sampler (today's API: the caller sets its params; see `rollout`)
+    sampler: Any  # the policy's Sampler (the rollout passes its params per call)
     reward_fn: RewardFn  # the registered reward built for the run
     reward_name: str
     ref_params: Any  # the frozen reference model (KL term)

@@ -43,6 +43,14 @@ class LossConfig:
     chunk: int = 128  # time-chunk of the vocabulary projection
 
 
+def loss_config(rl: Any) -> LossConfig:
+    """The loss settings of a config's ``rl`` section (``rl.remat = "auto"``: False here, the loop
+    chooses per prompt bucket)."""
+    return LossConfig(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=rl.beta,
+                      kl_estimator=rl.kl_estimator, loss_type=rl.loss_type, temperature=rl.temperature,
+                      max_completion_length=rl.max_new_tokens, remat=False if rl.remat == "auto" else rl.remat)
+
+
 def dapo_num_items(completion_mask: np.ndarray, grad_accum: int, tokens: int | None = None) -> np.ndarray:
     """The ``dapo`` normaliser of every row [N]: the step's completion tokens / ``grad_accum``.
 

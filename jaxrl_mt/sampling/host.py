@@ -11,6 +11,7 @@ sampler's own `params` being the default.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from typing import Any, Sequence
@@ -68,6 +69,13 @@ class Sampler:
 
     def _set_engine(self, **changes: Any) -> None:
         self.engine = dataclasses.replace(self.engine, **changes)
+
+    def bound(self, params: Params) -> "Sampler":
+        """This sampler on other default parameters: a view sharing the engine, the tokenizer, the
+        fused-weights cache and the compiled shapes; this sampler is unchanged."""
+        view = copy.copy(self)
+        view.params = params
+        return view
 
     def decode_weights(self, params: Params | None = None) -> Params | None:
         """`decode_params(params)` (default: the sampler's), made once per parameter version (None

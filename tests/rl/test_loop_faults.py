@@ -6,7 +6,6 @@ import math
 import os
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import jax
 import pytest
@@ -15,9 +14,11 @@ from configs.rlsta import get_config
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import init_params
 from jaxrl_mt.models.hf_io import ExportError, export_hf_folder
-from jaxrl_mt.rl import loop as loop_mod
+from jaxrl_mt.rl import outputs as outputs_mod
 from jaxrl_mt.rl.loop import Trainer
 from jaxrl_mt.rl.metrics_log import MetricsLog
+from jaxrl_mt.rl.outputs import write_outputs
+from jaxrl_mt.rl.run_config import typed_config
 from tests.rl.test_loop import tiny_config, train_rows
 
 # 2 MB of float32 parameters: more than the 1 MiB disk of `small_disk` holds
@@ -37,11 +38,9 @@ def test_summary_is_written_before_a_failed_export_and_keeps_held_out_before(sma
     (wd / "export" / "config.json").write_text("the previous export")
     c = get_config("cpu")
     c.workdir, c.export = str(wd), True
-    trainer = Trainer.__new__(Trainer)  # finish() alone: no model to load, no step to run
-    trainer.c, trainer.wd, trainer.is_main, trainer.multi, trainer.log = c, wd, True, False, print
-    trainer.model, trainer.tok = SimpleNamespace(cfg=BIG), None
     with pytest.raises(ExportError) as info:
-        trainer.finish(init_params(BIG, jax.random.key(0)), {"after": {"eval/single_turn_acc_strict": 0.5}})
+        write_outputs(typed_config(c), BIG, None, init_params(BIG, jax.random.key(0)),
+                      {"after": {"eval/single_turn_acc_strict": 0.5}}, multi=False, is_main=True, log=print)
     assert str(info.value) == (f"cannot write the export folder {wd / 'export'} (No space left on device); "
                                "the previous folder is kept")
     summary = (wd / "summary.txt").read_text()
@@ -69,7 +68,7 @@ def test_resume_over_damaged_checkpoint_and_cut_log_then_failed_export(tiny_chat
     # and the export fails (its target is unwritable: a path under a file)
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    monkeypatch.setattr(loop_mod, "export_hf_folder",
+    monkeypatch.setattr(outputs_mod, "export_hf_folder",
                         lambda cfg, params, out, **kw: export_hf_folder(cfg, params, blocker / "export", **kw))
 
     logs: list[str] = []

@@ -27,17 +27,21 @@ def db() -> bytes:
     return conn.serialize()
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT printf('%.*c', 2000000000, 'x')",
-    "SELECT printf('%.*c', 2000000000, 'x'), printf('%.*c', 2000000000, 'y')",
-    "SELECT 1 WHERE 5 IN (" + ",".join(str(i) for i in range(200000)) + ")",
+@pytest.mark.parametrize("sql,must_time_out", [
+    ("SELECT printf('%.*c', 2000000000, 'x')", True),
+    ("SELECT printf('%.*c', 2000000000, 'x'), printf('%.*c', 2000000000, 'y')", True),
+    # parsing took 3.2 s on one host and 0.09 s on another: either a timeout or the right row, within the limit
+    ("SELECT 1 WHERE 5 IN (" + ",".join(str(i) for i in range(200000)) + ")", False),
 ])
-def test_one_long_step_or_a_long_parse_times_out_within_the_limit(db, sql):
+def test_one_long_step_or_a_long_parse_times_out_within_the_limit(db, sql, must_time_out):
     run_isolated(db, "SELECT 1")  # a warm worker
     t0 = time.perf_counter()
     r = run_isolated(db, sql, timeout_s=1.0)
     took = time.perf_counter() - t0
-    assert (r.status, r.error) == ("timeout", "no result after 1 s")
+    if must_time_out or r.status != "ok":
+        assert (r.status, r.error) == ("timeout", "no result after 1 s")
+    else:
+        assert r.rows == ((1,),)
     assert took < 1.0 + 0.5 and KILL_GRACE_S < 0.5
     assert run_isolated(db, "SELECT count(*) FROM t").rows == ((50,),)  # a fresh worker answers next
 

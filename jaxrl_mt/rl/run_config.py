@@ -1,0 +1,190 @@
+"""The typed training config: the schema of configs/rlsta.py (and its variants) as frozen dataclasses.
+
+A config file stays an ml_collections file (presets, command-line overrides, a locked key set);
+the entry point turns it into a :class:`TrainConfig` once (:func:`typed_config`), which checks
+every field's presence and type, and the loop reads only the typed, immutable result. Method
+sections (``icpo``, ``sft``, ``dpo``, ``rlaar``) are optional: present in their method's config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from typing import Any, Mapping, Union
+
+from jaxrl_mt.rl.data import ConfigError
+
+__all__ = ["TrainConfig", "typed_config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+    add_source: str  # MT-Add problems: comma-separated source specs ("" = none)
+    refine_source: str  # MT-Refine problems
+    limit: int  # training problems per source (0 = all)
+    heldout: int  # problems per source held out for the before/after evaluation
+    shuffle_shards: bool  # shuffle MT-Add condition order
+    max_turns: int  # skip problems with more user turns (0 = no limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class HistorySection:
+    temperature: float
+    max_new_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterSection:
+    enabled: bool
+    k: int
+    cap_per_problem: int
+    temperature: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSection:
+    steps: int
+    batch_size: int
+    group_size: int
+    lr: float
+    schedule: str
+    warmup_steps: int
+    weight_decay: float
+    max_grad_norm: float
+    grad_accum: int
+    mu: int
+    beta: float
+    kl_estimator: str
+    epsilon_low: float
+    epsilon_high: float
+    loss_type: str
+    scale_rewards: bool
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    alpha: float
+    anchor_prompt: str
+    zero_anchor_for_wrong: bool
+    verifier_mode: str
+    remat: Union[bool, str]
+    max_batch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    max_new_tokens: int
+    every: int
+    probe_source: str
+    probe_limit: int
+    probe_kinds: str
+    probe_every: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSection:
+    every: int
+    samples_every: int
+    n_samples: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    every: int
+    keep: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ICPOSection:
+    underspecified_ratio: float
+    judge: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """One training run (configs/rlsta.py documents every field)."""
+
+    method: str
+    reward: str
+    model: str
+    ref_model: str
+    workdir: str
+    seed: int
+    param_dtype: str
+    dtype: str
+    system_prompt: str
+    mesh_shape: str
+    allow_config_changes: str
+    export: bool
+    data: DataSection
+    history: HistorySection
+    filter: FilterSection
+    rl: RLSection
+    eval: EvalSection
+    log: LogSection
+    checkpoint: CheckpointSection
+    icpo: ICPOSection | None = None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A field by name, ``default`` when absent (the ConfigDict reading some code shares)."""
+        return getattr(self, name, default)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (``config.json``; absent method sections left out)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def _check_value(path: str, value: Any, tp: Any) -> Any:
+    """``value`` as field type ``tp`` (an int where a float is declared becomes a float)."""
+    options = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
+    for t in options:
+        if t is bool and isinstance(value, bool):
+            return value
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if t is str and isinstance(value, str):
+            return value
+    names = " or ".join(getattr(t, "__name__", str(t)) for t in options)
+    raise ConfigError(f"config field {path} must be {names}, got {value!r} ({type(value).__name__})")
+
+
+def _section(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config field(s) {', '.join(prefix + k for k in unknown)}")
+    out = {}
+    for name, f in fields.items():
+        path, tp = prefix + name, hints[name]
+        if name not in raw:
+            if f.default is dataclasses.MISSING:
+                raise ConfigError(f"config has no field {path}")
+            continue
+        sub = next((t for t in typing.get_args(tp) or (tp,) if dataclasses.is_dataclass(t)), None)
+        if sub is not None:
+            if not isinstance(raw[name], Mapping):
+                raise ConfigError(f"config field {path} must be a section, got {raw[name]!r}")
+            out[name] = _section(sub, raw[name], path + ".")
+        else:
+            out[name] = _check_value(path, raw[name], tp)
+    return cls(**out)
+
+
+def typed_config(c: Any) -> TrainConfig:
+    """The typed, frozen config of a ConfigDict, a dict or a TrainConfig (returned as is).
+
+    Raises:
+      ConfigError: a missing field, an unknown field or a value of the wrong type, named by its
+        dotted path.
+    """
+    if isinstance(c, TrainConfig):
+        return c
+    raw = json.loads(c.to_json()) if hasattr(c, "to_json") else dict(c)
+    return _section(TrainConfig, raw, "")

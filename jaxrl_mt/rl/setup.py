@@ -1,0 +1,67 @@
+"""Start-up of a training run: the device mesh, the policy and its frozen reference, the batch checks.
+
+Pure functions of the typed config (``rl.run_config.TrainConfig``); each refuses what cannot run
+with one ``ConfigError`` line before any step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_mt.models.registry import Model, load_model
+from jaxrl_mt.parallel import mesh_from_spec, rows_multiple, shard_params
+from jaxrl_mt.rl.data import ConfigError
+
+__all__ = ["check_micro_batch", "load_policy_model", "make_mesh", "reference"]
+
+
+def make_mesh(c: Any) -> Any:
+    """The device mesh of ``mesh_shape`` (``parallel.mesh_from_spec``: "auto", "none" or "data,fsdp,tensor")."""
+    try:
+        return mesh_from_spec(c.mesh_shape)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def load_policy_model(c: Any, mesh: Any) -> Model:
+    """The policy model of ``c.model``, its parameters placed on ``mesh`` (when there is one)."""
+    model = load_model(c.model, param_dtype=c.param_dtype, dtype=c.dtype)
+    if mesh is not None:
+        model.params = shard_params(model.params, mesh)
+    return model
+
+
+def check_micro_batch(c: Any, mesh: Any, multi: bool) -> None:
+    """Refuses a multi-process micro-batch that the mesh's data x fsdp shards cannot split evenly."""
+    micro_rows = c.rl.batch_size * c.rl.group_size // c.rl.grad_accum
+    if multi and micro_rows % rows_multiple(mesh):
+        raise ConfigError(f"train micro-batch of {micro_rows} rows per process (rl.batch_size * rl.group_size "
+                          f"/ rl.grad_accum) is not a multiple of {rows_multiple(mesh)}, this process's "
+                          "share of the mesh's data x fsdp shards")
+
+
+def reference(c: Any, policy: Model, mesh: Any) -> tuple[Any, Any]:
+    """The frozen reference model: its own parameters and its own config.
+
+    Default: a separate copy of the policy's initial parameters (the train step donates the
+    policy's buffers, so the reference must not share them). With ``ref_model``, that model
+    under its own config (another depth or width is fine).
+
+    Raises:
+      ConfigError: the reference's token ids cannot mean the policy's (another vocabulary) or its
+        context is shorter.
+    """
+    cfg = policy.cfg
+    if not c.ref_model or c.ref_model == c.model:
+        return jax.tree_util.tree_map(jnp.copy, policy.params), cfg
+    ref = load_model(c.ref_model, param_dtype=c.param_dtype, dtype=c.dtype, with_tokenizer=False)
+    if ref.cfg.vocab_size != cfg.vocab_size:
+        raise ConfigError(f"ref_model {c.ref_model!r} has a vocabulary of {ref.cfg.vocab_size} tokens, the policy "
+                          f"{c.model!r} {cfg.vocab_size}: the reference must score the policy's token ids")
+    if ref.cfg.max_position_embeddings < cfg.max_position_embeddings:
+        raise ConfigError(f"ref_model {c.ref_model!r} has a context of {ref.cfg.max_position_embeddings} "
+                          f"tokens, shorter than the policy's {cfg.max_position_embeddings}")
+    return (ref.params if mesh is None else shard_params(ref.params, mesh)), ref.cfg
