@@ -7,8 +7,9 @@ Models", as verl implements them (``verl/trainer/ppo/core_algos.py``,
 
     cov_i = (A_i - mean(A)) * (logp_i - mean(logp)),
 
-means over the valid (mask) tokens of the whole batch, ``A_i`` the advantage broadcast to its
-tokens (so ``mean(A)`` is token-weighted), ``logp`` detached.
+means over the valid (mask) tokens of the batch the loss is given (a micro-batch under gradient
+accumulation, as verl computes it per micro-batch), ``A_i`` the advantage broadcast to its tokens
+(so ``mean(A)`` is token-weighted), ``logp`` detached.
 
 * Clip-Cov: candidates are valid tokens with ``clip_cov_lb < cov < clip_cov_ub`` whose PPO clip
   is not already active (verl's ``clip_by_origin`` excluded); ``max(floor(clip_cov_ratio * n), 1)``

@@ -20,12 +20,51 @@ Shapes: ``B`` preference pairs; prompts ``[B, P]`` left-padded, completions ``[B
 
 from __future__ import annotations
 
+from typing import NamedTuple, Sequence
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from jaxrl_mt.batching import pack_rows
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params
 from jaxrl_mt.scoring import grouped_logprobs
+
+
+class PreferenceBatch(NamedTuple):
+    """B preference pairs as arrays (a pytree: jit and shard it as any batch)."""
+
+    prompt: jax.Array  # [B, P] left-padded ids
+    prompt_mask: jax.Array  # [B, P] bool
+    chosen: jax.Array  # [B, C] right-padded ids
+    chosen_mask: jax.Array  # [B, C] bool
+    rejected: jax.Array  # [B, C] right-padded ids
+    rejected_mask: jax.Array  # [B, C] bool
+    ref_chosen: jax.Array  # [B] reference log-prob sums of the chosen (0 until computed)
+    ref_rejected: jax.Array  # [B] of the rejected
+
+
+def preference_batch(prompts: Sequence[Sequence[int]], chosen: Sequence[Sequence[int]],
+                     rejected: Sequence[Sequence[int]], pad_id: int, *, prompt_len: int | None = None,
+                     completion_len: int | None = None) -> PreferenceBatch:
+    """Packs id lists (``sft_data.encode_target``'s) into a :class:`PreferenceBatch` (reference sums 0).
+
+    Args:
+      prompts: ``B`` prompt id lists; chosen, rejected: ``B`` completion id lists each.
+      pad_id: the padding id.
+      prompt_len: ``P`` (default: the longest prompt); completion_len: ``C`` (default: the longest).
+
+    Returns:
+      The batch, numpy arrays.
+    """
+    p = max(len(x) for x in prompts) if prompt_len is None else prompt_len
+    c = max(len(x) for x in (*chosen, *rejected)) if completion_len is None else completion_len
+    pt, pm = pack_rows(prompts, pad_id, p, align="left")
+    ct, cm = pack_rows(chosen, pad_id, c, align="right")
+    rt, rm = pack_rows(rejected, pad_id, c, align="right")
+    zeros = np.zeros(len(prompts), np.float32)
+    return PreferenceBatch(pt, pm, ct, cm, rt, rm, zeros, zeros.copy())
 
 
 def dpo_loss(policy_chosen: jax.Array, policy_rejected: jax.Array, ref_chosen: jax.Array, ref_rejected: jax.Array,
@@ -93,3 +132,23 @@ def pair_logprobs(params: Params, cfg: ModelConfig, prompt: jax.Array, prompt_ma
                                 remat=remat)  # [2B, C], 0 on pads
     sums = jnp.sum(lp, axis=1).reshape(b, 2)  # [B, 2]
     return sums[:, 0], sums[:, 1]
+
+
+def dpo_objective(params: Params, cfg: ModelConfig, batch: PreferenceBatch, *, beta: float = 0.1,
+                  label_smoothing: float = 0.0, chunk: int = 128, remat: bool | str = False
+                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The DPO loss of the policy ``params`` on a batch whose reference sums are filled in.
+
+    Args:
+      params, cfg: the policy.
+      batch: the pairs, with ``ref_chosen`` / ``ref_rejected`` from :func:`pair_logprobs` under the
+        frozen reference.
+      beta, label_smoothing: see :func:`dpo_loss`.
+      chunk, remat: see :func:`pair_logprobs`.
+
+    Returns:
+      ``dpo_loss``' ``(loss, metrics)`` (differentiable in ``params``).
+    """
+    pc, pr = pair_logprobs(params, cfg, batch.prompt, batch.prompt_mask, batch.chosen, batch.chosen_mask,
+                           batch.rejected, batch.rejected_mask, chunk=chunk, remat=remat)
+    return dpo_loss(pc, pr, batch.ref_chosen, batch.ref_rejected, beta=beta, label_smoothing=label_smoothing)

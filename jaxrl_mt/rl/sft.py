@@ -10,9 +10,13 @@ Shapes: ``B`` rows of ``T`` tokens ([history prompt | target], any padding the m
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from jaxrl_mt.batching import pack_rows
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params
 from jaxrl_mt.scoring import token_logprobs
@@ -46,3 +50,24 @@ def sft_loss(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: ja
     nll = -jnp.sum(lp * counted)
     denom = jnp.maximum(n, 1.0) if num_items is None else num_items
     return nll / denom, {"tokens": jax.lax.stop_gradient(n), "nll_sum": jax.lax.stop_gradient(nll)}
+
+
+def sft_rows(prompts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], pad_id: int, *,
+             width: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``[prompt | target]`` right-padded, with the target mask (``sft_data.encode_target``'s ids).
+
+    Args:
+      prompts: ``B`` prompt id lists; targets: ``B`` target id lists.
+      pad_id: the padding id.
+      width: ``T`` (default: the longest row).
+
+    Returns:
+      ``(tokens [B, T] int32, token_mask [B, T] bool, target_mask [B, T] bool)``.
+    """
+    rows = [list(p) + list(t) for p, t in zip(prompts, targets)]
+    t = max(len(r) for r in rows) if width is None else width
+    tokens, mask = pack_rows(rows, pad_id, t, align="right")
+    target = np.zeros_like(mask)
+    for i, (p, tg) in enumerate(zip(prompts, targets)):
+        target[i, len(p):len(p) + len(tg)] = True
+    return tokens, mask, target

@@ -170,3 +170,18 @@ def test_clip_cov_selects_among_verl_candidates(seed):
     bigger = np.asarray(covmod.clip_cov_select(jnp.asarray(logp), jnp.asarray(adv), jnp.asarray(mask), clipped,
                                                covmod.CovConfig(clip_cov_ratio=1e-2), jax.random.PRNGKey(seed)))
     assert bigger.sum() == min(int(1e-2 * mask.sum()), cand.sum()) and not (bigger & ~cand).any()
+
+
+def test_variants_jit_with_a_traced_key_and_counts():
+    logp, old, adv, mask = _random_batch(4, n=8, t=32)
+
+    @jax.jit
+    def f(lp, key):
+        return grpo_loss(lp, jnp.asarray(old), None, jnp.asarray(adv), jnp.asarray(mask), loss_type="dapo",
+                         loss_variant="clip_cov", cov=covmod.CovConfig(clip_cov_ratio=0.05), key=key)
+
+    (loss, m), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp), jax.random.PRNGKey(0))
+    n_sel = int(round(float(m["cov/selected_frac"]) * mask.sum()))
+    zero_valid = int(((np.asarray(grad) == 0) & (mask > 0)).sum())
+    assert 1 <= n_sel <= int(0.05 * mask.sum()) and zero_valid >= n_sel  # clipped tokens have zero gradient too
+    assert np.isfinite(float(loss))
