@@ -8,16 +8,25 @@ case-insensitive, any spaces, optionally wrapped in ``\text{}`` / ``\textbf{}`` 
 by another boxed answer, is no abstention.
 
 RLAAR's reward: on an unsolvable sample (a history with its last shard dropped) 1 for abstaining,
-else 0; on a solvable one 0 for abstaining, else the verifier.
+else 0; on a solvable one 0 for abstaining, else the verifier. Registered as the reward ``rlaar``:
+an item is unsolvable when its ``kind`` is ``"unsolvable"`` (as ICPO's ``"underspecified"``),
+solvable otherwise; the verifier mode is ``rl.verifier_mode``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
+
+from jaxrl_mt.rewards.registry import RewardEnv, RewardFn, RewardOutput, group_rows, register_reward
 from jaxrl_mt.rewards.verifier import MAX_CHECKED_CHARS, boxed_contents, verify
 
-__all__ = ["abstention_reward", "answer_part", "is_abstain"]
+__all__ = ["UNSOLVABLE", "abstention_reward", "answer_part", "is_abstain", "rlaar_rewards"]
+
+UNSOLVABLE = "unsolvable"  # the kind of an item whose last shard was dropped
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _WRAP_RE = re.compile(r"^\\(?:text|textbf|mathrm|textrm|texttt)\s*\{(.*)\}$", re.DOTALL)
@@ -69,3 +78,31 @@ def abstention_reward(reply: str, *, solvable: bool, gold: str, mode: str = "str
     if is_abstain(reply):
         return 0.0
     return verify(answer_part(reply), gold, mode)
+
+
+def rlaar_rewards(items: Sequence[Any], generations: Any, group_size: int, mode: str) -> RewardOutput:
+    """RLAAR rewards [N] of the generations (rows grouped by item, G each), with their rates and columns.
+
+    Components: ``abstain`` (all rows), ``solvable_acc`` and ``unsolvable_abstain`` (the rows of
+    each kind, when present). Columns: ``kind``, ``abstain``, ``gold``.
+    """
+    rows = group_rows(items, group_size)
+    solvable = np.array([it.kind != UNSOLVABLE for it in rows])
+    abstain = np.array([is_abstain(t) for t in generations.texts], np.float64)
+    reward = np.array([abstention_reward(t, solvable=bool(s), gold=it.answer, mode=mode)
+                       for it, t, s in zip(rows, generations.texts, solvable)], np.float64)
+    comps = {"abstain": abstain}
+    if solvable.any():
+        comps["solvable_acc"] = reward[solvable]
+    if (~solvable).any():
+        comps["unsolvable_abstain"] = reward[~solvable]
+    cols = {"kind": [it.kind for it in rows], "abstain": [f"{a:.0f}" for a in abstain],
+            "gold": [it.answer for it in rows]}
+    return RewardOutput(reward, comps, cols)
+
+
+@register_reward("rlaar")
+def build_rlaar(env: RewardEnv) -> RewardFn:
+    """RLAAR: abstention on unsolvable items, the verifier (``rl.verifier_mode``) on solvable ones."""
+    mode = env.config.rl.verifier_mode
+    return lambda items, generations: rlaar_rewards(items, generations, env.group_size, mode)
