@@ -6,6 +6,8 @@ Pieces (pure functions and a pure state machine; the trainer wiring is apart):
   ``k`` user turns (contiguous groups, the first ``len % k`` one shard longer), solvable;
   with ``unsolvable=True`` the last shard is dropped first, so the sample can never be solved and
   never contains that shard.
+* :func:`drop_last_shard`: the same for a training item (a history answered by the model): the
+  conversation up to the user turn before the last shard, of kind ``"unsolvable"``.
 * :func:`jaxrl_mt.rewards.abstain.abstention_reward`: 1 for ``\boxed{abstain}`` on an unsolvable
   sample, the verifier on a solvable one (0 for abstaining there); re-exported here.
 * :class:`Curriculum`: the number of shards per step, as RLAAR's probable public code (the
@@ -28,9 +30,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxrl_mt.rewards.abstain import abstention_reward, is_abstain
+from jaxrl_mt.rewards.abstain import UNSOLVABLE, abstention_reward, is_abstain
+from jaxrl_mt.rl.histories import TrainItem
 
-__all__ = ["Curriculum", "CurriculumConfig", "abstention_reward", "is_abstain", "shard_turns"]
+__all__ = ["Curriculum", "CurriculumConfig", "abstention_reward", "drop_last_shard", "is_abstain", "shard_turns"]
 
 
 def shard_turns(shards: Sequence[str], k: int, *, unsolvable: bool = False, sep: str = "\n") -> tuple[str, ...]:
@@ -56,6 +59,31 @@ def shard_turns(shards: Sequence[str], k: int, *, unsolvable: bool = False, sep:
         raise ValueError(f"shard_turns: {len(shards)} shard(s) leave nothing to ask (unsolvable={unsolvable})")
     groups = np.array_split(np.arange(len(kept)), min(k, len(kept)))
     return tuple(sep.join(kept[i] for i in g) for g in groups)
+
+
+def drop_last_shard(item: TrainItem) -> TrainItem:
+    """The unsolvable version of a training item: its last user turn (the last shard) dropped.
+
+    Args:
+      item: a history ``(user, assistant)*`` and its last user turn (``histories.TrainItem``).
+
+    Returns:
+      An item of kind ``"unsolvable"`` (id ``<item_id>|unsolvable``): the history before the
+      previous user turn, that turn as the last one; ``anchor_prompt`` and ``merged_user`` are the
+      remaining user turns joined (the full problem, which holds the dropped shard, is not kept).
+
+    Raises:
+      ValueError: an item whose history holds no user turn (a one-shard problem).
+    """
+    users = [i for i, (role, _) in enumerate(item.history) if role == "user"]
+    if not users:
+        raise ValueError(f"drop_last_shard: item {item.item_id!r} has no user turn before its last one")
+    cut = users[-1]
+    history = tuple(item.history[:cut])
+    last = item.history[cut][1]
+    merged = "\n".join([c for r, c in history if r == "user"] + [last])
+    return dataclasses.replace(item, item_id=f"{item.item_id}|{UNSOLVABLE}", kind=UNSOLVABLE, history=history,
+                               last_user=last, anchor_prompt=merged, merged_user=merged)
 
 
 @dataclasses.dataclass(frozen=True)

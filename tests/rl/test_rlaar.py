@@ -130,3 +130,25 @@ def test_abstention_reward():
     # the verifier reads the answer after the think block, not a number inside it
     assert abstention_reward("<think>\nIt is 9? No.\n</think>\n\\boxed{15}", solvable=True, gold="15") == 1.0
     assert abstention_reward("<think>\n\\boxed{15}\n</think>\nI am not sure.", solvable=True, gold="15") == 0.0
+
+
+def test_drop_last_shard_item_never_holds_the_last_shard():
+    from jaxrl_mt.data.scenarios import build_scenario
+    from jaxrl_mt.rl.histories import TrainItem
+    from jaxrl_mt.rl.rlaar import drop_last_shard
+
+    for t in load_source("rlsta_add:@"):
+        sc = build_scenario(t, "sharded")
+        hist = tuple(x for i, u in enumerate(sc.turns[:-1]) for x in (("user", u), ("assistant", f"Noted {i}.")))
+        item = TrainItem(item_id=f"{t.task_id}|sharded|0", task_id=t.task_id, kind="sharded", history=hist,
+                         last_user=sc.turns[-1], anchor_prompt=sc.anchor_prompt, merged_user="\n".join(sc.turns),
+                         answer=sc.answer)
+        uns = drop_last_shard(item)
+        last = sc.turns[-1]
+        assert uns.kind == "unsolvable" and uns.item_id == item.item_id + "|unsolvable"
+        text = "\n".join([c for _, c in uns.history] + [uns.last_user, uns.anchor_prompt, uns.merged_user])
+        assert last not in text and last in item.anchor_prompt + item.merged_user
+        assert [m["content"] for m in uns.messages if m["role"] == "user"] == list(sc.turns[:-1])
+        assert uns.messages == item.messages[:-2]  # the conversation up to the previous user turn
+    with pytest.raises(ValueError, match="no user turn"):
+        drop_last_shard(TrainItem("x", "x", "sharded", (), "Q?", "Q?", "Q?", "1"))
