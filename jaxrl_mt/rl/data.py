@@ -20,6 +20,7 @@ from jaxrl_mt.registry import Registry
 from jaxrl_mt.rewards.registry import reward_names
 from jaxrl_mt.rewards.rlsta import verifier_weight
 from jaxrl_mt.rl.config_checks import run_field_checks
+from jaxrl_mt.rl.cov import cov_checks
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES
 
 # method -> its data recipe class: load(c), prepare(trainer, train, held), evaluate(trainer, params, held);
@@ -64,7 +65,7 @@ class ConfigError(ValueError):
 def validate_config(c: Any) -> None:
     """Fails fast on values that cannot work (keys are checked by the locked ConfigDict)."""
     rl = c.rl
-    checks = [*run_field_checks(c),
+    checks = [*run_field_checks(c), *cov_checks(rl),
         (rl.alpha >= 0, f"rl.alpha must be >= 0, got {rl.alpha}"),
         (rl.group_size >= 2, f"rl.group_size (G) must be >= 2 for group-relative advantages, got {rl.group_size}"),
         (rl.batch_size >= 1, f"rl.batch_size must be >= 1, got {rl.batch_size}"),

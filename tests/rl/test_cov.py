@@ -185,3 +185,26 @@ def test_variants_jit_with_a_traced_key_and_counts():
     zero_valid = int(((np.asarray(grad) == 0) & (mask > 0)).sum())
     assert 1 <= n_sel <= int(0.05 * mask.sum()) and zero_valid >= n_sel  # clipped tokens have zero gradient too
     assert np.isfinite(float(loss))
+
+
+def test_settings_from_a_config_and_their_checks(tmp_path):
+    from configs.rlsta import get_config
+    from jaxrl_mt.rl.data import ConfigError, validate_config
+
+    c = get_config("cpu")
+    c.workdir = str(tmp_path / "wd")
+    assert covmod.cov_settings(c.rl) == ("clip", covmod.DEFAULT_COV)  # fields absent: the defaults
+    validate_config(c)
+    with c.rl.unlocked():
+        c.rl.loss_variant, c.rl.kl_cov_ratio = "kl_cov", 0.01
+    assert covmod.cov_settings(c.rl) == ("kl_cov", covmod.CovConfig(kl_cov_ratio=0.01))
+    validate_config(c)
+    for field, value, msg in (("loss_variant", "kl", "rl.loss_variant must be one of"),
+                              ("kl_cov_ratio", 0.0, "rl.kl_cov_ratio must be in"),
+                              ("clip_cov_lb", 6.0, "rl.clip_cov_lb")):
+        bad = get_config("cpu")
+        bad.workdir = c.workdir
+        with bad.rl.unlocked():
+            setattr(bad.rl, field, value)
+        with pytest.raises(ConfigError, match=msg):
+            validate_config(bad)
