@@ -10,7 +10,8 @@ scorer it may use) and then called every step::
 ``last_user`` and ``kind``, as ``jaxrl_mt.rl.histories.TrainItem``), ``generations`` the sampler's
 ``GenerationResult`` with G consecutive rows per item. ``components`` are logged as
 ``reward/<name>`` (their means), ``columns`` go to the sample table. Built-in rewards: ``rlsta``
-and ``grpo`` (``jaxrl_mt.rewards.rlsta``) and ``icpo`` (``jaxrl_mt.rewards.icpo``), registered
+and ``grpo`` (``jaxrl_mt.rewards.rlsta``), ``icpo`` (``jaxrl_mt.rewards.icpo``) and ``rlaar``
+(``jaxrl_mt.rewards.abstain``), registered
 imported on first use by the registry (``REWARDS``, a ``jaxrl_mt.registry.Registry``); a new one
 registers with :func:`register_reward`. This module is the registry's leaf: it imports no reward.
 
@@ -63,7 +64,8 @@ class RewardEnv:
 
 RewardFn = Callable[[Sequence[Any], Any], RewardOutput]
 RewardBuilder = Callable[[RewardEnv], RewardFn]
-REWARDS: Registry[RewardBuilder] = Registry("reward", builtins=("jaxrl_mt.rewards.rlsta", "jaxrl_mt.rewards.icpo"))
+REWARDS: Registry[RewardBuilder] = Registry("reward", builtins=("jaxrl_mt.rewards.rlsta", "jaxrl_mt.rewards.icpo",
+                                                                  "jaxrl_mt.rewards.abstain"))
 
 
 def register_reward(name: str, *, replace: bool = False) -> Callable[[RewardBuilder], RewardBuilder]:

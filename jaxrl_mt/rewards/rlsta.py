@@ -6,6 +6,11 @@ the frozen reference model given the full single-turn prompt, or the merged user
 ``rl.anchor_prompt = "merged"``), optionally zeroed for wrong answers in groups with a correct one
 (``rl.zero_anchor_for_wrong``). ``grpo``: the same with alpha = 0. R_s is computed and logged in
 both, so runs of the two log the same curves.
+
+``rl.verifier_weight`` (default 1; absent from a config = 1) scales R_v: R = w R_v + alpha R_s.
+w = 0 is RLSTA without a verifier (the paper's "w/o verifier" arm: the anchor alone). The verifier
+still runs and is logged (``reward/verifier``), but the reward never reads it: with w = 0,
+``zero_anchor_for_wrong`` (which needs the verdicts) is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from jaxrl_mt.rewards.verifier import verify
 def rlsta_reward(env: RewardEnv, items: Sequence[Any], generations: Any, *, alpha: float) -> RewardOutput:
     """R = R_v + alpha * R_s of each generation (rows grouped by item, G each)."""
     rl, g = env.config.rl, env.group_size
+    w = verifier_weight(rl)
+    if w == 0 and rl.zero_anchor_for_wrong:
+        raise ValueError("rl.verifier_weight = 0 (no verifier) cannot zero the anchor of wrong answers "
+                         "(rl.zero_anchor_for_wrong needs the verifier's verdicts)")
     rows = group_rows(items, g)
     golds = [it.answer for it in rows]
     strict = np.array([verify(t, gold, "strict") for t, gold in zip(generations.texts, golds)], np.float64)
@@ -34,7 +43,12 @@ def rlsta_reward(env: RewardEnv, items: Sequence[Any], generations: Any, *, alph
         rs = zero_anchor_for_wrong(rs, rv, g)
     comps = {"verifier": rv, "anchor": rs, "verifier_strict": strict, "verifier_lenient": lenient}
     cols = {"gold": golds, "R_v": [f"{x:.0f}" for x in rv], "R_s": [f"{x:.3f}" for x in rs]}
-    return RewardOutput(rv + alpha * rs, comps, cols, ref)
+    return RewardOutput(w * rv + alpha * rs, comps, cols, ref)
+
+
+def verifier_weight(rl: Any) -> float:
+    """``rl.verifier_weight`` of a config section (1.0 when the field is absent)."""
+    return float(rl.get("verifier_weight", 1.0) if hasattr(rl, "get") else getattr(rl, "verifier_weight", 1.0))
 
 
 @register_reward("rlsta")

@@ -42,6 +42,7 @@ __all__ = [
     "LENIENT_ABS_TOL",
     "LENIENT_LAST_K",
     "MAX_CHECKED_CHARS",
+    "boxed_contents",
     "extract_answer",
     "extract_marked_answer",
     "find_numbers",
@@ -200,6 +201,11 @@ def _boxed_contents(text: str) -> list[str]:
         elif stack:
             closes[stack.pop()] = m.start()
     return [text[m.end() : closes[m.end() - 1]] for m in _BOXED_RE.finditer(text) if m.end() - 1 in closes]
+
+
+def boxed_contents(text: str) -> list[str]:
+    """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` of ``text`` (balanced braces), in order."""
+    return _boxed_contents(text)
 
 
 def _last_number(span: str) -> float | None:

@@ -19,7 +19,9 @@ from jaxrl_mt.data.records import DataError, Scenario
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.registry import Registry
 from jaxrl_mt.rewards.registry import reward_names
+from jaxrl_mt.rewards.rlsta import verifier_weight
 from jaxrl_mt.rl.config_checks import run_field_checks
+from jaxrl_mt.rl.cov import cov_checks
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES
 
 # method -> its data recipe class: load(c), prepare(env, train, held), evaluate(env, params, held) (env: RecipeEnv);
@@ -69,7 +71,7 @@ class ConfigError(ValueError):
 def validate_config(c: Any) -> None:
     """Fails fast on values that cannot work (keys are checked by the locked ConfigDict)."""
     rl = c.rl
-    checks = [*run_field_checks(c),
+    checks = [*run_field_checks(c), *cov_checks(rl),
         (rl.alpha >= 0, f"rl.alpha must be >= 0, got {rl.alpha}"),
         (rl.group_size >= 2, f"rl.group_size (G) must be >= 2 for group-relative advantages, got {rl.group_size}"),
         (rl.batch_size >= 1, f"rl.batch_size must be >= 1, got {rl.batch_size}"),
@@ -83,6 +85,9 @@ def validate_config(c: Any) -> None:
         (rl.loss_type in LOSS_TYPES, f"rl.loss_type must be one of {LOSS_TYPES}, got {rl.loss_type!r}"),
         (rl.verifier_mode in ("strict", "lenient"),
          f"rl.verifier_mode must be strict|lenient, got {rl.verifier_mode!r}"),
+        (verifier_weight(rl) >= 0, f"rl.verifier_weight must be >= 0, got {verifier_weight(rl)}"),
+        (verifier_weight(rl) > 0 or not rl.zero_anchor_for_wrong,
+         "rl.zero_anchor_for_wrong needs the verifier's verdicts: set it False with rl.verifier_weight = 0"),
         (rl.anchor_prompt in ("full", "merged"), f"rl.anchor_prompt must be full|merged, got {rl.anchor_prompt!r}"),
         (rl.temperature > 0, f"rl.temperature must be > 0 for GRPO rollouts, got {rl.temperature}"),
         (rl.max_new_tokens >= 1, f"rl.max_new_tokens must be >= 1, got {rl.max_new_tokens}"),

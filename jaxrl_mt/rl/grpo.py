@@ -12,6 +12,9 @@ sampling, which is TRL's default:
   per-token loss ``-min(coef_1 * A, coef_2 * A) + beta * kl``.
 * aggregation by ``loss_type`` (``grpo``, ``bnpo``/``token_mean``, ``dr_grpo``, and TRL 0.25's
   default ``dapo``: the token sum over the completion tokens of the whole step's batch).
+* ``loss_variant`` ``clip_cov`` / ``kl_cov``: the covariance-based token selection of Cui et al. 2025
+  ("The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models"), as verl's
+  ``compute_policy_loss_clip_cov`` / ``compute_policy_loss_kl_cov`` (see :mod:`jaxrl_mt.rl.cov`).
 
 One deliberate difference: TRL divides the loss by the number of gradient-accumulation steps
 because torch accumulates by summing gradients. Here accumulation is ``optax.MultiSteps``, which
@@ -26,6 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl_mt.rl.cov import DEFAULT_COV, LOSS_VARIANTS, CovConfig, clip_cov_select, kl_cov_select
 from jaxrl_mt.scoring import masked_mean
 
 KL_ESTIMATORS = ("k1", "k3")
@@ -128,6 +132,9 @@ def grpo_loss(
     loss_type: str = "grpo",
     max_completion_length: int | None = None,
     num_items: jax.Array | float | None = None,
+    loss_variant: str = "clip",
+    cov: CovConfig = DEFAULT_COV,
+    key: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO clipped-surrogate loss (TRL 1.16 ``GRPOTrainer._compute_loss``, token-level IS).
 
@@ -155,30 +162,31 @@ def grpo_loss(
         of the micro-batch gradients (``optax.MultiSteps``) is the gradient of the token mean
         over the whole batch, as TRL's ``num_items_in_batch``; defaults to ``sum(mask)`` (one
         micro-batch: then ``dapo`` equals ``bnpo``).
+      loss_variant: ``"clip"`` (the above), ``"clip_cov"`` or ``"kl_cov"`` (:mod:`jaxrl_mt.rl.cov`).
+      cov: the Clip-Cov / KL-Cov settings (published defaults).
+      key: PRNG key of Clip-Cov's random choice among the candidate tokens (required for it).
 
     Returns:
       ``(loss, metrics)``: the scalar loss and a dict of scalars: ``kl`` (masked mean KL, only
       when ``ref_logp`` is given), ``clip_ratio/low_mean``, ``clip_ratio/high_mean``,
       ``clip_ratio/region_mean`` (masked token fractions where the lower / upper clip is active,
       i.e. ratio below ``1 - eps_low`` with A < 0, above ``1 + eps_high`` with A > 0, either),
-      ``ratio_mean`` (masked mean ratio).
+      ``ratio_mean`` (masked mean ratio); with a Cov variant also ``cov/selected_frac``.
 
     Raises:
-      ValueError: for an unknown ``loss_type`` or ``kl_estimator``, mismatched shapes, or
-        ``beta != 0`` without ``ref_logp``.
+      ValueError: for an unknown ``loss_type``, ``kl_estimator`` or ``loss_variant``, mismatched
+        shapes, ``beta != 0`` without ``ref_logp``, or ``clip_cov`` without ``key``.
     """
     _check_inputs(logp, old_logp, ref_logp, advantages, mask, beta, kl_estimator, loss_type)
-
+    _check_variant(loss_variant, key)
     mask = mask.astype(logp.dtype)  # [N, T]
     adv = advantages[:, None] if advantages.ndim == 1 else advantages  # [N, 1] or [N, T]
     if old_logp is None:
         old_logp = jax.lax.stop_gradient(logp)  # [N, T]
-
     coef_1 = jnp.exp(logp - old_logp)  # [N, T] importance ratio
-    coef_2 = jnp.clip(coef_1, 1.0 - epsilon_low, 1.0 + epsilon_high)  # [N, T]
-    per_token_loss = -jnp.minimum(coef_1 * adv, coef_2 * adv)  # [N, T]
-
     metrics: dict[str, jax.Array] = {}
+    per_token_loss = _policy_term(logp, old_logp, coef_1, adv, mask, epsilon_low, epsilon_high, loss_variant, cov,
+                                  key, metrics)  # [N, T]
     if ref_logp is not None:
         kl = per_token_kl(logp, ref_logp, kl_estimator)  # [N, T]
         metrics["kl"] = masked_mean(kl, mask)
@@ -189,6 +197,32 @@ def grpo_loss(
     metrics.update(_clip_metrics(coef_1, adv, mask, epsilon_low, epsilon_high))
     metrics = {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
     return loss, metrics
+
+
+def _policy_term(logp: jax.Array, old_logp: jax.Array, coef_1: jax.Array, adv: jax.Array, mask: jax.Array,
+                 epsilon_low: float, epsilon_high: float, loss_variant: str, cov: CovConfig, key: jax.Array | None,
+                 metrics: dict[str, jax.Array]) -> jax.Array:
+    """Per-token policy loss [N, T] of ``loss_variant`` (records ``cov/selected_frac`` in ``metrics``).
+
+    ``clip``: ``-min(coef_1 A, clip(coef_1) A)``. ``clip_cov``: the same, times 0 on the selected
+    tokens (their gradient is exactly 0; they still count in the aggregation's denominator, as
+    verl's ``* corr``). ``kl_cov``: the unclipped ``-coef_1 A`` plus ``ppo_kl_coef |logp - old_logp|``
+    on the selected tokens (verl applies no ratio clip in KL-Cov). ``jnp.abs``' gradient at 0 is 1,
+    torch's 0: on-policy (``d = 0``) it would push every selected token, so ``d * sign(d)`` is used.
+    """
+    if loss_variant == "kl_cov":
+        sel = kl_cov_select(logp, adv, mask, cov.kl_cov_ratio)  # [N, T] bool
+        metrics["cov/selected_frac"] = masked_mean(sel.astype(logp.dtype), mask)
+        d = logp - old_logp  # [N, T]; |d| as d * sign(d): gradient sign(d), 0 at d = 0 as torch's abs
+        return -coef_1 * adv + jnp.where(sel, cov.ppo_kl_coef * d * jax.lax.stop_gradient(jnp.sign(d)), 0.0)
+    coef_2 = jnp.clip(coef_1, 1.0 - epsilon_low, 1.0 + epsilon_high)  # [N, T]
+    per_token_loss = -jnp.minimum(coef_1 * adv, coef_2 * adv)  # [N, T]
+    if loss_variant == "clip_cov":
+        clipped = -coef_2 * adv > -coef_1 * adv  # [N, T] verl's clip_by_origin: the clipped branch is active
+        sel = clip_cov_select(logp, adv, mask, clipped, cov, key)  # [N, T] bool
+        metrics["cov/selected_frac"] = masked_mean(sel.astype(logp.dtype), mask)
+        per_token_loss = jnp.where(sel, 0.0, per_token_loss)  # [N, T]
+    return per_token_loss
 
 
 def _aggregate(per_token_loss: jax.Array, mask: jax.Array, loss_type: str, max_completion_length: int | None,
@@ -221,6 +255,14 @@ def _check_inputs(logp: jax.Array, old_logp: jax.Array | None, ref_logp: jax.Arr
                          f"{logp.shape}")
     if beta != 0.0 and ref_logp is None:
         raise ValueError(f"grpo_loss: beta={beta} needs ref_logp (got None)")
+
+
+def _check_variant(loss_variant: str, key: jax.Array | None) -> None:
+    """Raises ValueError for an unknown ``loss_variant`` or ``clip_cov`` without a PRNG key."""
+    if loss_variant not in LOSS_VARIANTS:
+        raise ValueError(f"grpo_loss: unknown loss_variant {loss_variant!r}; valid: {', '.join(LOSS_VARIANTS)}")
+    if loss_variant == "clip_cov" and key is None:
+        raise ValueError("grpo_loss: loss_variant 'clip_cov' needs key (its random choice of tokens), got None")
 
 
 def _clip_metrics(coef_1: jax.Array, adv: jax.Array, mask: jax.Array, epsilon_low: float, epsilon_high: float
