@@ -66,6 +66,15 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.rl.anchor_prompt = "full"  # anchor context: "full" single-turn prompt | "merged" user turns
     c.rl.zero_anchor_for_wrong = False  # zero R_s of wrong answers in groups with a correct one
     c.rl.verifier_mode = "lenient"  # reward verifier: "strict" (LiC) | "lenient" (RLSTA code)
+    c.rl.verifier_weight = 1.0  # w in R = w R_v + alpha R_s (0 = RLSTA without a verifier: the anchor alone)
+    # token selection of the clipped loss (rl/cov.py): "clip" (PPO's) | "clip_cov" | "kl_cov" (Cui et al. 2025);
+    # the Cov settings' defaults are the paper's 7B recipe
+    c.rl.loss_variant = "clip"
+    c.rl.clip_cov_ratio = 2e-4  # Clip-Cov: fraction of tokens detached, among those with lb < cov < ub
+    c.rl.clip_cov_lb = 1.0
+    c.rl.clip_cov_ub = 5.0
+    c.rl.kl_cov_ratio = 2e-3  # KL-Cov: fraction of tokens (largest cov) given ppo_kl_coef * |logp - old_logp|
+    c.rl.ppo_kl_coef = 1.0
     # rematerialise layers in the backward pass: False, True, "dots" (keep the weight matmuls' outputs) or
     # "auto" (the cheapest whose estimated activations fit half the free memory, per prompt bucket)
     c.rl.remat = FieldReference("auto", field_type=object)

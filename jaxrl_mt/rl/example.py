@@ -37,6 +37,7 @@ class TrainExample:
       ref_logp: [N, C] reference log-probs (KL term) or None.
       old_logp: [N, C] log-probs under the rollout policy (``rl.mu > 1``) or None.
       num_items: [N] the ``dapo`` normaliser of every row, or None.
+      seed: [] uint32 seed of the loss's random choices (Clip-Cov), or None; kept by ``slice_rows``.
       group: completions per prompt (static).
     """
 
@@ -48,6 +49,7 @@ class TrainExample:
     ref_logp: Any = None
     old_logp: Any = None
     num_items: Any = None
+    seed: Any = None
     group: int = flax.struct.field(pytree_node=False, default=1)
 
     @property

@@ -51,7 +51,7 @@ from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout, place_example, ro
 from jaxrl_mt.rl.run_config import TrainConfig, typed_config
 from jaxrl_mt.rl.setup import check_micro_batch, load_policy_model, make_mesh, reference
 from jaxrl_mt.rl.state import TrainState, fresh_state, restore_state, save_state
-from jaxrl_mt.rl.step import choose_remat, loss_config, make_train_step
+from jaxrl_mt.rl.step import choose_remat, loss_config, make_train_step, micro_seed
 from jaxrl_mt.rl.workdir import NonFiniteUpdate, check_resume_config, last_good
 from jaxrl_mt.sampling import Sampler, bucket
 from jaxrl_mt.scoring import Scorer
@@ -195,9 +195,11 @@ class Trainer:
         if self.multi:  # one global micro-batch: the same number of rows on every process, no padding
             check_same_rows(n, "train batch")
         acc: dict[str, list[float]] = {}
-        for _ in range(c.mu):
+        for i in range(c.mu):
             for s in range(0, n, mb):
                 micro = place_example(self.mesh, ex.slice_rows(s, mb))
+                if self.lc.loss_variant == "clip_cov":  # its random token choice: one seed per micro-step
+                    micro = micro.replace(seed=micro_seed(self.c.seed, state.step, i, s // mb))
                 params, opt_state, m = step_fn(params, opt_state, micro)
                 m = jax.device_get(m)
                 if not m["finite"]:

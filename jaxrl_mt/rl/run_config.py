@@ -70,6 +70,13 @@ class RLSection:
     verifier_mode: str
     remat: Union[bool, str]
     max_batch: int
+    verifier_weight: float = 1.0  # w of R = w R_v + alpha R_s (0: the anchor alone)
+    loss_variant: str = "clip"  # "clip" | "clip_cov" | "kl_cov" (rl/cov.py)
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-3
+    ppo_kl_coef: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ from jaxrl_mt.models.decoder import Params
 from jaxrl_mt.parallel import shard_train_step
 from jaxrl_mt.rewards.registry import RefLogprobs
 from jaxrl_mt.rl.example import TrainExample
+from jaxrl_mt.rl.cov import DEFAULT_COV, CovConfig, cov_settings
 from jaxrl_mt.rl.grpo import grpo_loss
 from jaxrl_mt.scoring import grouped_logprobs, masked_mean, token_logprobs
 
@@ -41,14 +42,24 @@ class LossConfig:
     max_completion_length: int = 128  # Dr. GRPO's constant denominator
     remat: bool | str = False  # rematerialise decoder layers in the backward pass (grouped layout: or "dots")
     chunk: int = 128  # time-chunk of the vocabulary projection
+    loss_variant: str = "clip"  # "clip" | "clip_cov" | "kl_cov" (`rl.cov`); clip_cov needs `TrainExample.seed`
+    cov: CovConfig = DEFAULT_COV  # the Cov variants' settings
 
 
 def loss_config(rl: Any) -> LossConfig:
     """The loss settings of a config's ``rl`` section (``rl.remat = "auto"``: False here, the loop
     chooses per prompt bucket)."""
+    variant, cov = cov_settings(rl)
     return LossConfig(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=rl.beta,
                       kl_estimator=rl.kl_estimator, loss_type=rl.loss_type, temperature=rl.temperature,
-                      max_completion_length=rl.max_new_tokens, remat=False if rl.remat == "auto" else rl.remat)
+                      max_completion_length=rl.max_new_tokens, remat=False if rl.remat == "auto" else rl.remat,
+                      loss_variant=variant, cov=cov)
+
+
+def micro_seed(seed: int, step: int, inner: int, micro: int) -> np.ndarray:
+    """The [] uint32 seed of one micro-step's random loss choices (``TrainExample.seed``): a function of
+    the run's seed, the step, the ``rl.mu`` iteration and the micro-batch, so a resumed run repeats it."""
+    return np.asarray(np.random.SeedSequence([seed, step, inner, micro]).generate_state(1)[0], np.uint32)
 
 
 def dapo_num_items(completion_mask: np.ndarray, grad_accum: int, tokens: int | None = None) -> np.ndarray:
@@ -180,7 +191,8 @@ def loss_fn(params: Params, cfg: ModelConfig, lc: LossConfig, ex: TrainExample
         logp, ex.old_logp, ex.ref_logp if lc.beta > 0 else None, ex.advantages,
         cmask.astype(jnp.float32), epsilon_low=lc.epsilon_low, epsilon_high=lc.epsilon_high, beta=lc.beta,
         kl_estimator=lc.kl_estimator, loss_type=lc.loss_type, max_completion_length=lc.max_completion_length,
-        num_items=None if ex.num_items is None else jnp.mean(ex.num_items))
+        num_items=None if ex.num_items is None else jnp.mean(ex.num_items), loss_variant=lc.loss_variant,
+        cov=lc.cov, key=None if ex.seed is None else jax.random.key(ex.seed))
     metrics = dict(metrics)
     metrics["entropy"] = masked_mean(ent, cmask)
     metrics["loss"] = loss
