@@ -26,7 +26,12 @@ from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES
 
 # method -> its data recipe class: load(c), prepare(env, train, held), evaluate(env, params, held) (env: RecipeEnv);
 # the one list of methods (the reward is chosen apart, `reward_name`)
-METHODS: Registry = Registry("method", builtins=("jaxrl_mt.rl.multiturn", "jaxrl_mt.rl.icpo"))
+METHODS: Registry = Registry("method", builtins=("jaxrl_mt.rl.multiturn", "jaxrl_mt.rl.icpo", "jaxrl_mt.rl.supervised"))
+
+
+def is_supervised(method: str) -> bool:
+    """Whether a method trains on fixed targets (SFT, DPO: an ``objective``) rather than on rewarded rollouts."""
+    return method in METHODS and bool(getattr(METHODS.get(method), "objective", ""))
 
 
 def reward_name(c: Any) -> str:
@@ -52,6 +57,8 @@ class RecipeEnv:
     sampler: Any  # the policy's sampler on its initial parameters (histories, filtering)
     mesh: Any
     log: Callable[[str], None]
+    ref_params: Any = None  # the frozen reference model (DPO's reference log-probs)
+    ref_cfg: Any = None
 
     def policy_sampler(self, params: Any) -> Any:
         """The policy's sampler on ``params`` (``Sampler.bound``: the shared sampler is unchanged)."""
@@ -95,11 +102,25 @@ def validate_config(c: Any) -> None:
          f"rl.remat must be one of {REMAT_CHOICES}, got {rl.remat!r}"),
         (c.data.add_source or c.data.refine_source, "no data: set data.add_source and/or data.refine_source"),
         (c.method in METHODS, f"method must be one of {METHODS.names()}, got {c.method!r}"),
-        (reward_name(c) in reward_names(), f"reward must be one of {reward_names()}, got {reward_name(c)!r}"),
+        (is_supervised(c.method) or reward_name(c) in reward_names(),
+         f"reward must be one of {reward_names()}, got {reward_name(c)!r}"),
     ]
     if c.method == "icpo":
         r = c.icpo.underspecified_ratio
         checks.append((0.0 <= r <= 1.0, f"icpo.underspecified_ratio must be in [0, 1], got {r}"))
+    if c.method in ("sft", "dpo"):
+        sec = getattr(c, c.method, None)
+        checks.append((sec is not None, f"method {c.method!r} needs its config section {c.method!r} "
+                                        f"(configs/{c.method}.py)"))
+        if sec is not None:
+            checks.append((0.0 <= sec.val_fraction < 1.0,
+                           f"{c.method}.val_fraction must be in [0, 1), got {sec.val_fraction}"))
+        checks.append((rl.batch_size % rl.grad_accum == 0,
+                       f"rl.grad_accum ({rl.grad_accum}) must divide rl.batch_size ({rl.batch_size})"))
+    if c.method == "dpo" and getattr(c, "dpo", None) is not None:
+        checks.append((c.dpo.beta > 0, f"dpo.beta must be > 0, got {c.dpo.beta}"))
+        checks.append((0.0 <= c.dpo.label_smoothing < 0.5,
+                       f"dpo.label_smoothing must be in [0, 0.5), got {c.dpo.label_smoothing}"))
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)

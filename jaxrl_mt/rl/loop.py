@@ -37,9 +37,11 @@ import numpy as np
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.data.pipeline import make_iterator
 from jaxrl_mt.data.records import DataError
-from jaxrl_mt.parallel import agree_max_many, check_same_rows, mean_over_processes, spans_processes
+from jaxrl_mt.parallel import agree_max_many, check_same_rows, mean_over_processes, put_rows, spans_processes
 from jaxrl_mt.rewards.registry import RewardEnv, make_reward
-from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeEnv, load_scenarios, load_tasks, reward_name, validate_config
+from jaxrl_mt.rl.best import BestKeeper
+from jaxrl_mt.rl.data import (METHODS, ConfigError, RecipeEnv, is_supervised, load_scenarios, load_tasks,
+                              reward_name, validate_config)
 from jaxrl_mt.rl.example import TrainExample
 from jaxrl_mt.rl.histories import TrainItem
 from jaxrl_mt.rl.metrics_log import MetricsLog
@@ -112,13 +114,17 @@ class Trainer:
         # a step's rollout has one row count (batch x G): pad it to a multiple of 8, not the next power of two
         self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch, mesh=self.mesh, row_multiple=8)
         self.env = RecipeEnv(config=c, workdir=self.wd, is_main=self.is_main, multi=self.multi, system=self.system,
-                             sampler=self.sampler, mesh=self.mesh, log=self.log)
+                             sampler=self.sampler, mesh=self.mesh, log=self.log, ref_params=self.ref_params,
+                             ref_cfg=self.ref_cfg)
+        self.supervised = is_supervised(c.method)  # SFT / DPO: fixed targets, no rollouts
+        select = getattr(self.data, "select", None)  # the kept and exported checkpoint: best held-out metric
+        self.best = BestKeeper(self.wd, *select, enabled=self.is_main, log=self.log) if select else None
         self.optimizer = optimizer_from_config(c.rl)
         self.lc = loss_config(c.rl)
         self._steps: dict[int, Any] = {}
         self.ref_scorer = Scorer(self.ref_params, self.ref_cfg, pad_id=self.model.pad_id,
                                  batch_size=min(16, c.rl.batch_size * c.rl.group_size), mesh=self.mesh)
-        self.engine = self._rollout_engine()
+        self.engine = None if self.supervised else self._rollout_engine()
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
         try:  # the fixed held-out probe (eval.probe_source; None when unset)
             self.probe = make_probe(c, self.system)
@@ -200,15 +206,40 @@ class Trainer:
                 micro = place_example(self.mesh, ex.slice_rows(s, mb))
                 if self.lc.loss_variant == "clip_cov":  # its random token choice: one seed per micro-step
                     micro = micro.replace(seed=micro_seed(self.c.seed, state.step, i, s // mb))
-                params, opt_state, m = step_fn(params, opt_state, micro)
-                m = jax.device_get(m)
-                if not m["finite"]:
-                    raise TrainingError(f"non-finite loss or gradient (loss={float(m['loss'])}, "
-                                        f"grad_norm={float(m['grad_norm'])}); parameters were not updated")
-                for k, v in m.items():
-                    acc.setdefault(k, []).append(float(v))
+                params, opt_state = self._micro_step(step_fn, params, opt_state, micro, acc)
         out = {f"train/{k}": float(np.mean(v)) for k, v in acc.items() if k != "finite"}
         return TrainState(params, opt_state, state.step + 1), out
+
+    def update_supervised(self, state: TrainState, batch: Any) -> tuple[TrainState, dict[str, float]]:
+        """One pass of a fixed-target batch (SFT, DPO) in ``rl.grad_accum`` micro-batches of rows."""
+        if "supervised" not in self._steps:
+            loss = self.data.loss(self.env)
+            self._steps["supervised"] = make_train_step(
+                self.model.cfg, self.optimizer, self.lc, mesh=self.mesh, state=(state.params, state.opt_state),
+                donate=True, loss=lambda params, cfg, lc, b: loss(params, cfg, b))
+        step_fn, params, opt_state = self._steps["supervised"], state.params, state.opt_state
+        n = len(jax.tree_util.tree_leaves(batch)[0])
+        mb, acc = n // self.c.rl.grad_accum, {}
+        for s in range(0, n, mb):
+            micro = jax.tree_util.tree_map(lambda x, s=s: x[s:s + mb], batch)
+            if self.mesh is not None:
+                leaves, tree = jax.tree_util.tree_flatten(micro)
+                micro = jax.tree_util.tree_unflatten(tree, put_rows(self.mesh, leaves, pad=False))
+            params, opt_state = self._micro_step(step_fn, params, opt_state, micro, acc)
+        out = {f"train/{k}": float(np.mean(v)) for k, v in acc.items() if k != "finite"}
+        return TrainState(params, opt_state, state.step + 1), out
+
+    @staticmethod
+    def _micro_step(step_fn: Any, params: Any, opt_state: Any, micro: Any, acc: dict[str, list[float]]
+                    ) -> tuple[Any, Any]:
+        params, opt_state, m = step_fn(params, opt_state, micro)
+        m = jax.device_get(m)
+        if not m["finite"]:
+            raise TrainingError(f"non-finite loss or gradient (loss={float(m['loss'])}, "
+                                f"grad_norm={float(m['grad_norm'])}); parameters were not updated")
+        for k, v in m.items():
+            acc.setdefault(k, []).append(float(v))
+        return params, opt_state
 
     # ------------------------------------------------------------------ main loop
 
@@ -246,7 +277,10 @@ class Trainer:
         """The method's held-out metrics every ``eval.every`` steps and the probe when due."""
         c, done = self.c, info.state.step
         if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and info.held:
-            self.metrics.scalars(done, self.evaluate(info.state.params, info.held))
+            ev = self.evaluate(info.state.params, info.held)
+            self.metrics.scalars(done, ev)
+            if self.best is not None:
+                self.best.offer(done, info.state.params, ev)
         if self.probe is not None and self.probe.due(done, c.rl.steps):
             self.metrics.scalars(done, self.probe(self.sampler.bound(info.state.params)))
 
@@ -260,14 +294,20 @@ class Trainer:
                     evals: dict[str, dict[str, float]]) -> None:
         evals[when] = self.evaluate(params, held)
         self.metrics.scalars(step, evals[when])
+        if self.best is not None:
+            self.best.offer(step, params, evals[when])
         self.log(f"eval {when}: " + fmt_metrics(evals[when]))
 
     def train_step(self, state: TrainState, items: Sequence[TrainItem]) -> tuple[TrainState, dict[str, float],
                                                                                   list[dict]]:
         """One step: rollout, update; the step's metrics (global means across processes)."""
         t0 = time.perf_counter()
-        ex, m, samples = self.rollout(state.params, items, state.step)
-        state, tm = self.update(state, ex)
+        if self.supervised:
+            m, samples = {}, []
+            state, tm = self.update_supervised(state, self.data.batch(self.env, items))
+        else:
+            ex, m, samples = self.rollout(state.params, items, state.step)
+            state, tm = self.update(state, ex)
         m = {**m, **tm, "perf/step_s": time.perf_counter() - t0}
         if self.multi:  # global means (train/* are already global: the same on every process)
             m = mean_over_processes(m, max_keys=("completion/max_length",))
@@ -299,7 +339,8 @@ class Trainer:
                 for hook in hooks:
                     hook(info)
                 if hasattr(bar, "set_postfix"):
-                    bar.set_postfix(R=f"{m['reward/total']:.3f}", s=f"{m['perf/step_s']:.1f}")
+                    shown = {"R": f"{m['reward/total']:.3f}"} if "reward/total" in m else {}
+                    bar.set_postfix(**shown, loss=f"{m['train/loss']:.4g}", s=f"{m['perf/step_s']:.1f}")
                 if self._stop_signal is not None:
                     ck.wait()
                     self.log(f"checkpoint saved at step {state.step}; exiting on signal")
@@ -315,8 +356,12 @@ class Trainer:
         if held:
             self._eval_phase("after", c.rl.steps, state.params, held, evals)
         self.metrics.close()
-        return write_outputs(c, self.model.cfg, self.tok, state.params, evals, multi=self.multi,
-                             is_main=self.is_main, log=self.log)
+        params, note = state.params, None
+        if self.best is not None and (kept := self.best.params(like=state.params)) is not None:
+            params, note = kept, (f"exported: the best checkpoint, step {self.best.info['step']} "
+                                  f"({self.best.metric} {self.best.info['value']:.4f})")
+        return write_outputs(c, self.model.cfg, self.tok, params, evals, multi=self.multi,
+                             is_main=self.is_main, log=self.log, note=note)
 
 
 def _progress(it: Any, *, initial: int, total: int, enabled: bool) -> Any:

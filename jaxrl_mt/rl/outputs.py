@@ -24,7 +24,8 @@ def fmt_metrics(d: dict[str, float]) -> str:
 
 
 def write_outputs(c: Any, model_cfg: Any, tokenizer: Any, params: Any, evals: dict[str, dict[str, float]], *,
-                  multi: bool, is_main: bool, log: Callable[[str], None]) -> dict[str, Any]:
+                  multi: bool, is_main: bool, log: Callable[[str], None], note: str | None = None
+                  ) -> dict[str, Any]:
     """Writes summary.txt, curves.png and (``c.export``) the exported policy.
 
     Args:
@@ -35,6 +36,7 @@ def write_outputs(c: Any, model_cfg: Any, tokenizer: Any, params: Any, evals: di
         ``metrics.jsonl``.
       multi, is_main: a multi-process run; this is process 0 (the only one that writes).
       log: where the summary is printed.
+      note: a line for the summary (which checkpoint ``params`` are, when not the last).
 
     Returns:
       ``{"evals", "export", "metrics"}`` on process 0, ``{}`` elsewhere.
@@ -49,7 +51,7 @@ def write_outputs(c: Any, model_cfg: Any, tokenizer: Any, params: Any, evals: di
         return {}
     wd = Path(c.workdir)
     rows = read_metrics(wd / "metrics.jsonl")
-    train_rows = [r for r in rows if "reward/total" in r]
+    train_rows = [r for r in rows if "train/loss" in r]
     plot_curves(wd / "metrics.jsonl", wd / "curves.png", list(SUMMARY_KEYS))
     lines = [f"run: {wd}", f"method: {c.method}  model: {c.model}  steps: {c.rl.steps}"]
     for k in SUMMARY_KEYS:
@@ -60,6 +62,8 @@ def write_outputs(c: Any, model_cfg: Any, tokenizer: Any, params: Any, evals: di
         evals = {"before": before, **evals}  # a resumed run did not evaluate "before": it is in the log
     for when, ev in evals.items():
         lines.append(f"held-out {when}: " + fmt_metrics(ev))
+    if note:
+        lines.append(note)
     export_dir = None
     (wd / "summary.txt").write_text("\n".join(lines) + "\n")  # before the export, which may fail
     if c.export:  # atomic; a failure is one ExportError line, the previous export is kept

@@ -109,6 +109,18 @@ class ICPOSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class SFTSection:
+    val_fraction: float  # problems held out for the validation loss (the kept checkpoint's criterion)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOSection:
+    beta: float  # DPO temperature (TRL's default 0.1)
+    label_smoothing: float  # conservative DPO (TRL's default 0)
+    val_fraction: float
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """One training run (configs/rlsta.py documents every field)."""
 
@@ -132,6 +144,8 @@ class TrainConfig:
     log: LogSection
     checkpoint: CheckpointSection
     icpo: ICPOSection | None = None
+    sft: SFTSection | None = None
+    dpo: DPOSection | None = None
 
     def get(self, name: str, default: Any = None) -> Any:
         """A field by name, ``default`` when absent (the ConfigDict reading some code shares)."""

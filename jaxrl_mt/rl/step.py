@@ -200,7 +200,8 @@ def loss_fn(params: Params, cfg: ModelConfig, lc: LossConfig, ex: TrainExample
 
 
 def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, lc: LossConfig, *,
-                    mesh: Mesh | None = None, state: Any = None, donate: bool = False) -> Callable[..., Any]:
+                    mesh: Mesh | None = None, state: Any = None, donate: bool = False,
+                    loss: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """A jitted `step(params, opt_state, example) -> (params, opt_state, metrics)`.
 
     A non-finite loss or gradient leaves params and optimizer state unchanged and reports
@@ -209,11 +210,14 @@ def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, l
     train state instead of two; the caller must not read them again). With a `mesh`, shardings
     are decided here, once: parameters and optimizer state keep the partition rules
     (`parallel.shard_train_step`; `state` = (params, opt_state) examples of the trees), metrics
-    are replicated and the example keeps the sharding it arrives with.
+    are replicated and the example keeps the sharding it arrives with. ``loss(params, cfg, lc, batch)
+    -> (loss, metrics)`` replaces the GRPO loss (`loss_fn`) for other objectives (SFT, DPO); its
+    metrics must hold ``loss``.
     """
+    objective = loss_fn if loss is None else loss
 
     def step(params: Params, opt_state: Any, ex: TrainExample):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, cfg, lc, ex)
+        (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, cfg, lc, ex)
         gnorm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         updates, new_opt = optimizer.update(grads, opt_state, params)

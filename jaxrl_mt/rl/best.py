@@ -1,0 +1,67 @@
+"""The best checkpoint by a held-out metric (SFT's lowest validation loss), kept apart and exported.
+
+``<workdir>/best/<step>`` holds the parameters of the best evaluation so far (one orbax step),
+``<workdir>/best.json`` its step and value, so a resumed run keeps comparing with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from jaxrl_mt.checkpointing import Checkpointer
+from jaxrl_mt.rl.workdir import check_finite_state
+
+__all__ = ["BestKeeper"]
+
+
+class BestKeeper:
+    """Keeps the parameters of the evaluation with the best ``metric`` (``mode`` "min" or "max")."""
+
+    def __init__(self, workdir: Path, metric: str, mode: str, *, enabled: bool = True,
+                 log: Callable[[str], None] = print):
+        if mode not in ("min", "max"):
+            raise ValueError(f"BestKeeper: mode must be min|max, got {mode!r}")
+        self.metric, self.mode, self.enabled, self.log = metric, mode, enabled, log
+        self.dir, self.info_path = workdir / "best", workdir / "best.json"
+        self.info: dict[str, Any] | None = json.loads(self.info_path.read_text()) if self.info_path.exists() else None
+
+    def _better(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.info is None:
+            return True
+        best = self.info["value"]
+        return value < best if self.mode == "min" else value > best
+
+    def offer(self, step: int, params: Any, metrics: dict[str, float]) -> bool:
+        """Saves ``params`` when ``metrics[metric]`` beats the best so far (step 0, the initial model, is
+        not a training checkpoint and is never kept). Returns whether it was kept."""
+        value = metrics.get(self.metric)
+        if not self.enabled or step == 0 or value is None or not self._better(float(value)):
+            return False
+        check_finite_state(step, {"params": params})
+        ck = Checkpointer(self.dir, max_to_keep=1)
+        ck.save(step, {"params": params}, {"step": step, self.metric: float(value)}, force=True)
+        ck.wait()
+        ck.close()
+        self.info = {"step": step, "value": float(value), "metric": self.metric}
+        tmp = self.info_path.with_name(self.info_path.name + ".tmp")
+        tmp.write_text(json.dumps(self.info) + "\n")
+        os.replace(tmp, self.info_path)
+        self.log(f"best {self.metric} so far: {value:.4f} at step {step} (kept in {self.dir})")
+        return True
+
+    def params(self, like: Any) -> Any | None:
+        """The kept parameters (restored into ``like``'s structure), or None when none is kept."""
+        if self.info is None:
+            return None
+        ck = Checkpointer(self.dir, max_to_keep=1)
+        try:
+            arrays, _ = ck.restore(self.info["step"], target={"params": like})
+        finally:
+            ck.close()
+        return arrays["params"]

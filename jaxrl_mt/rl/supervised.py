@@ -1,0 +1,219 @@
+"""SFT and DPO as training methods (``method = "sft" | "dpo"``): RLSTA's Table 1 baselines.
+
+The data come from the same multi-turn histories as RLSTA's (``rl.multiturn``): for every history
+the policy samples ``filter.k`` responses to the clean full single-turn prompt and ``filter.k``
+to the last turn given the history (the latent-capability filter's samples, same seed and
+temperature; with ``filter.enabled`` only the histories the filter keeps are used). Then
+
+* SFT: the history + last user turn as the prompt, the first correct single-turn response as the
+  target, the loss on target tokens only (``rl.sft.sft_loss``);
+* DPO: chosen = that correct single-turn response, rejected = the model's first wrong multi-turn
+  response; TRL's sigmoid loss against the frozen reference (``rl.dpo``).
+
+The rows are split by problem into training and validation (``sft.val_fraction`` /
+``dpo.val_fraction``); the validation loss is the method's held-out metric, and the trainer keeps
+the checkpoint with the lowest one (``SELECT``) and exports it. Rows are cached in the workdir
+(``train_rows.jsonl``, ``val_rows.jsonl``); the histories as RLSTA's (``histories.jsonl``).
+Single-process only for now (a multi-process run is refused at start-up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_mt.batching import bucket
+from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeEnv
+from jaxrl_mt.rl.dpo import dpo_objective, pair_logprobs, preference_batch
+from jaxrl_mt.rl.histories import TrainItem, filter_items, single_and_multi_texts
+from jaxrl_mt.rl.multiturn import MultiTurnData
+from jaxrl_mt.rl.sft import sft_loss, sft_rows
+from jaxrl_mt.rl.sft_data import DpoPair, SftItem, dpo_pairs, encode_target, filter_samples, sft_items, \
+    split_validation
+from jaxrl_mt.sampling import SamplingConfig
+
+__all__ = ["DPOData", "SFTData", "SELECT"]
+
+SELECT = ("eval/val_loss", "min")  # the checkpoint kept and exported: the lowest validation loss
+LENGTH_QUANTUM = 32  # row lengths are bucketed (powers of two times this) to bound recompiles
+
+
+def _write_rows(path: Path, rows: Sequence[Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
+def _read_rows(path: Path, cls: type) -> list[Any]:
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            d = json.loads(line)
+            out.append(cls(**{**d, "messages": tuple(tuple(m) for m in d["messages"])}))
+        except (ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"{path}:{n}: not a {cls.__name__} row ({type(e).__name__}: {e})") from None
+    return out
+
+
+class _Supervised(MultiTurnData):
+    """Shared by SFT and DPO: histories -> filter samples -> rows -> train / validation split."""
+
+    objective = ""
+    row_cls: type = SftItem
+    select = SELECT
+
+    def _section(self, c: Any) -> Any:
+        return getattr(c, self.objective)
+
+    def prepare(self, env: RecipeEnv, train: Sequence[Any], held: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """Training and validation rows (cached); ``held`` scenarios are not used (the validation
+        rows are a split of the training problems' histories, by problem)."""
+        if env.multi:
+            raise ConfigError(f"method {self.objective!r} runs on one process for now")
+        c = env.config
+        paths = env.workdir / "train_rows.jsonl", env.workdir / "val_rows.jsonl"
+        if all(p.exists() for p in paths):
+            return _read_rows(paths[0], self.row_cls), _read_rows(paths[1], self.row_cls)
+        hist = self._histories(env, "histories.jsonl", train, c.seed)
+        rows = self._rows(env, hist)
+        tr, val = split_validation(rows, self._section(c).val_fraction, c.seed)
+        if len(tr) < c.rl.batch_size:
+            raise ConfigError(f"empty dataset: {len(tr)} {self.objective} training rows < rl.batch_size "
+                              f"{c.rl.batch_size} (from {len(hist)} histories)")
+        if env.is_main:
+            _write_rows(paths[0], tr)
+            _write_rows(paths[1], val)
+        epochs = c.rl.steps * c.rl.batch_size / len(tr)
+        env.log(f"data: {len(tr)} {self.objective} training rows, {len(val)} validation rows "
+                f"(from {len(hist)} histories); rl.steps={c.rl.steps} x rl.batch_size={c.rl.batch_size} "
+                f"is {epochs:.2f} epochs")
+        return tr, val
+
+    def _rows(self, env: RecipeEnv, hist: list[TrainItem]) -> list[Any]:
+        """The filter's samples of every history, the filter applied when enabled, the method's rows."""
+        c = env.config
+        sampling = SamplingConfig(max_new_tokens=c.rl.max_new_tokens, temperature=c.filter.temperature)
+        st, mt = single_and_multi_texts(env.sampler, hist, sampling, k=c.filter.k, seed=c.seed + 2,
+                                        system=env.system)
+        samples = filter_samples(hist, st, mt, k=c.filter.k, mode=c.rl.verifier_mode)
+        if c.filter.enabled:
+            st_acc = np.array([np.mean(s.st_correct) for s in samples])
+            mt_acc = np.array([np.mean(s.mt_correct) for s in samples])
+            kept, _ = filter_items(hist, st_acc, mt_acc, cap=c.filter.cap_per_problem, seed=c.seed)
+            ids = {it.item_id for it in kept}
+            samples = [s for s in samples if s.item.item_id in ids]
+        return self.make_rows(samples)
+
+    def make_rows(self, samples: Sequence[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def batch(self, env: RecipeEnv, rows: Sequence[Any]) -> Any:
+        """The rows as arrays (numpy), lengths bucketed."""
+        raise NotImplementedError
+
+    def loss(self, env: RecipeEnv) -> Callable[[Any, Any, Any], tuple[jax.Array, dict[str, jax.Array]]]:
+        """``loss(params, cfg, batch) -> (loss, metrics)``, jittable."""
+        raise NotImplementedError
+
+    def evaluate(self, env: RecipeEnv, params: Any, held: Sequence[Any]) -> dict[str, float]:
+        """The validation loss (and the method's metrics), as a mean over the validation rows."""
+        if not held:
+            return {}
+        n = env.config.rl.batch_size
+        if getattr(self, "_eval_fn", None) is None:
+            self._eval_fn = jax.jit(self.loss(env), static_argnums=1)
+        fn = self._eval_fn
+        sums: dict[str, float] = {}
+        for s in range(0, len(held), n):
+            block = list(held[s:s + n])
+            _, m = fn(params, env.sampler.cfg, self.batch(env, block))
+            for k, v in self.weighted(jax.device_get(m), len(block)).items():
+                sums[k] = sums.get(k, 0.0) + v
+        return self.finish_eval(sums, len(held))
+
+    def weighted(self, m: dict[str, Any], rows: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    def finish_eval(self, sums: dict[str, float], rows: int) -> dict[str, float]:
+        raise NotImplementedError
+
+
+@METHODS.register("sft")
+class SFTData(_Supervised):
+    """``method = "sft"``: the correct single-turn response appended to the history, as the target."""
+
+    objective = "sft"
+    row_cls = SftItem
+
+    def make_rows(self, samples: Sequence[Any]) -> list[SftItem]:
+        return sft_items(samples)
+
+    def batch(self, env: RecipeEnv, rows: Sequence[SftItem]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        enc = [encode_target(env.sampler.tokenizer, r.messages, r.target, system=env.system) for r in rows]
+        width = bucket(max(len(p) + len(t) for p, t in enc), LENGTH_QUANTUM)
+        return sft_rows([p for p, _ in enc], [t for _, t in enc], env.sampler.pad_id, width=width)
+
+    def loss(self, env: RecipeEnv) -> Callable[..., Any]:
+        def fn(params: Any, cfg: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+            loss, m = sft_loss(params, cfg, *batch)
+            return loss, {**m, "loss": loss}
+
+        return fn
+
+    def weighted(self, m: dict[str, Any], rows: int) -> dict[str, float]:
+        return {"nll_sum": float(m["nll_sum"]), "tokens": float(m["tokens"])}
+
+    def finish_eval(self, sums: dict[str, float], rows: int) -> dict[str, float]:
+        return {"eval/val_loss": sums["nll_sum"] / max(sums["tokens"], 1.0), "eval/val_tokens": sums["tokens"]}
+
+
+@METHODS.register("dpo")
+class DPOData(_Supervised):
+    """``method = "dpo"``: chosen = the correct single-turn response, rejected = the wrong multi-turn one."""
+
+    objective = "dpo"
+    row_cls = DpoPair
+
+    def make_rows(self, samples: Sequence[Any]) -> list[DpoPair]:
+        return dpo_pairs(samples)
+
+    def batch(self, env: RecipeEnv, rows: Sequence[DpoPair]) -> Any:
+        """The pairs with the frozen reference's log-prob sums filled in."""
+        tok = env.sampler.tokenizer
+        enc = [(encode_target(tok, r.messages, r.chosen, system=env.system),
+                encode_target(tok, r.messages, r.rejected, system=env.system)) for r in rows]
+        prompts, chosen, rejected = [c[0] for c, _ in enc], [c[1] for c, _ in enc], [r[1] for _, r in enc]
+        b = preference_batch(prompts, chosen, rejected, env.sampler.pad_id,
+                             prompt_len=bucket(max(map(len, prompts)), LENGTH_QUANTUM),
+                             completion_len=bucket(max(map(len, chosen + rejected)), LENGTH_QUANTUM))
+        ref_c, ref_r = _pair_logprobs_jit(env.ref_params, env.ref_cfg, *b[:6])
+        return b._replace(ref_chosen=np.asarray(ref_c), ref_rejected=np.asarray(ref_r))
+
+    def loss(self, env: RecipeEnv) -> Callable[..., Any]:
+        d = env.config.dpo
+        return functools.partial(_dpo, beta=d.beta, label_smoothing=d.label_smoothing)
+
+    def weighted(self, m: dict[str, Any], rows: int) -> dict[str, float]:
+        return {k: float(m[k]) * rows for k in ("loss", "rewards/accuracies", "rewards/margins")}
+
+    def finish_eval(self, sums: dict[str, float], rows: int) -> dict[str, float]:
+        return {"eval/val_loss": sums["loss"] / rows, "eval/val_accuracy": sums["rewards/accuracies"] / rows,
+                "eval/val_margin": sums["rewards/margins"] / rows}
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _pair_logprobs_jit(params: Any, cfg: Any, *arrays: Any) -> tuple[jax.Array, jax.Array]:
+    return pair_logprobs(params, cfg, *arrays)
+
+
+def _dpo(params: Any, cfg: Any, batch: Any, *, beta: float, label_smoothing: float
+         ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    loss, m = dpo_objective(params, cfg, batch, beta=beta, label_smoothing=label_smoothing)
+    return loss, {**m, "loss": loss}
