@@ -3,7 +3,8 @@
 Presets: `paper` (the published recipe as the official code runs it), `paper_described` (the same recipe as
 the paper text describes it; the differences are listed in docs/training.md), `cpu` (embedded SmolLM2-135M,
 <= 15 min on 2 cores) and `experiment` (issue 15's held-out experiment, <= 45 min on 2 cores; see
-docs/results/experiment_presets.md).
+docs/results/experiment_presets.md); `no_verifier` / `no_verifier_cpu`: RLSTA without a verifier (the anchor
+reward alone) on `paper` / `cpu`.
 Use: python -m jaxrl_mt.train --config configs/rlsta.py:cpu --config.rl.steps=4
 """
 
@@ -98,6 +99,10 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.checkpoint.keep = 3  # checkpoints kept
     c.export = True  # export the final policy to <workdir>/export as an HF folder
 
+    if preset in ("no_verifier", "no_verifier_cpu"):  # RLSTA w/o verifier: the anchor reward R_s alone
+        c = get_config("paper" if preset == "no_verifier" else "cpu")
+        _no_verifier(c)
+        return c
     if preset in ("paper", "paper_described"):
         _paper(c, as_run=preset == "paper")
     elif preset == "cpu":
@@ -122,7 +127,8 @@ def get_config(preset: str = "paper") -> ConfigDict:
     elif preset == "experiment":
         _experiment(c)
     else:
-        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'paper_described', 'cpu' or 'experiment'")
+        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'paper_described', 'cpu', 'experiment', "
+                         "'no_verifier' or 'no_verifier_cpu'")
     return c
 
 
@@ -142,6 +148,19 @@ def _paper(c: ConfigDict, *, as_run: bool) -> None:
         c.rl.loss_type = "grpo"  # GRPO's sequence-mean token-mean objective
         c.rl.anchor_prompt = "full"  # the clean full single-turn prompt
         c.rl.zero_anchor_for_wrong = True  # R_s of wrong answers zeroed in groups holding a correct one
+
+
+def _no_verifier(c: ConfigDict) -> None:
+    """RLSTA without a verifier (the paper's Section 6 arm): R = alpha R_s, the reward never reads a verdict.
+
+    `zero_anchor_for_wrong` needs the verifier's verdicts, so it is off (and refused with w = 0).
+    The latent-capability filter still reads the gold answers once, when the data are built (the
+    paper's filtered data); `--config.filter.enabled=False` trains on unfiltered histories (its
+    appendix), with no verdict anywhere. `reward/verifier` is still computed and logged.
+    """
+    c.workdir = c.workdir.replace("rlsta", "rlsta_no_verifier")
+    c.rl.verifier_weight = 0.0
+    c.rl.zero_anchor_for_wrong = False  # alpha stays: with group-normalised advantages its scale does not matter
 
 
 def _experiment(c: ConfigDict) -> None:

@@ -53,6 +53,7 @@ from jaxrl_mt.eval.task_config import (
     with_task,
 )
 from jaxrl_mt.eval.task_scoring import conversation_system
+from jaxrl_mt.rewards.abstain import with_abstain
 from jaxrl_mt.models.config import ModelError
 from jaxrl_mt.rewards.verifier import MODES, verify
 
@@ -63,7 +64,8 @@ TRANSCRIPTS, RUN_CONFIG = "transcripts.jsonl", "eval_config.json"
 # Config fields that define the results of a conversation: a resumed run must keep them.
 RESULT_FIELDS = ("model", "dtype", "dataset", "task", "shuffle_shards", "temperature", "top_p",
                  "max_new_tokens", "system_prompt", "protocol", "verifier_mode", "judge",
-                 "user_simulator", "user_temperature", "strategy", "seed")
+                 "user_simulator", "user_temperature", "strategy", "seed", "abstain")
+RESULT_DEFAULTS = {"abstain": False}  # the value of a field that a workdir's older eval_config.json lacks
 BACKEND_KINDS = ("local", "http")
 
 
@@ -106,6 +108,8 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
     for name, ok in checks:
         if not ok:
             raise EvalError(f"config field '{name}': bad value {c[name]!r}")
+    if not isinstance(c.setdefault("abstain", False), bool):
+        raise EvalError(f"config field 'abstain': expected true or false, got {c['abstain']!r}")
     if not isinstance(c.setdefault("reuse_cache", True), bool):
         raise EvalError(f"config field 'reuse_cache': expected true or false, got {c['reuse_cache']!r}")
     _mesh(c.setdefault("mesh_shape", "auto"))
@@ -195,7 +199,7 @@ def _check_workdir(workdir: Path, c: Mapping[str, Any]) -> None:
     if path.exists() and (workdir / TRANSCRIPTS).exists():
         have = json.loads(path.read_text(encoding="utf-8"))
         for k in RESULT_FIELDS:
-            if have.get(k) != want[k]:
+            if have.get(k, RESULT_DEFAULTS.get(k)) != want[k]:
                 raise EvalError(f"{path}: field '{k}': the transcripts there were made with {have.get(k)!r}, "
                                 f"this run has {want[k]!r}; use another workdir")
     check_writable_dir(workdir, "config field 'workdir':")  # OSError: one line, exit 2
@@ -285,7 +289,8 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     plugins = judged_plugins(c["tasks"], max_new_tokens=c["judge_max_new_tokens"])  # backend set below
 
     def system(t: ShardedTask) -> str | None:
-        return conversation_system(t, c["system_prompt"] or None, plugins)
+        s = conversation_system(t, c["system_prompt"] or None, plugins)
+        return with_abstain(s) if c["abstain"] else s  # "+ Abstain": the same instruction for every task
 
     runs, skipped = plan_runs(tasks, c["scenarios"], c["runs"], seed=c["seed"], system=system,
                               shuffle=c["shuffle_shards"])

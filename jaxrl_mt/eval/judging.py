@@ -11,12 +11,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxrl_mt.eval.task_scoring import CHECKER_ERROR, NO_ANSWER_LABEL
+from jaxrl_mt.rewards.abstain import is_abstain
 from jaxrl_mt.rewards.judge import classify_rule_based, judge_llm
 from jaxrl_mt.rewards.verifier import extract_answer, verify
 
 __all__ = ["Judge", "checked_judge_turn", "judge_turn", "make_judge"]
 
 log = logging.getLogger(__name__)
+
+ABSTAIN_LABEL = "refusal"  # the response type of a \boxed{abstain} reply (it declines to answer)
 
 
 class Judge:
@@ -61,6 +64,8 @@ def _why(e: Exception) -> str:
 
 def _rule_label(text: str, domain: str, question: str, user: str | None) -> str:
     """The rule judge's label; a judge that raises on a (hostile) reply labels it a non-answer."""
+    if is_abstain(text):  # "+ Abstain" / RLAAR: a withheld answer is a non-answer
+        return ABSTAIN_LABEL
     try:
         return classify_rule_based(text, domain, question=question, user=user)
     except Exception as e:  # a reply never ends the run

@@ -98,7 +98,8 @@ def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: arg
         model = model or load_eval_model(m["spec"])
         cfg = eval_config(model=m["spec"], limit=0, max_new_tokens=a.max_new_tokens, system_prompt=a.system,
                           max_batch=a.max_batch, workdir=str(wd), plots=False, seed=a.seed, bootstrap=200,
-                          reuse_cache=False, **kw)  # reuse would keep every conversation's KV cache (GBs)
+                          reuse_cache=False,  # reuse would keep every conversation's KV cache (GBs)
+                          abstain=a.abstain, **kw)
         record_evaluation(wd)  # which code writes (this part of) the evaluation
         evaluate(cfg, model=model)
         if a.gzip:
@@ -123,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lic-every", type=int, default=4, help="LiC on every k-th evaluated problem")
     ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="reply budget per turn, every model")
     ap.add_argument("--system", default=SYSTEM, help="system prompt, every model ('': the template's default)")
+    ap.add_argument("--abstain", action="store_true",
+                    help="'+ Abstain': every model gets the instruction to withhold an answer while incomplete")
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (kept in manifest.json)")
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                     "lic_problems": len(tasks[::a.lic_every]) if a.lic_runs else 0, "lic_runs": a.lic_runs,
                     "greedy_only": greedy_only(a),
                     "max_new_tokens": a.max_new_tokens, "system": a.system, "seed": a.seed, "bootstrap": a.bootstrap,
-                    "code": code_version(),
+                    **({"abstain": True} if a.abstain else {}), "code": code_version(),
                     "command": "python -m jaxrl_mt.experiments.compare " + " ".join(argv if argv is not None
                                                                                       else sys.argv[1:])}
         write_json(out / "manifest.json", manifest)

@@ -60,6 +60,17 @@ def is_abstain(reply: str) -> bool:
     return bool(boxes) and re.fullmatch(r"abstain", _unwrap(boxes[-1]), re.IGNORECASE) is not None
 
 
+# The "+ Abstain" instruction (RLSTA's Table 2 evaluation arm; our wording, the paper's is not published)
+# and RLAAR's training system prompt: withhold an answer, as \boxed{abstain}, while information is incomplete.
+ABSTAIN_INSTRUCTION = ("If the information given so far is not enough to determine the answer, reply with "
+                       "\\boxed{abstain}; otherwise put the final answer in \\boxed{}.")
+
+
+def with_abstain(system: str | None) -> str:
+    """``system`` with the abstain instruction appended (alone when there is no system prompt)."""
+    return f"{system}\n\n{ABSTAIN_INSTRUCTION}" if system else ABSTAIN_INSTRUCTION
+
+
 def abstention_reward(reply: str, *, solvable: bool, gold: str, mode: str = "strict") -> float:
     """RLAAR's reward of one reply.
 

@@ -26,7 +26,8 @@ from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES
 
 # method -> its data recipe class: load(c), prepare(env, train, held), evaluate(env, params, held) (env: RecipeEnv);
 # the one list of methods (the reward is chosen apart, `reward_name`)
-METHODS: Registry = Registry("method", builtins=("jaxrl_mt.rl.multiturn", "jaxrl_mt.rl.icpo", "jaxrl_mt.rl.supervised"))
+METHODS: Registry = Registry("method", builtins=("jaxrl_mt.rl.multiturn", "jaxrl_mt.rl.icpo", "jaxrl_mt.rl.supervised",
+                                                 "jaxrl_mt.rl.rlaar_data"))
 
 
 def is_supervised(method: str) -> bool:
@@ -117,6 +118,13 @@ def validate_config(c: Any) -> None:
                            f"{c.method}.val_fraction must be in [0, 1), got {sec.val_fraction}"))
         checks.append((rl.batch_size % rl.grad_accum == 0,
                        f"rl.grad_accum ({rl.grad_accum}) must divide rl.batch_size ({rl.batch_size})"))
+    if c.method == "rlaar":
+        r = getattr(c, "rlaar", None)
+        checks.append((r is not None, "method 'rlaar' needs its config section 'rlaar' (configs/rlaar.py)"))
+        if r is not None:
+            checks.append((r.max_shards >= 1, f"rlaar.max_shards must be >= 1, got {r.max_shards}"))
+            checks.append((0.0 <= r.unsolvable_fraction <= 1.0,
+                           f"rlaar.unsolvable_fraction must be in [0, 1], got {r.unsolvable_fraction}"))
     if c.method == "dpo" and getattr(c, "dpo", None) is not None:
         checks.append((c.dpo.beta > 0, f"dpo.beta must be > 0, got {c.dpo.beta}"))
         checks.append((0.0 <= c.dpo.label_smoothing < 0.5,

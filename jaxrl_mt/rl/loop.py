@@ -255,7 +255,7 @@ class Trainer:
         """The state at step 0, or restored from the newest checkpoint that restores."""
         state = fresh_state(self.model.params, self.optimizer, self.mesh)
         old_opt = None if self.resumed_config is None else optimizer_from_config(self.resumed_config["rl"])
-        restored = restore_state(ck, state, it, log=self.log,  # the stored optimizer's state, if allowed
+        restored = restore_state(ck, state, it, log=self.log, recipe=self.data,  # the stored optimizer's, if allowed
                                  stored_opt_state=None if old_opt is None else old_opt.init(state.params))
         if restored is None:
             if self.is_main:
@@ -288,7 +288,7 @@ class Trainer:
         """A checkpoint every ``checkpoint.every`` steps, at the last step and on a stop signal."""
         done = info.state.step
         if done % self.c.checkpoint.every == 0 or done == self.c.rl.steps or self._stop_signal is not None:
-            save_state(info.checkpointer, info.state, info.data_iter)  # refuses a non-finite state
+            save_state(info.checkpointer, info.state, info.data_iter, self.data)  # refuses a non-finite state
 
     def _eval_phase(self, when: str, step: int, params: Any, held: Sequence[TrainItem],
                     evals: dict[str, dict[str, float]]) -> None:
@@ -302,15 +302,20 @@ class Trainer:
                                                                                   list[dict]]:
         """One step: rollout, update; the step's metrics (global means across processes)."""
         t0 = time.perf_counter()
+        pre: dict[str, float] = {}
+        if hasattr(self.data, "step_items"):  # a recipe that picks the step's samples (RLAAR's curriculum)
+            items, pre = self.data.step_items(self.env, items, state.step)
         if self.supervised:
             m, samples = {}, []
             state, tm = self.update_supervised(state, self.data.batch(self.env, items))
         else:
             ex, m, samples = self.rollout(state.params, items, state.step)
             state, tm = self.update(state, ex)
-        m = {**m, **tm, "perf/step_s": time.perf_counter() - t0}
+        m = {**pre, **m, **tm, "perf/step_s": time.perf_counter() - t0}
         if self.multi:  # global means (train/* are already global: the same on every process)
             m = mean_over_processes(m, max_keys=("completion/max_length",))
+        if hasattr(self.data, "observe"):  # a recipe whose state follows the training (RLAAR's curriculum)
+            self.data.observe(m)
         return state, m, samples
 
     def run(self) -> dict[str, Any]:

@@ -121,6 +121,12 @@ class DPOSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class RLAARSection:
+    max_shards: int  # the curriculum's last count before its random phase (RLAAR: 10)
+    unsolvable_fraction: float  # share of a step's samples with their last shard dropped
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """One training run (configs/rlsta.py documents every field)."""
 
@@ -146,6 +152,7 @@ class TrainConfig:
     icpo: ICPOSection | None = None
     sft: SFTSection | None = None
     dpo: DPOSection | None = None
+    rlaar: RLAARSection | None = None
 
     def get(self, name: str, default: Any = None) -> Any:
         """A field by name, ``default`` when absent (the ConfigDict reading some code shares)."""

@@ -52,27 +52,35 @@ def fresh_state(params: Any, optimizer: Any, mesh: Any = None) -> TrainState:
 
 
 def restore_state(ck: Checkpointer, like: TrainState, data_iter: Any, *, log: Callable[[str], None],
-                  stored_opt_state: Any = None) -> TrainState | None:
+                  stored_opt_state: Any = None, recipe: Any = None) -> TrainState | None:
     """The newest checkpoint that restores (its data iterator state set on ``data_iter``), or None.
 
     Args:
       stored_opt_state: the checkpoint's optimizer state structure when an allowed config change
         (``allow_config_changes``) altered it: restored as that, then replaced by ``like``'s fresh one.
+      recipe: a data recipe with its own state (``state_json`` / ``set_state``, e.g. RLAAR's
+        curriculum): set from the checkpoint.
     """
     if ck.latest_step() is None:
         return None
     target = like.arrays() if stored_opt_state is None else {"params": like.params, "opt_state": stored_opt_state}
     arrays, extra = ck.restore(target=target, on_skip=log, retired=RETIRED_KEYS)
     data_iter.set_state(extra["data_state"])
+    if recipe is not None and hasattr(recipe, "set_state") and "recipe_state" in extra:
+        recipe.set_state(extra["recipe_state"])
     opt_state = arrays["opt_state"] if stored_opt_state is None else like.opt_state
     return TrainState(arrays["params"], opt_state, int(extra["step"]))
 
 
-def save_state(ck: Checkpointer, state: TrainState, data_iter: Any) -> None:
-    """Checkpoints ``state`` with the data iterator's position (asynchronous; ``ck.wait()`` to finish).
+def save_state(ck: Checkpointer, state: TrainState, data_iter: Any, recipe: Any = None) -> None:
+    """Checkpoints ``state`` with the data iterator's position (asynchronous; ``ck.wait()`` to finish)
+    and the recipe's own state (``recipe.state_json()``, when it has one).
 
     Raises:
       NonFiniteUpdate: a non-finite parameter or optimizer-state value; nothing is written.
     """
     check_finite_state(state.step, state.arrays())
-    ck.save(state.step, state.arrays(), {"step": state.step, "data_state": data_iter.get_state()}, force=True)
+    extra = {"step": state.step, "data_state": data_iter.get_state()}
+    if recipe is not None and hasattr(recipe, "state_json"):
+        extra["recipe_state"] = recipe.state_json()
+    ck.save(state.step, state.arrays(), extra, force=True)

@@ -18,10 +18,11 @@ from jaxrl_mt.runtime import load_config_file
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-PRESETS = [("rlsta.py", p) for p in ("paper", "paper_described", "cpu", "experiment")] + \
+PRESETS = [("rlsta.py", p) for p in ("paper", "paper_described", "cpu", "experiment", "no_verifier",
+                                     "no_verifier_cpu")] + \
           [("grpo.py", p) for p in ("paper", "cpu", "experiment")] + \
           [("icpo.py", p) for p in ("paper", "cpu", "experiment")] + \
-          [(f, p) for f in ("sft.py", "dpo.py") for p in ("paper", "cpu")]
+          [(f, p) for f in ("sft.py", "dpo.py", "rlaar.py") for p in ("paper", "cpu")]
 
 
 @pytest.mark.parametrize("name,preset", PRESETS)
@@ -30,7 +31,7 @@ def test_every_shipped_preset_is_typed_and_keeps_its_values(name: str, preset: s
     t = typed_config(c)
     assert isinstance(t, TrainConfig)
     assert t.to_dict() == json.loads(c.to_json())  # config.json is written from it: the same content
-    for section in ("icpo", "sft", "dpo"):  # a method's own section is there in its config only
+    for section in ("icpo", "sft", "dpo", "rlaar"):  # a method's own section is there in its config only
         assert (getattr(t, section) is not None) == (name == f"{section}.py")
     assert isinstance(t.rl.lr, float) and isinstance(t.rl.steps, int) and t.rl.remat == c.rl.remat
     with pytest.raises(dataclasses.FrozenInstanceError):
