@@ -1,0 +1,132 @@
+"""LoRA adapters as their own pytree: init, merge into the base weights, and PEFT's file format in and out.
+
+An adapter of a target projection W [L, in, out] (the decoder's stacked layer weights: ``q``, ``k``,
+``v``, ``o``, ``gate``, ``up``, ``down``) is a pair A [L, in, r], B [L, r, out]; the adapted weight is
+W + (alpha / r) A B. B starts at zero (the adapted model is the base model), A as PEFT's default
+(kaiming-uniform with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))). Targets are chosen by regex over the
+layer keys, like the partition rules.
+
+Files: PEFT's ``adapter_model.safetensors`` (``base_model.model.model.layers.{i}.<module>.lora_A.weight``
+[r, in], ``lora_B.weight`` [out, r]) and ``adapter_config.json``, which ``peft.PeftModel.from_pretrained``
+loads onto the transformers base model; and back (:func:`load_peft`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from jaxrl_mt.models.config import ModelConfig, ModelError
+from jaxrl_mt.models.decoder import Params
+
+__all__ = ["LoraConfig", "TARGETS", "init_adapters", "load_peft", "merge", "save_peft"]
+
+# our layer key -> PEFT/transformers module path under model.layers.{i}.
+TARGETS = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+           "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+_PREFIX = "base_model.model.model.layers"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Adapter shape: rank r, scale alpha / r, target layer keys (a regex, full match)."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    targets: str = "q|k|v|o|gate|up|down"
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def keys(self) -> tuple[str, ...]:
+        """The targeted layer keys, in TARGETS order.
+
+        Raises:
+          ValueError: a regex that matches no projection.
+        """
+        got = tuple(k for k in TARGETS if re.fullmatch(self.targets, k))
+        if not got:
+            raise ValueError(f"lora targets {self.targets!r} match none of {', '.join(TARGETS)}")
+        return got
+
+
+def init_adapters(params: Params, lc: LoraConfig, key: jax.Array) -> Params:
+    """``{"layers": {k: {"a": [L, in, r], "b": [L, r, out]}}}`` for every target key (B = 0)."""
+    out = {}
+    for i, k in enumerate(lc.keys()):
+        w = params["layers"][k]  # [L, in, out]
+        n_layers, d_in, d_out = w.shape
+        bound = 1.0 / math.sqrt(d_in)
+        a = jax.random.uniform(jax.random.fold_in(key, i), (n_layers, d_in, lc.rank), jnp.float32, -bound, bound)
+        out[k] = {"a": a.astype(w.dtype), "b": jnp.zeros((n_layers, lc.rank, d_out), w.dtype)}
+    return {"layers": out}
+
+
+def merge(params: Params, adapters: Params, scale: float) -> Params:
+    """The base parameters with every adapted weight replaced by W + scale A B (differentiable in A, B)."""
+    layers = dict(params["layers"])
+    for k, ab in adapters["layers"].items():
+        delta = jnp.einsum("lir,lro->lio", ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
+        layers[k] = (layers[k].astype(jnp.float32) + scale * delta).astype(layers[k].dtype)
+    return {**params, "layers": layers}
+
+
+def save_peft(out_dir: str | os.PathLike, adapters: Params, lc: LoraConfig, *, base_model: str = "") -> Path:
+    """Writes ``adapter_model.safetensors`` and ``adapter_config.json`` (PEFT's LoRA format)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for k, ab in adapters["layers"].items():
+        a, b = np.asarray(ab["a"], np.float32), np.asarray(ab["b"], np.float32)
+        for i in range(a.shape[0]):
+            tensors[f"{_PREFIX}.{i}.{TARGETS[k]}.lora_A.weight"] = np.ascontiguousarray(a[i].T)  # [r, in]
+            tensors[f"{_PREFIX}.{i}.{TARGETS[k]}.lora_B.weight"] = np.ascontiguousarray(b[i].T)  # [out, r]
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lc.rank, "lora_alpha": lc.alpha,
+              "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+              "use_rslora": False, "init_lora_weights": True, "base_model_name_or_path": base_model or None,
+              "target_modules": sorted(TARGETS[k].split(".")[-1] for k in adapters["layers"])}
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def load_peft(folder: str | os.PathLike, cfg: ModelConfig) -> tuple[Params, LoraConfig]:
+    """A PEFT LoRA folder as ``(adapters, LoraConfig)`` for a base model of config ``cfg``.
+
+    Raises:
+      ModelError: a folder that is not a PEFT LoRA adapter of this model (naming the file and why).
+    """
+    folder = Path(folder)
+    cpath, wpath = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if not cpath.is_file() or not wpath.is_file():
+        raise ModelError(f"{folder}: not a PEFT adapter (adapter_config.json and adapter_model.safetensors)")
+    conf = json.loads(cpath.read_text())
+    if conf.get("peft_type") != "LORA" or conf.get("use_rslora") or conf.get("fan_in_fan_out"):
+        raise ModelError(f"{cpath}: only plain LoRA adapters are supported (peft_type LORA, no rsLoRA, "
+                         "no fan_in_fan_out)")
+    tensors = load_file(str(wpath))
+    adapters: dict[str, dict[str, np.ndarray]] = {}
+    for ours, path in TARGETS.items():
+        if not any(f".{path}.lora_A." in name for name in tensors):
+            continue
+        a = [tensors.get(f"{_PREFIX}.{i}.{path}.lora_A.weight") for i in range(cfg.num_layers)]
+        b = [tensors.get(f"{_PREFIX}.{i}.{path}.lora_B.weight") for i in range(cfg.num_layers)]
+        if any(x is None for x in a + b):
+            raise ModelError(f"{wpath}: {path} is not adapted in every one of {cfg.num_layers} layers")
+        adapters[ours] = {"a": np.stack([x.T for x in a]).astype(np.float32),
+                          "b": np.stack([x.T for x in b]).astype(np.float32)}
+    if not adapters:
+        raise ModelError(f"{wpath}: no LoRA weights of a known projection ({', '.join(TARGETS.values())})")
+    rank = int(conf["r"])
+    lc = LoraConfig(rank=rank, alpha=float(conf.get("lora_alpha", rank)), targets="|".join(adapters))
+    return {"layers": adapters}, lc

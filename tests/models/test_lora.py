@@ -1,0 +1,120 @@
+"""LoRA adapters: the merge's arithmetic and gradients, and PEFT's format both ways against transformers + peft."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_mt.models.config import ModelConfig, ModelError
+from jaxrl_mt.models.decoder import forward, init_params, positions_from_mask
+from jaxrl_mt.models.hf_io import export_hf_folder
+from jaxrl_mt.models.lora import LoraConfig, init_adapters, load_peft, merge, save_peft
+
+CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=8, max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=1,
+                  eos_token_id=(2,), pad_token_id=0)
+TOKENS = np.array([[5, 17, 33, 2, 64, 9, 71, 40]], np.int32)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _logits(params, cfg, tokens):
+    mask = jnp.ones_like(tokens, bool)
+    return forward(params, cfg, tokens, positions_from_mask(mask), mask)[0]
+
+
+def _random_b(adapters, key, scale=0.05):
+    out = {}
+    for i, (k, ab) in enumerate(adapters["layers"].items()):
+        out[k] = {"a": ab["a"], "b": scale * jax.random.normal(jax.random.fold_in(key, i), ab["b"].shape)}
+    return {"layers": out}
+
+
+def test_b_zero_is_the_base_model_exactly_and_targets_are_chosen_by_regex():
+    params = init_params(CFG, jax.random.key(0))
+    lc = LoraConfig(rank=4, alpha=8.0)
+    ad = init_adapters(params, lc, jax.random.key(1))
+    assert set(ad["layers"]) == {"q", "k", "v", "o", "gate", "up", "down"}
+    assert ad["layers"]["q"]["a"].shape == (2, 32, 4) and ad["layers"]["k"]["b"].shape == (2, 4, 16)
+    assert float(jnp.abs(ad["layers"]["q"]["a"]).max()) <= 1 / np.sqrt(32)  # PEFT's kaiming-uniform bound
+    np.testing.assert_array_equal(np.asarray(_logits(merge(params, ad, lc.scale), CFG, TOKENS)),
+                                  np.asarray(_logits(params, CFG, TOKENS)))
+    assert LoraConfig(targets="q|v").keys() == ("q", "v")
+    with pytest.raises(ValueError, match="match none"):
+        LoraConfig(targets="qkv").keys()
+
+
+def test_gradients_wrt_a_and_b_follow_the_chain_rule_through_the_merged_weight():
+    params = init_params(CFG, jax.random.key(0))
+    lc = LoraConfig(rank=4, alpha=8.0, targets="q|down")
+    ad = _random_b(init_adapters(params, lc, jax.random.key(1)), jax.random.key(2))
+    probe = jax.random.normal(jax.random.key(3), (1, 8, 97))
+    loss = lambda p: jnp.sum(_logits(p, CFG, TOKENS) * probe)  # noqa: E731
+    g_ad = jax.grad(lambda a: loss(merge(params, a, lc.scale)))(ad)
+    merged = merge(params, ad, lc.scale)
+    g_w = jax.grad(loss)(merged)["layers"]  # dL/dW' of the merged weights
+    for k in ("q", "down"):
+        a, b, gw = ad["layers"][k]["a"], ad["layers"][k]["b"], g_w[k]
+        want_a = lc.scale * jnp.einsum("lio,lro->lir", gw, b)  # s dL/dW' B^T
+        want_b = lc.scale * jnp.einsum("lir,lio->lro", a, gw)  # s A^T dL/dW'
+        np.testing.assert_allclose(g_ad["layers"][k]["a"], want_a, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(g_ad["layers"][k]["b"], want_b, rtol=1e-6, atol=1e-6)
+
+
+def _hf(tmp_path, params):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    folder = export_hf_folder(CFG, params, tmp_path / "base")
+    return folder, AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+def test_an_exported_adapter_loads_in_peft_and_gives_our_logits(tmp_path):
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    params = init_params(CFG, jax.random.key(0))
+    lc = LoraConfig(rank=4, alpha=8.0)
+    ad = _random_b(init_adapters(params, lc, jax.random.key(1)), jax.random.key(2))
+    out = save_peft(tmp_path / "adapter", ad, lc)
+    assert json.loads((out / "adapter_config.json").read_text())["target_modules"] == [
+        "down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    folder, base = _hf(tmp_path, params)
+    model = peft.PeftModel.from_pretrained(base, str(out)).eval()
+    with torch.no_grad():
+        theirs = model(torch.tensor(TOKENS.astype(np.int64))).logits.numpy()
+    ours = np.asarray(_logits(merge(params, ad, lc.scale), CFG, TOKENS))
+    base_logits = np.asarray(_logits(params, CFG, TOKENS))
+    assert np.abs(ours - base_logits).max() > 1e-2  # the adapter changes the model
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+def test_an_adapter_made_by_peft_imports_and_matches(tmp_path):
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    params = init_params(CFG, jax.random.key(0))
+    folder, base = _hf(tmp_path, params)
+    conf = peft.LoraConfig(r=3, lora_alpha=6, target_modules=["q_proj", "v_proj", "up_proj"], lora_dropout=0.0)
+    model = peft.get_peft_model(base, conf)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    model.save_pretrained(str(tmp_path / "theirs"))
+    ad, lc = load_peft(tmp_path / "theirs", CFG)
+    assert set(ad["layers"]) == {"q", "v", "up"} and (lc.rank, lc.scale) == (3, 2.0)
+    with torch.no_grad():
+        theirs = model.eval()(torch.tensor(TOKENS.astype(np.int64))).logits.numpy()
+    np.testing.assert_allclose(np.asarray(_logits(merge(params, ad, lc.scale), CFG, TOKENS)), theirs, atol=1e-4)
+
+
+def test_a_folder_that_is_not_an_adapter_is_named(tmp_path):
+    with pytest.raises(ModelError, match="not a PEFT adapter"):
+        load_peft(tmp_path, CFG)
+    save_peft(tmp_path / "a", {"layers": {}}, LoraConfig(rank=2))
+    with pytest.raises(ModelError, match="no LoRA weights of a known projection"):
+        load_peft(tmp_path / "a", CFG)
