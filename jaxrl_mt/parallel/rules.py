@@ -23,6 +23,11 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"layers/(q|k|v|gate|up)$", P(None, "fsdp", "tensor")),  # [L, D, out]
     (r"layers/(o|down)$", P(None, "tensor", "fsdp")),  # [L, in, D]
     (r"layers/(q|k|v)_bias$", P(None, "tensor")),  # [L, out]
+    # LoRA adapters (models/lora.py): A [L, in, r] and B [L, r, out] sharded like their base matrix's in / out
+    (r"layers/(q|k|v|gate|up)/a$", P(None, "fsdp", None)),
+    (r"layers/(q|k|v|gate|up)/b$", P(None, None, "tensor")),
+    (r"layers/(o|down)/a$", P(None, "tensor", None)),
+    (r"layers/(o|down)/b$", P(None, None, "fsdp")),
     (r".*", P()),  # norms and everything else: replicated
 )
 

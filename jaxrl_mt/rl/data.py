@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,6 +18,7 @@ from jaxrl_mt.checkpointing import check_writable
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError, Scenario
 from jaxrl_mt.data.scenarios import build_scenario
+from jaxrl_mt.models.lora import TARGETS as LORA_TARGETS
 from jaxrl_mt.registry import Registry
 from jaxrl_mt.rewards.registry import reward_names
 from jaxrl_mt.rewards.rlsta import verifier_weight
@@ -109,6 +111,12 @@ def validate_config(c: Any) -> None:
     if c.method == "icpo":
         r = c.icpo.underspecified_ratio
         checks.append((0.0 <= r <= 1.0, f"icpo.underspecified_ratio must be in [0, 1], got {r}"))
+    lo = getattr(c, "lora", None)
+    if lo is not None:
+        checks.append((lo.rank >= 0, f"lora.rank must be >= 0, got {lo.rank}"))
+        checks.append((lo.rank == 0 or lo.alpha > 0, f"lora.alpha must be > 0, got {lo.alpha}"))
+        checks.append((lo.rank == 0 or any(re.fullmatch(lo.targets, k) for k in LORA_TARGETS),
+                       f"lora.targets {lo.targets!r} matches none of {', '.join(LORA_TARGETS)}"))
     if c.method in ("sft", "dpo"):
         sec = getattr(c, c.method, None)
         checks.append((sec is not None, f"method {c.method!r} needs its config section {c.method!r} "

@@ -39,6 +39,8 @@ from jaxrl_mt.data.pipeline import make_iterator
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.parallel import agree_max_many, check_same_rows, mean_over_processes, put_rows, spans_processes
 from jaxrl_mt.rewards.registry import RewardEnv, make_reward
+from jaxrl_mt.models.lora import save_peft
+from jaxrl_mt.rl.adapters import Trainable, lora_config
 from jaxrl_mt.rl.best import BestKeeper
 from jaxrl_mt.rl.data import (METHODS, ConfigError, RecipeEnv, is_supervised, load_scenarios, load_tasks,
                               reward_name, validate_config)
@@ -53,7 +55,7 @@ from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout, place_example, ro
 from jaxrl_mt.rl.run_config import TrainConfig, typed_config
 from jaxrl_mt.rl.setup import check_micro_batch, load_policy_model, make_mesh, reference
 from jaxrl_mt.rl.state import TrainState, fresh_state, restore_state, save_state
-from jaxrl_mt.rl.step import choose_remat, loss_config, make_train_step, micro_seed
+from jaxrl_mt.rl.step import choose_remat, loss_config, loss_fn, make_train_step, micro_seed
 from jaxrl_mt.rl.workdir import NonFiniteUpdate, check_resume_config, last_good
 from jaxrl_mt.sampling import Sampler, bucket
 from jaxrl_mt.scoring import Scorer
@@ -110,7 +112,9 @@ class Trainer:
         self.tok = self.model.tokenizer
         self.multi = spans_processes(self.mesh)  # one global mesh over several processes
         check_micro_batch(c, self.mesh, self.multi)
-        self.ref_params, self.ref_cfg = reference(c, self.model, self.mesh)
+        lora = lora_config(c)  # LoRA: the train state holds adapters; the policy is base + adapters
+        self.trainable = Trainable(self.model.params, lora) if lora is not None else Trainable()
+        self.ref_params, self.ref_cfg = reference(c, self.model, self.mesh, copy=lora is None)
         # a step's rollout has one row count (batch x G): pad it to a multiple of 8, not the next power of two
         self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch, mesh=self.mesh, row_multiple=8)
         self.env = RecipeEnv(config=c, workdir=self.wd, is_main=self.is_main, multi=self.multi, system=self.system,
@@ -187,8 +191,9 @@ class Trainer:
         updated in place) are decided here, once per bucket."""
         if P not in self._steps:
             lc = dataclasses.replace(self.lc, remat=self._remat(P))
+            loss = None if self.trainable.lora is None else self.trainable.loss(loss_fn)
             self._steps[P] = make_train_step(self.model.cfg, self.optimizer, lc, mesh=self.mesh,
-                                             state=(params, opt_state), donate=True)
+                                             state=(params, opt_state), donate=True, loss=loss)
         return self._steps[P]
 
     def update(self, state: TrainState, ex: TrainExample) -> tuple[TrainState, dict[str, float]]:
@@ -206,7 +211,7 @@ class Trainer:
                 micro = place_example(self.mesh, ex.slice_rows(s, mb))
                 if self.lc.loss_variant == "clip_cov":  # its random token choice: one seed per micro-step
                     micro = micro.replace(seed=micro_seed(self.c.seed, state.step, i, s // mb))
-                params, opt_state = self._micro_step(step_fn, params, opt_state, micro, acc)
+                params, opt_state = self._micro_step(step_fn, params, opt_state, self.trainable.batch(micro), acc)
         out = {f"train/{k}": float(np.mean(v)) for k, v in acc.items() if k != "finite"}
         return TrainState(params, opt_state, state.step + 1), out
 
@@ -216,7 +221,7 @@ class Trainer:
             loss = self.data.loss(self.env)
             self._steps["supervised"] = make_train_step(
                 self.model.cfg, self.optimizer, self.lc, mesh=self.mesh, state=(state.params, state.opt_state),
-                donate=True, loss=lambda params, cfg, lc, b: loss(params, cfg, b))
+                donate=True, loss=self.trainable.loss(lambda params, cfg, lc, b: loss(params, cfg, b)))
         step_fn, params, opt_state = self._steps["supervised"], state.params, state.opt_state
         n = len(jax.tree_util.tree_leaves(batch)[0])
         mb, acc = n // self.c.rl.grad_accum, {}
@@ -225,7 +230,7 @@ class Trainer:
             if self.mesh is not None:
                 leaves, tree = jax.tree_util.tree_flatten(micro)
                 micro = jax.tree_util.tree_unflatten(tree, put_rows(self.mesh, leaves, pad=False))
-            params, opt_state = self._micro_step(step_fn, params, opt_state, micro, acc)
+            params, opt_state = self._micro_step(step_fn, params, opt_state, self.trainable.batch(micro), acc)
         out = {f"train/{k}": float(np.mean(v)) for k, v in acc.items() if k != "finite"}
         return TrainState(params, opt_state, state.step + 1), out
 
@@ -253,7 +258,7 @@ class Trainer:
 
     def _start_state(self, it: Any, ck: Checkpointer) -> TrainState:
         """The state at step 0, or restored from the newest checkpoint that restores."""
-        state = fresh_state(self.model.params, self.optimizer, self.mesh)
+        state = fresh_state(self.trainable.initial(self.model.params, self.c.seed), self.optimizer, self.mesh)
         old_opt = None if self.resumed_config is None else optimizer_from_config(self.resumed_config["rl"])
         restored = restore_state(ck, state, it, log=self.log, recipe=self.data,  # the stored optimizer's, if allowed
                                  stored_opt_state=None if old_opt is None else old_opt.init(state.params))
@@ -277,12 +282,12 @@ class Trainer:
         """The method's held-out metrics every ``eval.every`` steps and the probe when due."""
         c, done = self.c, info.state.step
         if c.eval.every and done % c.eval.every == 0 and done < c.rl.steps and info.held:
-            ev = self.evaluate(info.state.params, info.held)
+            ev = self.evaluate(self.trainable.policy(info.state.params), info.held)
             self.metrics.scalars(done, ev)
             if self.best is not None:
                 self.best.offer(done, info.state.params, ev)
         if self.probe is not None and self.probe.due(done, c.rl.steps):
-            self.metrics.scalars(done, self.probe(self.sampler.bound(info.state.params)))
+            self.metrics.scalars(done, self.probe(self.sampler.bound(self.trainable.policy(info.state.params))))
 
     def _checkpoint_hook(self, info: StepInfo) -> None:
         """A checkpoint every ``checkpoint.every`` steps, at the last step and on a stop signal."""
@@ -292,7 +297,7 @@ class Trainer:
 
     def _eval_phase(self, when: str, step: int, params: Any, held: Sequence[TrainItem],
                     evals: dict[str, dict[str, float]]) -> None:
-        evals[when] = self.evaluate(params, held)
+        evals[when] = self.evaluate(self.trainable.policy(params), held)
         self.metrics.scalars(step, evals[when])
         if self.best is not None:
             self.best.offer(step, params, evals[when])
@@ -309,7 +314,7 @@ class Trainer:
             m, samples = {}, []
             state, tm = self.update_supervised(state, self.data.batch(self.env, items))
         else:
-            ex, m, samples = self.rollout(state.params, items, state.step)
+            ex, m, samples = self.rollout(self.trainable.policy(state.params), items, state.step)
             state, tm = self.update(state, ex)
         m = {**pre, **m, **tm, "perf/step_s": time.perf_counter() - t0}
         if self.multi:  # global means (train/* are already global: the same on every process)
@@ -331,7 +336,7 @@ class Trainer:
         if start == 0 and held:
             self._eval_phase("before", 0, state.params, held, evals)
         if start == 0 and self.probe is not None:
-            self.metrics.scalars(0, self.probe(self.sampler.bound(state.params)))
+            self.metrics.scalars(0, self.probe(self.sampler.bound(self.trainable.policy(state.params))))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         step = start
         hooks = [self._log_hook, self._eval_hook, self._checkpoint_hook, *self.hooks]
@@ -365,7 +370,9 @@ class Trainer:
         if self.best is not None and (kept := self.best.params(like=state.params)) is not None:
             params, note = kept, (f"exported: the best checkpoint, step {self.best.info['step']} "
                                   f"({self.best.metric} {self.best.info['value']:.4f})")
-        return write_outputs(c, self.model.cfg, self.tok, params, evals, multi=self.multi,
+        if self.trainable.lora is not None and self.is_main and c.export:  # the adapter alone, PEFT's format
+            save_peft(self.wd / "adapter", jax.device_get(params), self.trainable.lora, base_model=c.model)
+        return write_outputs(c, self.model.cfg, self.tok, self.trainable.policy(params), evals, multi=self.multi,
                              is_main=self.is_main, log=self.log, note=note)
 
 

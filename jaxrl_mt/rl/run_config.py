@@ -127,6 +127,13 @@ class RLAARSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraSection:
+    rank: int  # 0: full fine-tuning
+    alpha: float  # scale alpha / rank
+    targets: str  # regex over the layer keys q|k|v|o|gate|up|down
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """One training run (configs/rlsta.py documents every field)."""
 
@@ -153,6 +160,7 @@ class TrainConfig:
     sft: SFTSection | None = None
     dpo: DPOSection | None = None
     rlaar: RLAARSection | None = None
+    lora: LoraSection | None = None
 
     def get(self, name: str, default: Any = None) -> Any:
         """A field by name, ``default`` when absent (the ConfigDict reading some code shares)."""

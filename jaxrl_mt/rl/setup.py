@@ -43,12 +43,13 @@ def check_micro_batch(c: Any, mesh: Any, multi: bool) -> None:
                           "share of the mesh's data x fsdp shards")
 
 
-def reference(c: Any, policy: Model, mesh: Any) -> tuple[Any, Any]:
+def reference(c: Any, policy: Model, mesh: Any, *, copy: bool = True) -> tuple[Any, Any]:
     """The frozen reference model: its own parameters and its own config.
 
     Default: a separate copy of the policy's initial parameters (the train step donates the
-    policy's buffers, so the reference must not share them). With ``ref_model``, that model
-    under its own config (another depth or width is fine).
+    policy's buffers, so the reference must not share them); ``copy=False`` (LoRA, where the
+    base weights are never donated): the policy's initial parameters themselves. With
+    ``ref_model``, that model under its own config (another depth or width is fine).
 
     Raises:
       ConfigError: the reference's token ids cannot mean the policy's (another vocabulary) or its
@@ -56,7 +57,7 @@ def reference(c: Any, policy: Model, mesh: Any) -> tuple[Any, Any]:
     """
     cfg = policy.cfg
     if not c.ref_model or c.ref_model == c.model:
-        return jax.tree_util.tree_map(jnp.copy, policy.params), cfg
+        return (jax.tree_util.tree_map(jnp.copy, policy.params) if copy else policy.params), cfg
     ref = load_model(c.ref_model, param_dtype=c.param_dtype, dtype=c.dtype, with_tokenizer=False)
     if ref.cfg.vocab_size != cfg.vocab_size:
         raise ConfigError(f"ref_model {c.ref_model!r} has a vocabulary of {ref.cfg.vocab_size} tokens, the policy "

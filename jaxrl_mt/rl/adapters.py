@@ -1,0 +1,62 @@
+"""What the trained parameters are: the whole policy (full fine-tuning) or LoRA adapters on frozen base weights.
+
+With ``lora.rank > 0`` the train state holds only the adapters (and their optimizer state); the
+policy is ``merge(base, adapters)``, rebuilt after each optimizer step for sampling and scoring;
+the loss differentiates the adapters through the merge; the frozen reference model of the anchor
+reward, the KL term and DPO is the base itself (no second copy of the weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+
+from jaxrl_mt.models.lora import LoraConfig, init_adapters, merge
+
+__all__ = ["Trainable", "lora_config"]
+
+_merge = jax.jit(merge, static_argnums=2)
+
+
+def lora_config(c: Any) -> LoraConfig | None:
+    """The run's LoRA settings (``lora.rank``, ``lora.alpha``, ``lora.targets``), None for full fine-tuning."""
+    lo = getattr(c, "lora", None)
+    if lo is None or lo.rank == 0:
+        return None
+    return LoraConfig(rank=lo.rank, alpha=lo.alpha, targets=lo.targets)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainable:
+    """The trained parameters' relation to the policy."""
+
+    base: Any = None  # the frozen base parameters (LoRA), else None
+    lora: LoraConfig | None = None
+
+    def initial(self, params: Any, seed: int) -> Any:
+        """The trained parameters at step 0: ``params`` itself, or fresh adapters (B = 0) on it."""
+        return params if self.lora is None else init_adapters(params, self.lora, jax.random.key(seed))
+
+    def policy(self, trained: Any) -> Any:
+        """The policy's parameters (merged weights under LoRA)."""
+        return trained if self.lora is None else _merge(self.base, trained, self.lora.scale)
+
+    def loss(self, loss: Callable[..., Any]) -> Callable[..., Any]:
+        """``loss(params, cfg, lc, batch)`` of the policy as one of the trained parameters; under LoRA
+        the batch is ``(base, batch)`` (see :meth:`batch`), so the base is an argument, not a constant."""
+        if self.lora is None:
+            return loss
+        return functools.partial(_adapted_loss, loss=loss, scale=self.lora.scale)
+
+    def batch(self, batch: Any) -> Any:
+        """The step's batch argument: ``batch``, or ``(base, batch)`` under LoRA."""
+        return batch if self.lora is None else (self.base, batch)
+
+
+def _adapted_loss(adapters: Any, cfg: Any, lc: Any, base_and_batch: tuple[Any, Any], *, loss: Callable[..., Any],
+                  scale: float) -> Any:
+    base, batch = base_and_batch
+    return loss(merge(base, adapters, scale), cfg, lc, batch)
