@@ -7,10 +7,18 @@ Nobody loops over conversations one at a time.
 With ``reuse_cache=True`` each conversation keeps its KV cache between turns (a
 ``jaxrl_mt.sampling.DecodeSession``): a turn prefills only what is new since the last reply, i.e.
 the reply's last sampled token (never fed during decoding) and the chat template's text between
-that reply and the next generation prompt, rendered from the tokenizer's own template around a
-sentinel reply (see :func:`turn_suffix`). The model then sees exactly the tokens it generated
-(no detokenize/retokenize round trip); a stop token that ended a reply is replaced by the
-template's end-of-turn text, as a full re-render would do.
+that reply and the next generation prompt (see :func:`turn_suffix`). The model then sees exactly
+the tokens it generated (no detokenize/retokenize round trip); a stop token that ended a reply is
+replaced by the template's end-of-turn text, as a full re-render would do.
+
+The cache is valid only while the template is prefix-preserving for that conversation: the
+previous prompt as rendered, followed by the reply verbatim, must be a prefix of the new
+prompt's rendering. This is checked per conversation at every turn (with the real reply, not a
+stand-in: Qwen3's template drops the think blocks of earlier replies, and in no-think mode the
+empty think block of earlier generation prompts, so it rewrites exactly the turns whose reply
+or prompt holds one). Where the check fails the conversation's row is emptied and its whole
+prompt prefilled from scratch (logged once); a cache that differs from the rendered prompt is
+never reused.
 
 Each conversation samples with its own key: its row seed (:func:`row_seed`) is a hash of its
 ``conv_id`` and turn index, so a conversation's turn draws the same tokens whichever other
@@ -34,7 +42,6 @@ from jaxrl_mt.sampling import DecodeSession, GenerationResult, Sampler, Sampling
 log = logging.getLogger(__name__)
 
 SEED_STRIDE = 1000003  # seed offset between turns
-SENTINEL = "JAXRLMTREPLYSENTINEL7F3A"  # stands for a reply when rendering the text that follows it
 _warned: set[str] = set()
 
 
@@ -262,9 +269,10 @@ def accepts_reuse_cache(fn: Callable[..., Any]) -> bool:
 def turn_suffix(tokenizer: Any, history: Sequence[dict[str, str]], user: str, system: str | None) -> str | None:
     """The template text between the last assistant reply of `history` and the next generation.
 
-    Renders history[:-1] + [assistant: SENTINEL] + [user: `user`] with the generation prompt and
-    returns the text after the sentinel (ChatML: ``<|im_end|>\n<|im_start|>user\n{user}<|im_end|>
-    \n<|im_start|>assistant\n``).
+    The cached context stands for render(history[:-1]) with the generation prompt followed by
+    the reply verbatim; when that text is a prefix of render(history + [user: `user`]) with the
+    generation prompt, the rest is returned (ChatML: ``<|im_end|>\n<|im_start|>user\n{user}
+    <|im_end|>\n<|im_start|>assistant\n``).
 
     Args:
       tokenizer: a tokenizer with a chat template.
@@ -273,20 +281,15 @@ def turn_suffix(tokenizer: Any, history: Sequence[dict[str, str]], user: str, sy
       system: the system prompt (None: the template's default).
 
     Returns:
-      The suffix, or None when the template does not reproduce the sentinel exactly once, or
-      renders the text before it differently from the previous prompt (it rewrites earlier turns).
+      The suffix, or None when the template renders the cached part differently once the next
+      turn follows (it rewrites an earlier prompt or this reply, e.g. Qwen3 dropping a think block).
     """
     if not history or history[-1]["role"] != "assistant":
         raise ChatError("turn_suffix: the history must end with an assistant message")
-    before = list(history[:-1])
-    msgs = before + [{"role": "assistant", "content": SENTINEL}, {"role": "user", "content": user}]
-    full = render(tokenizer, msgs, add_generation_prompt=True, system=system)
-    if full.count(SENTINEL) != 1:
-        return None
-    head, tail = full.split(SENTINEL)
-    if head != render(tokenizer, before, add_generation_prompt=True, system=system):
-        return None
-    return tail
+    cached = render(tokenizer, history[:-1], add_generation_prompt=True, system=system) + history[-1]["content"]
+    full = render(tokenizer, list(history) + [{"role": "user", "content": user}], add_generation_prompt=True,
+                  system=system)
+    return full[len(cached):] if full.startswith(cached) else None
 
 
 class _CachedTurns:
@@ -298,6 +301,7 @@ class _CachedTurns:
         self.row = {id(r): i for i, r in enumerate(runs)}
         self.runs = list(runs)
         self.seen: list[tuple[int, str] | None] = [None] * len(runs)  # (turns, last reply) when cached
+        self.refilled: list[tuple[str, int]] = []  # (conv_id, turn index) re-prefilled: not prefix-preserving
 
     @classmethod
     def create(cls, sampler: Any, runs: Sequence[ConversationRun], session: DecodeSession | None
@@ -347,8 +351,10 @@ class _CachedTurns:
                 pend = s.pending[i]
                 # a stop token that ended the reply is replaced by the template's end-of-turn text
                 return ([pend] if pend is not None and s.finish[i] != "stop" else []) + ids
-            _warn_once("suffix", "reuse_cache: the chat template rendered a turn inconsistently; re-prefilling "
-                                 "that conversation")
+            self.refilled.append((r.conv_id, len(r.turns)))
+            _warn_once("suffix", f"reuse_cache: the chat template renders conversation {r.conv_id!r}'s cached turns "
+                                 f"differently at turn {len(r.turns)} (not prefix-preserving, e.g. Qwen3 dropping an "
+                                 "earlier think block); re-prefilling such conversations from scratch (logged once)")
         if s.tokens[i]:  # edited or inconsistent history: start the row over
             s.reset([i])
         return encode_prompt(self.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)

@@ -16,6 +16,9 @@ For a non-math reply the verdict stored in ``turn.info`` is:
 - ``correct`` and ``correct_strict``: the verdict's score (the task verifiers have one mode; the
   report's judge-free cross-check reads ``correct_strict``).
 
+As the math verifier and the judges, the task reads the answer after a think block
+(``rewards.think.answer_part``; a think block left open holds no answer).
+
 A checker that raises (a bug, or a reply no one foresaw) costs only its turn: the verdict is
 ``status: "checker_error"`` with the exception in ``reason`` (one line), score 0 and no answer
 attempt (with the rule judge), and a one-line warning is logged; the other replies are scored.
@@ -33,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from jaxrl_mt.data.records import ShardedTask
+from jaxrl_mt.rewards.think import answer_part
 from jaxrl_mt.tasks import Task, get_task
 
 __all__ = ["MATH", "SCORE_WORKERS", "conversation_system", "lookup_task", "score_task_turns", "task_turn"]
@@ -92,6 +96,7 @@ def task_turn(text: str, task: ShardedTask, plug: Task, label: str, *, llm_label
     Returns:
       ``{"label", "answer_attempt", "extracted", "correct", "correct_strict", "status", "reason"}``.
     """
+    text = answer_part(text)
     verdict = plug.verify(text, task)
     if llm_label:
         attempt = label == "answer_attempt"

@@ -22,24 +22,14 @@ from typing import Any
 import numpy as np
 
 from jaxrl_mt.rewards.registry import RewardEnv, RewardFn, RewardOutput, group_rows, register_reward
+from jaxrl_mt.rewards.think import answer_part
 from jaxrl_mt.rewards.verifier import MAX_CHECKED_CHARS, boxed_contents, verify
 
 __all__ = ["UNSOLVABLE", "abstention_reward", "answer_part", "is_abstain", "rlaar_rewards"]
 
 UNSOLVABLE = "unsolvable"  # the kind of an item whose last shard was dropped
 
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _WRAP_RE = re.compile(r"^\\(?:text|textbf|mathrm|textrm|texttt)\s*\{(.*)\}$", re.DOTALL)
-
-
-def answer_part(reply: str) -> str:
-    """The reply after its think block: the text after the last ``</think>``; ``""`` when a
-    ``<think>`` never closes; the whole reply when there is no think block."""
-    if _THINK_CLOSE in reply:
-        return reply.rsplit(_THINK_CLOSE, 1)[1]
-    if _THINK_OPEN in reply:
-        return ""
-    return reply
 
 
 def _unwrap(content: str) -> str:
@@ -88,7 +78,7 @@ def abstention_reward(reply: str, *, solvable: bool, gold: str, mode: str = "str
         return 1.0 if is_abstain(reply) else 0.0
     if is_abstain(reply):
         return 0.0
-    return verify(answer_part(reply), gold, mode)
+    return verify(reply, gold, mode)  # the verifier reads the answer after any think block
 
 
 def rlaar_rewards(items: Sequence[Any], generations: Any, group_size: int, mode: str) -> RewardOutput:

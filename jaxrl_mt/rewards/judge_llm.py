@@ -7,6 +7,10 @@ two lines, ``Category: NAME`` and ``Answer: TEXT`` (``none`` when there is no an
 
 A judge reply that names no category falls back to the rule-based verdict; the fallbacks are
 counted in ``stats["fallback"]`` so a report can flag them.
+
+Think blocks (``rewards.think.answer_part``): the judge is shown only the answer after the
+assistant's think block (a reply whose think block never closes is ``missing``, not asked), and
+a judge that thinks itself is read after its own think block.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
 from jaxrl_mt.rewards.judge_rules import clean_reply, classify_rule_based
+from jaxrl_mt.rewards.think import answer_part
 from jaxrl_mt.rewards.verifier import MAX_CHECKED_CHARS
 
 __all__ = ["JUDGE_PROMPT", "LLMVerdict", "classify_llm", "judge_llm", "parse_judge_answer", "parse_judge_reply"]
@@ -102,6 +107,7 @@ def parse_judge_reply(reply: str) -> str | None:
     """
     if len(reply) > MAX_CHECKED_CHARS:
         return None
+    reply = answer_part(reply)
     for m in reversed(list(_CATEGORY_LINE_RE.finditer(reply))):
         label = _normalise_label(_LEADING_LABEL_RE.match(m.group(1)).group(0))
         if label is not None:
@@ -119,7 +125,7 @@ def parse_judge_answer(reply: str) -> str | None:
     longer than ``MAX_CHECKED_CHARS``)."""
     if len(reply) > MAX_CHECKED_CHARS:
         return None
-    found = _ANSWER_LINE_RE.findall(reply)
+    found = _ANSWER_LINE_RE.findall(answer_part(reply))
     if not found:
         return None
     ans = found[-1].strip().strip("*`\"'").strip()
@@ -130,7 +136,8 @@ def judge_llm(backend, texts: Sequence[str], questions: Sequence[str] | None = N
               max_new_tokens: int = 32, stats: MutableMapping[str, int] | None = None) -> list[LLMVerdict]:
     """Classifies replies and extracts their answers with an LLM judge behind a ``ChatBackend``.
 
-    Empty replies are ``missing`` without asking the backend. A judge reply that names no
+    Empty replies (and replies whose think block never closes) are ``missing`` without asking
+    the backend; the judge sees the answer after a think block. A judge reply that names no
     category falls back to ``classify_rule_based`` (counted in ``stats["fallback"]`` and
     logged); ``stats["llm"]`` counts the verdicts taken from the judge. Only an answer attempt
     keeps an extracted answer.
@@ -148,6 +155,7 @@ def judge_llm(backend, texts: Sequence[str], questions: Sequence[str] | None = N
     """
     if questions is not None and len(questions) != len(texts):
         raise ValueError(f"judge_llm: {len(texts)} texts but {len(questions)} questions")
+    texts = [answer_part(t) for t in texts]  # the answer after a think block
     counts = stats if stats is not None else {}
     for key in ("llm", "fallback", "empty"):
         counts.setdefault(key, 0)

@@ -27,6 +27,7 @@ from jaxrl_mt.rewards.judge_rules_asked import (
     terms,
 )
 from jaxrl_mt.rewards.judge_rules_math import commits_to_value, is_alternative_of_asked
+from jaxrl_mt.rewards.think import answer_part
 from jaxrl_mt.rewards.verifier import MAX_CHECKED_CHARS, extract_marked_answer, find_numbers
 
 __all__ = ["NON_ANSWER_TYPES", "RESPONSE_TYPES", "classify_rule_based", "clean_reply", "is_answer_attempt"]
@@ -244,10 +245,12 @@ def classify_rule_based(text: str, domain: str = "math", *, question: str | None
 
     Returns:
       One of ``RESPONSE_TYPES`` (``missing`` for a reply longer than ``MAX_CHECKED_CHARS``: not read).
+      A reply with a think block is judged on the answer after it (``rewards.think``): an open
+      think block is ``missing``.
     """
     if len(text) > MAX_CHECKED_CHARS:
         return "missing"
-    text = clean_reply(text)
+    text = clean_reply(answer_part(text))  # the answer after a think block; an open one: missing
     if _is_missing(text):
         return "missing"
     asked = asked_quantity(question, user) if domain == "math" else Asked()

@@ -25,6 +25,9 @@ Numbers understood: ``1,234`` (commas as thousands separators only), ``$5``, ``\
 ``10-3`` is two numbers), ``3.5``, ``.5``, ``3/4``, ``\\frac{3}{4}`` (also ``\\dfrac``,
 ``\\tfrac``). Extracted answers are returned as normalised numeric strings: integers without a
 decimal point (``"1234"``), other values as Python's shortest round-trip float (``"0.75"``).
+
+Every reader here reads the answer after a think block (``rewards.think.answer_part``: the text
+after the last ``</think>``; a think block left open holds no answer).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+
+from jaxrl_mt.rewards.think import answer_part
 
 __all__ = [
     "MODES",
@@ -294,6 +299,7 @@ def offers_several_candidates(text: str) -> bool:
     or alternatives ("12 or 14") or a range ("85-90", "between 10 and 20") in its final sentence."""
     if len(text) > MAX_CHECKED_CHARS:
         return False
+    text = answer_part(text)
     marked = _marked_values(text)
     if any(not math.isclose(v, marked[0], rel_tol=STRICT_REL_TOL, abs_tol=1e-12) for v in marked[1:]):
         return True
@@ -329,7 +335,7 @@ def extract_marked_answer(text: str) -> str | None:
     Returns:
       The normalised numeric string, or None if no marker is followed by a number.
     """
-    value = _marked_value(text) if len(text) <= MAX_CHECKED_CHARS else None
+    value = _marked_value(answer_part(text)) if len(text) <= MAX_CHECKED_CHARS else None
     return None if value is None else format_number(value)
 
 
@@ -347,7 +353,7 @@ def extract_answer(text: str) -> str | None:
       The normalised numeric string (``"1234"``, ``"0.75"``, ``"-3"``), or None if the text holds
       no number.
     """
-    value = _extract_value(text) if len(text) <= MAX_CHECKED_CHARS else None
+    value = _extract_value(answer_part(text)) if len(text) <= MAX_CHECKED_CHARS else None
     return None if value is None else format_number(value)
 
 
@@ -369,6 +375,7 @@ def _check_mode(mode: str) -> None:
 def _verify_value(text: str, gold_value: float, mode: str) -> float:
     if len(text) > MAX_CHECKED_CHARS:
         return 0.0
+    text = answer_part(text)
     if mode == "strict":
         value = _extract_value(text)
         ok = value is not None and math.isclose(
