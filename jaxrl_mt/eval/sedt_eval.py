@@ -56,7 +56,7 @@ from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.eval.metrics import aggregate, bootstrap_ci, paired_bootstrap_ci
-from jaxrl_mt.eval.sedt_files import read_jsonl, resume
+from jaxrl_mt.eval.sedt_files import read_jsonl, resume, stored_config
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.sampling import SamplingConfig
 from jaxrl_mt.sedt import (ABLATIONS, CONFIRMED, Annotation, GivenUser, SeDTConfig, ablation_final_turn,
@@ -426,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"model {a.model}")
     out = Path(a.out)
     settings = {"model": a.model, "source": a.source, "problems": a.problems, "runs": a.runs, "block": a.block,
-                "seed": a.seed, "sampling": dataclasses.asdict(sampling), "sedt_config": dataclasses.asdict(cfg)}
+                "seed": a.seed, "sampling": dataclasses.asdict(sampling), "sedt_config": stored_config(cfg)}
     try:
         records, seconds = run_blocks(sampler, runs, sampling, cfg=cfg, seed=a.seed, out=out, block=a.block,
                                       settings=settings, log=log)

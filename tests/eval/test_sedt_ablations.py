@@ -16,6 +16,7 @@ import pytest
 
 from jaxrl_mt.eval.sedt_eval import (ABLATION_ARMS, CONTROL, DEFAULT_SOURCE, NO_FORMAT, PLAIN, SEDT, SEDT_NC, main,
                                      parse_overrides, plan, report_md, results_from_records, run_eval)
+from jaxrl_mt.eval.sedt_files import check_settings, stored_config
 from jaxrl_mt.sampling import SamplingConfig
 from jaxrl_mt.sedt import (ABLATIONS, CONFIRMED, UNCERTAIN, Annotation, SeDTConfig, ablate, ablation_rng, annotate,
                            format_prompt, random_returns_to_go, returns_to_go)
@@ -121,12 +122,6 @@ def test_ablation_arms_run_on_the_same_histories_with_paired_intervals(tiny_mode
         rnd = rec["arms"][ABLATION_ARMS["random_rtg"]]["message"]
         assert NUMBER.sub("#", rnd) == NUMBER.sub("#", rec["arms"][SEDT_NC]["message"])
         assert _rtg_numbers(rnd) != _rtg_numbers(rec["arms"][SEDT_NC]["message"])
-    # the same histories and the same answers of today's arms as a run without the ablations
-    s0 = _sampler(tiny_model)
-    _, plain_records = run_eval(s0, plan(DEFAULT_SOURCE, 2, 2), sampling, cfg=SeDTConfig(self_correct=False), seed=5)
-    for a, b in zip(records, plain_records):
-        assert a["history"] == b["history"]
-        assert {k: v for k, v in a["arms"].items() if k in b["arms"]} == b["arms"]
     # each ablation arm: paired differences from SeDT's first answer and from the control
     rows = {(d["from"], d["to"]): d for d in results["ablations"]}
     assert set(rows) == {(b, arm) for arm in ABLATION_ARMS.values() for b in (SEDT_NC, CONTROL)}
@@ -139,6 +134,30 @@ def test_ablation_arms_run_on_the_same_histories_with_paired_intervals(tiny_mode
     rep = report_md(results)
     for arm in ABLATION_ARMS.values():
         assert f"| {arm} | " in rep and f"| {arm} instead of {SEDT_NC} | {SEDT_NC} -> {arm} | " in rep
+
+
+def test_ablations_leave_the_histories_and_todays_arms_as_they_are(tiny_model):
+    """The same histories, and the same messages and answers of today's arms, as a run without the ablations."""
+    sampling = SamplingConfig(max_new_tokens=6)
+    _, with_abl = run_eval(_sampler(tiny_model), plan(DEFAULT_SOURCE, 2, 1), sampling,
+                           cfg=SeDTConfig(ablations="all"), seed=2)
+    _, without = run_eval(_sampler(tiny_model), plan(DEFAULT_SOURCE, 2, 1), sampling, cfg=SeDTConfig(), seed=2)
+    assert len(with_abl) == len(without) == 2
+    for a, b in zip(with_abl, without):
+        assert a["history"] == b["history"] and a["sedt"] == b["sedt"]
+        assert set(a["arms"]) == set(b["arms"]) | set(ABLATION_ARMS.values())
+        assert {k: v for k, v in a["arms"].items() if k in b["arms"]} == b["arms"]
+
+
+def test_a_run_without_ablations_keeps_the_stored_settings_of_earlier_runs(tmp_path):
+    """settings.json of a run from before the ablation arms (docs/results/sedt30) still matches, so it resumes;
+    a run with ablation arms is another experiment."""
+    old = json.loads(open("docs/results/sedt30/settings.json", encoding="utf-8").read())
+    settings = {**old, "sedt_config": stored_config(SeDTConfig())}
+    (tmp_path / "settings.json").write_text(json.dumps(old))
+    check_settings(tmp_path, settings)
+    with pytest.raises(ValueError, match="holds a run with sedt_config="):
+        check_settings(tmp_path, {**old, "sedt_config": stored_config(SeDTConfig(ablations="uniform"))})
 
 
 def test_an_annotation_reader_gains_as_much_from_every_ablation(tiny_model):
