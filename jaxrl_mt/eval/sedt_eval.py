@@ -130,7 +130,7 @@ STEPS = (  # (what the step adds, arm before, arm after): the differences the re
     ("the guarded self-correction", SEDT_NC, SEDT),
 )
 ABLATION_ARMS = {n: f"ablation: {n}" for n in ABLATIONS}  # SeDTConfig.ablations name -> arm name
-ABLATION_BASELINES = (SEDT_NC, CONTROL)  # each ablation arm's paired differences are taken from these arms
+ABLATION_BASELINES = ((SEDT_NC, "SeDT's relevance"), (CONTROL, "no annotation"))  # each ablation's paired dP from these
 DEFAULT_SOURCE = "gsm8k:@gsm8k/test_sample.jsonl"
 
 
@@ -225,7 +225,7 @@ def run_block(sampler: Any, runs: list[ConversationRun], sampling: SamplingConfi
 
 
 ARM_ORDER = (NO_FORMAT, PLAIN, CONTROL, SEDT_NC, SEDT, *ABLATION_ARMS.values())
-ABLATION_STEPS = tuple((f"{arm} instead of {b}", b, arm) for arm in ABLATION_ARMS.values() for b in ABLATION_BASELINES)
+ABLATION_STEPS = tuple((f"{n} vs {what}", b, arm) for n, arm in ABLATION_ARMS.items() for b, what in ABLATION_BASELINES)
 
 
 def results_from_records(records: Sequence[Mapping[str, Any]], sampling: SamplingConfig, cfg: SeDTConfig,

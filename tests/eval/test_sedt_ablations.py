@@ -133,7 +133,9 @@ def test_ablation_arms_run_on_the_same_histories_with_paired_intervals(tiny_mode
     assert results == results_from_records(json.loads(json.dumps(records)), sampling, cfg, 5, results["seconds"])
     rep = report_md(results)
     for arm in ABLATION_ARMS.values():
-        assert f"| {arm} | " in rep and f"| {arm} instead of {SEDT_NC} | {SEDT_NC} -> {arm} | " in rep
+        n = arm.removeprefix("ablation: ")
+        assert f"| {arm} | " in rep and f"| {n} vs SeDT's relevance | {SEDT_NC} -> {arm} | " in rep
+        assert f"| {n} vs no annotation | {CONTROL} -> {arm} | " in rep
 
 
 def test_ablations_leave_the_histories_and_todays_arms_as_they_are(tiny_model):
