@@ -12,7 +12,11 @@ once per arm from that same history, with the same seed and sampling settings:
   self-correction (``jaxrl_mt.sedt.restate_final_turn``: SeDT's prompt minus the return-to-go,
   the labels and "Use every CONFIRMED message");
 - ``sharded+sedt (no correction)``: SeDT's annotated prompt, its first answer;
-- ``sharded+sedt``: the same after the guarded self-correction.
+- ``sharded+sedt``: the same after the guarded self-correction;
+- with ``--set ablations=all`` (or a comma-separated subset), SeDT's ablations
+  (``jaxrl_mt.sedt.ablations``, no self-correction): ``ablation: semantic_only``,
+  ``ablation: lexical_only``, ``ablation: positional_only``, ``ablation: uniform`` and
+  ``ablation: random_rtg``, each with its paired dP interval from SeDT's first answer and from the control.
 
 Every arm but the first ends its final message with the SAME answer instruction (the domain's
 ``SeDTConfig.answer_format``, 'Solve it step by step and end with "The answer is <number>."'
@@ -52,14 +56,14 @@ from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.eval.metrics import aggregate, bootstrap_ci, paired_bootstrap_ci
-from jaxrl_mt.eval.sedt_files import read_jsonl, resume
+from jaxrl_mt.eval.sedt_files import read_jsonl, resume, stored_config
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.sampling import SamplingConfig
-from jaxrl_mt.sedt import (CONFIRMED, GivenUser, SeDTConfig, restate_final_turn, run_until_final, sedt_final_turn,
-                           summarize, with_answer_format)
+from jaxrl_mt.sedt import (ABLATIONS, CONFIRMED, Annotation, GivenUser, SeDTConfig, ablation_final_turn,
+                           restate_final_turn, run_until_final, sedt_final_turn, summarize, with_answer_format)
 
-__all__ = ["DEFAULT_SOURCE", "STEPS", "correction_outcomes", "final_arms", "main", "parse_overrides", "plan",
-           "report_md", "results_from_records", "run_block", "run_blocks", "run_eval", "step_differences"]
+__all__ = ["ABLATION_ARMS", "DEFAULT_SOURCE", "STEPS", "correction_outcomes", "final_arms", "main", "parse_overrides",
+           "plan", "report_md", "results_from_records", "run_block", "run_blocks", "run_eval", "step_differences"]
 
 
 def parse_overrides(items: Sequence[str]) -> SeDTConfig:
@@ -125,6 +129,8 @@ STEPS = (  # (what the step adds, arm before, arm after): the differences the re
     ("the relevance annotation (return-to-go, labels)", CONTROL, SEDT_NC),
     ("the guarded self-correction", SEDT_NC, SEDT),
 )
+ABLATION_ARMS = {n: f"ablation: {n}" for n in ABLATIONS}  # SeDTConfig.ablations name -> arm name
+ABLATION_BASELINES = ((SEDT_NC, "SeDT's relevance"), (CONTROL, "no annotation"))  # each ablation's paired dP from these
 DEFAULT_SOURCE = "gsm8k:@gsm8k/test_sample.jsonl"
 
 
@@ -143,7 +149,8 @@ def final_arms(sampler: Any, held: list[ConversationRun], finals: Sequence[str],
 
     Returns:
       ``(arm name -> runs with their final turn, SeDT infos, the answer instruction per run)``;
-      the SeDT arm's runs are ``held`` itself (answered last, after the others were copied).
+      the SeDT arm's runs are ``held`` itself (answered after the others were copied); the
+      ablation arms (``cfg.ablations``) rewrite SeDT's annotations, so they are answered last.
     """
     fmts = [cfg.answer_format(r.meta.get("domain", "math")) for r in held]
     arms: dict[str, list[ConversationRun]] = {}
@@ -156,18 +163,26 @@ def final_arms(sampler: Any, held: list[ConversationRun], finals: Sequence[str],
     log(f"final turn, {CONTROL}: {len(held)} conversations")
     arms[CONTROL] = [copy.deepcopy(r) for r in held]
     restate_final_turn(sampler, arms[CONTROL], finals, sampling, cfg=cfg, seed=seed)
+    copies = {n: [copy.deepcopy(r) for r in held] for n in cfg.ablations}
     log(f"final turn, SeDT: {len(held)} conversations")
     infos = sedt_final_turn(sampler, held, finals, sampling, cfg=cfg, seed=seed)
     arms[SEDT] = held
+    base = [Annotation.from_json(i["annotation"]) for i in infos]
+    for n, runs in copies.items():
+        log(f"final turn, {ABLATION_ARMS[n]}: {len(held)} conversations")
+        ablation_final_turn(sampler, runs, finals, sampling, base=base, name=n, cfg=cfg, seed=seed)
+        arms[ABLATION_ARMS[n]] = runs
     return arms, infos, fmts
 
 
 def step_differences(metrics: Mapping[str, Mapping[str, float]], correct: Mapping[str, int],
-                     by_task: Mapping[str, Mapping[str, Sequence[float]]] | None = None) -> list[dict[str, Any]]:
+                     by_task: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
+                     steps: Sequence[tuple[str, str, str]] = STEPS) -> list[dict[str, Any]]:
     """What each step adds: P / A90 / U90-10 and correct-count differences between consecutive arms;
-    with `by_task` (arm -> task -> run scores) also the paired 95% bootstrap interval of dP."""
+    with `by_task` (arm -> task -> run scores) also the paired 95% bootstrap interval of dP.
+    ``steps``: the ``(what, arm before, arm after)`` pairs (default ``STEPS``; pairs of absent arms are skipped)."""
     out = []
-    for what, before, after in STEPS:
+    for what, before, after in steps:
         if before in metrics and after in metrics:
             d = {k: metrics[after][k] - metrics[before][k] for k in ("P", "A90", "U90_10")}
             out.append({"step": what, "from": before, "to": after, **{f"d{k}": v for k, v in d.items()},
@@ -209,7 +224,8 @@ def run_block(sampler: Any, runs: list[ConversationRun], sampling: SamplingConfi
     return _records(held, arms, infos, golds, scores, fmts)
 
 
-ARM_ORDER = (NO_FORMAT, PLAIN, CONTROL, SEDT_NC, SEDT)
+ARM_ORDER = (NO_FORMAT, PLAIN, CONTROL, SEDT_NC, SEDT, *ABLATION_ARMS.values())
+ABLATION_STEPS = tuple((f"{n} vs {what}", b, arm) for n, arm in ABLATION_ARMS.items() for b, what in ABLATION_BASELINES)
 
 
 def results_from_records(records: Sequence[Mapping[str, Any]], sampling: SamplingConfig, cfg: SeDTConfig,
@@ -233,6 +249,7 @@ def results_from_records(records: Sequence[Mapping[str, Any]], sampling: Samplin
         "n_problems": n_tasks, "n_conversations": len(records), "n_runs_per_problem": len(records) // n_tasks,
         "arms": names, "answer_format": sorted({r["answer_format"] for r in records}), "metrics": metrics,
         "correct": correct, "steps": step_differences(metrics, correct, by_task),
+        "ablations": step_differences(metrics, correct, by_task, ABLATION_STEPS),
         "P_ci": {n: bootstrap_ci(by_task[n], "P", scale=100) for n in names},
         "sedt": {"guard": cfg.guard, **summarize(infos), **correction_outcomes(infos, golds),
                  "lenient": correction_outcomes(infos, golds, "lenient"),
@@ -256,9 +273,11 @@ def _records(held: Sequence[ConversationRun], arms: Mapping[str, Sequence[Conver
                "history": [{"user": t.user, "assistant": t.assistant} for t in r.turns[:-1]], "arms": {}}
         for name, rs in arms.items():
             last = rs[i].turns[-1]
-            msg = last.info["restate"]["prompt"] if "restate" in last.info else \
-                last.info["sedt"]["prompt"] if "sedt" in last.info else last.user
+            kind = next((k for k in ("restate", "sedt", "ablation") if k in last.info), None)
+            msg = last.info[kind]["prompt"] if kind else last.user
             rec["arms"][name] = {"message": msg, "answer": last.assistant, "correct": scores[name][i]}
+            if kind == "ablation":
+                rec["arms"][name]["annotation"] = last.info[kind]["annotation"]
         rec["arms"][SEDT_NC] = {"message": infos[i]["prompt"], "answer": infos[i]["original"],
                                 "correct": scores[SEDT_NC][i]}
         rec["sedt"] = dict(infos[i])
@@ -331,12 +350,10 @@ def report_md(results: Mapping[str, Any]) -> str:
                   f"`{NO_FORMAT}`."]
     else:
         lines += ["", "No arm gets an answer-format instruction (`--no-format`)."]
-    lines += ["", "| step | from -> to | dP [paired 95% CI] | dA90 | dU90-10 | d correct |",
-              "|---|---|---:|---:|---:|---:|"]
-    for d in results["steps"]:
-        lines.append(f"| {d['step']} | {d['from']} -> {d['to']} | {d['dP']:+.1f} [{d['dP_ci'][0]:+.1f}, "
-                     f"{d['dP_ci'][1]:+.1f}] | {d['dA90']:+.1f} | "
-                     f"{d['dU90_10']:+.1f} | {d['dcorrect']:+d} |")
+    lines += _difference_table("step", results["steps"])
+    if results.get("ablations"):
+        lines += ["", "SeDT's ablations (no self-correction), each against SeDT's first answer and the control:"]
+        lines += _difference_table("ablation", results["ablations"])
     s = results["sedt"]
     lines += ["", f"- guard: {s['guard']}",
               f"- trigger rate: {s['trigger_rate']:.3f} ({s['triggered']}/{s['n']})",
@@ -347,6 +364,16 @@ def report_md(results: Mapping[str, Any]) -> str:
               f"with SeDT {results['paired']['sedt_only']}",
               f"- sampling: {results['sampling']}; {results['seconds']:.0f} s"]
     return "\n".join(lines) + "\n"
+
+
+def _difference_table(what: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A Markdown table of `step_differences` rows (with their paired intervals)."""
+    lines = ["", f"| {what} | from -> to | dP [paired 95% CI] | dA90 | dU90-10 | d correct |",
+             "|---|---|---:|---:|---:|---:|"]
+    for d in rows:
+        lines.append(f"| {d['step']} | {d['from']} -> {d['to']} | {d['dP']:+.1f} [{d['dP_ci'][0]:+.1f}, "
+                     f"{d['dP_ci'][1]:+.1f}] | {d['dA90']:+.1f} | {d['dU90_10']:+.1f} | {d['dcorrect']:+d} |")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -368,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="problems per block: each finished block is written at once, a rerun resumes after it")
     ap.add_argument("--mesh-shape", default="auto", help="devices: auto (all on data) | none | data,fsdp,tensor")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="SeDTConfig override (repeatable), e.g. guard=coverage for the coverage-only guard ablation")
+                    help="SeDTConfig override (repeatable), e.g. guard=coverage for the coverage-only guard ablation, "
+                    "ablations=all (or a comma-separated subset of " + ",".join(ABLATIONS) + ") for the ablation arms")
     a = ap.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -398,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"model {a.model}")
     out = Path(a.out)
     settings = {"model": a.model, "source": a.source, "problems": a.problems, "runs": a.runs, "block": a.block,
-                "seed": a.seed, "sampling": dataclasses.asdict(sampling), "sedt_config": dataclasses.asdict(cfg)}
+                "seed": a.seed, "sampling": dataclasses.asdict(sampling), "sedt_config": stored_config(cfg)}
     try:
         records, seconds = run_blocks(sampler, runs, sampling, cfg=cfg, seed=a.seed, out=out, block=a.block,
                                       settings=settings, log=log)

@@ -7,6 +7,7 @@ block). A rerun with the same settings resumes after the blocks listed there.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import Counter
@@ -20,6 +21,12 @@ def read_jsonl(path: Path, log=lambda s: None) -> list[dict[str, Any]]:
     """The records of an append-only file in ``out`` (`data.jsonl_log`: a last line cut by a kill is
     dropped with one log line; an unreadable earlier line is an error)."""
     return [r for _, r in read_jsonl_log(path, warn=log)]
+
+
+def stored_config(cfg: Any) -> dict[str, Any]:
+    """A ``SeDTConfig`` as ``settings.json`` holds it: without ``ablations`` when there are none, so the
+    folders of runs from before the ablation arms existed still resume."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k != "ablations" or v}
 
 
 def check_settings(out: Path, settings: Mapping[str, Any]) -> None:

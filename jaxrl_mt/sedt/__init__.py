@@ -53,9 +53,10 @@ and the lenient verifier for every gold answer, so the replaced answer was alrea
 Batching: for a batch of conversations, ONE embedding call (``Scorer.score``) for all turns and
 anchors, ONE sampler call for the SeDT final turns and ONE for all corrections.
 
-Layout: ``annotate`` (config, the pure math above, prompts, the guard, embeddings) and
-``final_turn`` (the batched final turn, the strategy, ``respond``); every name is importable
-from ``jaxrl_mt.sedt``.
+Layout: ``annotate`` (config, the pure math above, prompts, the guard, embeddings),
+``final_turn`` (the batched final turn, the strategy, ``respond``) and ``ablations`` (the
+evaluation's ablation arms: one signal alone, uniform relevance, random return-to-go); every
+name is importable from ``jaxrl_mt.sedt``.
 
 Integration: the earlier turns run in ``jaxrl_mt.conversations.run_conversations``'s lockstep
 loop like any strategy's (same KV cache reuse, same seed stream as ``"plain"``); SeDT is its
@@ -70,23 +71,27 @@ strategy in ``jaxrl_mt.strategies``, so ``--config.strategy=sedt`` in
 from __future__ import annotations
 
 from jaxrl_mt.conversations import SEED_STRIDE
-from jaxrl_mt.sedt.annotate import (CONFIRMED, DEFAULT_ANCHORS, DEFAULT_ANSWER_FORMATS, GUARDS, PROMPT_HEADER,
-                                    RESTATE_HEADER, STOP_WORDS, UNCERTAIN, Annotation, Embedder, SeDTConfig, annotate,
-                                    annotate_batch,
+from jaxrl_mt.sedt.annotate import (ABLATIONS, CONFIRMED, DEFAULT_ANCHORS, DEFAULT_ANSWER_FORMATS, GUARDS,
+                                    PROMPT_HEADER, RESTATE_HEADER, STOP_WORDS, UNCERTAIN, Annotation, Embedder,
+                                    SeDTConfig, annotate, annotate_batch,
                                     content_words, correction_prompt, coverage, format_prompt, guard_replace, jaccard,
                                     labels_from_relevance, make_embedder, positional_weights, relevance, restate_prompt,
                                     returns_to_go, scorer_embedder, sem_from_cosine, should_trigger,
                                     with_answer_format)
-from jaxrl_mt.sedt.final_turn import (FinalTurnHold, GivenUser, SeDTResult, make_strategy, respond,
+from jaxrl_mt.sedt.final_turn import (FinalTurnHold, GivenUser, SeDTResult, final_prompt_ids, make_strategy, respond,
                                       restate_final_turn, run_until_final, sedt_final_turn, sedt_strategy, summarize)
+from jaxrl_mt.sedt.ablations import (SIGNAL_WEIGHTS, ablate, ablated_relevance, ablation_final_turn, ablation_rng,
+                                     random_returns_to_go)
 
 __all__ = [
+    "ABLATIONS",
     "CONFIRMED",
     "DEFAULT_ANCHORS",
     "DEFAULT_ANSWER_FORMATS",
     "GUARDS",
     "PROMPT_HEADER",
     "RESTATE_HEADER",
+    "SIGNAL_WEIGHTS",
     "STOP_WORDS",
     "SEED_STRIDE",
     "UNCERTAIN",
@@ -96,11 +101,16 @@ __all__ = [
     "GivenUser",
     "SeDTConfig",
     "SeDTResult",
+    "ablate",
+    "ablated_relevance",
+    "ablation_final_turn",
+    "ablation_rng",
     "annotate",
     "annotate_batch",
     "content_words",
     "correction_prompt",
     "coverage",
+    "final_prompt_ids",
     "format_prompt",
     "guard_replace",
     "jaccard",
@@ -108,6 +118,7 @@ __all__ = [
     "make_embedder",
     "make_strategy",
     "positional_weights",
+    "random_returns_to_go",
     "relevance",
     "respond",
     "restate_final_turn",

@@ -20,6 +20,8 @@ from jaxrl_mt.scoring import Scorer, cosine, embed_texts
 
 CONFIRMED, UNCERTAIN = "CONFIRMED", "UNCERTAIN"
 GUARDS = ("no_answer", "coverage")  # replacement rules of the self-correction guard (see guard_replace)
+# the ablation arms of ``jaxrl_mt.eval.sedt_eval`` (see ``jaxrl_mt.sedt.ablations``)
+ABLATIONS = ("semantic_only", "lexical_only", "positional_only", "uniform", "random_rtg")
 Embedder = Callable[[Sequence[str]], np.ndarray]  # texts -> [N, D] embeddings
 
 DEFAULT_ANCHORS = (
@@ -48,6 +50,24 @@ _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _WORD = re.compile(r"[a-z0-9]+(?:[.'][a-z0-9]+)*")
 
 
+def _ablation_names(value: Any) -> tuple[str, ...]:
+    """``SeDTConfig.ablations`` as a tuple in ``ABLATIONS`` order ("all", "a,b" and lists accepted).
+
+    Raises:
+      ValueError: an unknown name.
+    """
+    if isinstance(value, str):
+        value = ABLATIONS if value.strip() == "all" else [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"SeDTConfig field 'ablations': expected names, 'all' or a list, got {value!r}")
+    names = list(value)
+    bad = [n for n in names if n not in ABLATIONS]
+    if bad:
+        raise ValueError(f"SeDTConfig field 'ablations': unknown {bad[0]!r}; expected 'all' or names of "
+                         f"{', '.join(map(repr, ABLATIONS))}")
+    return tuple(n for n in ABLATIONS if n in names)
+
+
 @dataclasses.dataclass(frozen=True)
 class SeDTConfig:
     """SeDT's constants (defaults from the method)."""
@@ -68,8 +88,12 @@ class SeDTConfig:
     default_anchor: str = "Complete the task using all the information given"  # anchor of other domains
     answer_formats: tuple[tuple[str, str], ...] = DEFAULT_ANSWER_FORMATS  # (domain, answer instruction) pairs
     guard: str = "no_answer"  # replacement rule: "no_answer" (only a number-less original; zero hurt) | "coverage"
+    # sedt_eval only: ablation arms answered next to SeDT on the same histories (names of ABLATIONS, "all" or a
+    # comma-separated string are read too); the strategy and `respond` ignore it
+    ablations: tuple[str, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "ablations", _ablation_names(self.ablations))
         for f in ("w_sem", "w_lex", "w_pos", "last_shard_floor", "trigger_last_rel", "trigger_uncertain_frac"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or not np.isfinite(v):
@@ -188,6 +212,11 @@ class Annotation:
 
     def to_json(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Annotation":
+        """The inverse of :meth:`to_json`."""
+        return cls(**{f.name: d[f.name] if f.name == "anchor" else tuple(d[f.name]) for f in dataclasses.fields(cls)})
 
 
 def annotate(shards: Sequence[str], sem: Sequence[float], anchor: str, cfg: SeDTConfig) -> Annotation:

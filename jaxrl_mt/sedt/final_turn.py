@@ -25,12 +25,13 @@ from jaxrl_mt.strategies import STRATEGIES
 log = logging.getLogger(__name__)
 
 
-def _prompt_ids(sampler: Sampler, run: ConversationRun, message: str, keep_history: bool, budget: int) -> list[int]:
-    """The final prompt's ids; the history is dropped when it would not fit the context."""
+def final_prompt_ids(sampler: Sampler, run: ConversationRun, message: str, keep_history: bool,
+                     budget: int) -> list[int]:
+    """The final prompt's ids (history + ``message``); the history is dropped when it would not fit the context."""
     msgs = (run.messages if keep_history else []) + [{"role": "user", "content": message}]
     ids = encode_prompt(sampler.tokenizer, msgs, system=run.system)
     if keep_history and len(ids) + budget > sampler.cfg.max_position_embeddings:
-        return _prompt_ids(sampler, run, message, False, budget)
+        return final_prompt_ids(sampler, run, message, False, budget)
     return ids
 
 
@@ -71,7 +72,7 @@ def _final_turn(sampler: Sampler, runs: Sequence[ConversationRun], final_users: 
     domains = [r.meta.get("domain", "math") for r in runs]
     anns = annotate_batch(embed, [[t.user for t in r.turns] + [u] for r, u in zip(runs, final_users)], domains, cfg)
     msgs = [format_prompt(a, cfg.answer_format(d)) for a, d in zip(anns, domains)]
-    prompts = [_prompt_ids(sampler, r, m, cfg.keep_history, sampling.max_new_tokens) for r, m in zip(runs, msgs)]
+    prompts = [final_prompt_ids(sampler, r, m, cfg.keep_history, sampling.max_new_tokens) for r, m in zip(runs, msgs)]
     res = sampler.generate_ids(prompts, sampling, seed=seed)
     trig = [i for i, a in enumerate(anns) if should_trigger(a, cfg)]
     corr: dict[int, tuple[str, list[int], np.ndarray, str]] = {}
@@ -124,7 +125,7 @@ def restate_final_turn(sampler: Sampler, runs: Sequence[ConversationRun], final_
     domains = [r.meta.get("domain", "math") for r in runs]
     msgs = [restate_prompt([t.user for t in r.turns] + [u], cfg.anchor(d), cfg.answer_format(d))
             for r, u, d in zip(runs, final_users, domains)]
-    prompts = [_prompt_ids(sampler, r, m, cfg.keep_history, sampling.max_new_tokens) for r, m in zip(runs, msgs)]
+    prompts = [final_prompt_ids(sampler, r, m, cfg.keep_history, sampling.max_new_tokens) for r, m in zip(runs, msgs)]
     res = sampler.generate_ids(prompts, sampling, seed=seed)
     infos = []
     for i, (r, u) in enumerate(zip(runs, final_users)):
