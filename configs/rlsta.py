@@ -94,6 +94,9 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.log.samples_every = 10  # sample-completion table every N steps
     c.log.n_samples = 4  # rows in the table
 
+    c.chat = ConfigDict()
+    c.chat.enable_thinking = None  # Qwen3 templates: True / False (thinking, no-think); None = the template's default
+
     c.lora = ConfigDict()
     c.lora.rank = 0  # LoRA rank (0 = full fine-tuning); the reference is then the base weights, no copy
     c.lora.alpha = 32.0  # adapter scale alpha / rank

@@ -22,6 +22,7 @@ a failing backend, an unwritable workdir) ends the command with one line on stde
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -52,6 +53,7 @@ from jaxrl_mt.eval.task_config import (
     resolve_sources,
     with_task,
 )
+from jaxrl_mt.chat import ChatError, with_template_options
 from jaxrl_mt.eval.task_scoring import conversation_system
 from jaxrl_mt.rewards.abstain import with_abstain
 from jaxrl_mt.models.config import ModelError
@@ -64,8 +66,9 @@ TRANSCRIPTS, RUN_CONFIG = "transcripts.jsonl", "eval_config.json"
 # Config fields that define the results of a conversation: a resumed run must keep them.
 RESULT_FIELDS = ("model", "dtype", "dataset", "task", "shuffle_shards", "temperature", "top_p",
                  "max_new_tokens", "system_prompt", "protocol", "verifier_mode", "judge",
-                 "user_simulator", "user_temperature", "strategy", "seed", "abstain")
-RESULT_DEFAULTS = {"abstain": False}  # the value of a field that a workdir's older eval_config.json lacks
+                 "user_simulator", "user_temperature", "strategy", "seed", "abstain", "enable_thinking")
+# the value of a field that a workdir's older eval_config.json lacks
+RESULT_DEFAULTS = {"abstain": False, "enable_thinking": None}
 BACKEND_KINDS = ("local", "http")
 
 
@@ -108,6 +111,8 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
     for name, ok in checks:
         if not ok:
             raise EvalError(f"config field '{name}': bad value {c[name]!r}")
+    if c.setdefault("enable_thinking", None) not in (None, True, False):
+        raise EvalError(f"config field 'enable_thinking': expected true, false or none, got {c['enable_thinking']!r}")
     if not isinstance(c.setdefault("abstain", False), bool):
         raise EvalError(f"config field 'abstain': expected true or false, got {c['abstain']!r}")
     if not isinstance(c.setdefault("reuse_cache", True), bool):
@@ -222,6 +227,12 @@ def _run_todo(c: dict[str, Any], todo: list[Any], store: TranscriptStore | None,
             sampler = remote_sampler(c)
         else:
             model = load_eval_model(c["model"], dtype=c["dtype"])
+    if model is not None and c["enable_thinking"] is not None:  # Qwen3's thinking / no-think renderings
+        try:
+            tok = with_template_options(model.tokenizer, enable_thinking=c["enable_thinking"])
+        except ChatError as e:
+            raise EvalError(f"config field 'enable_thinking': {e}") from None
+        model = dataclasses.replace(model, tokenizer=tok)
     sampler = sampler if sampler is not None else make_sampler(model, c["mesh_shape"], c["max_batch"])
     judge = make_judge(c["judge"], model=model, max_new_tokens=c["judge_max_new_tokens"],
                        **http_backend_kw(c["judge"], c))

@@ -134,6 +134,11 @@ class LoraSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class ChatSection:
+    enable_thinking: Union[bool, None]  # Qwen3-style templates: None = the template's default
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """One training run (configs/rlsta.py documents every field)."""
 
@@ -161,6 +166,7 @@ class TrainConfig:
     dpo: DPOSection | None = None
     rlaar: RLAARSection | None = None
     lora: LoraSection | None = None
+    chat: ChatSection | None = None
 
     def get(self, name: str, default: Any = None) -> Any:
         """A field by name, ``default`` when absent (the ConfigDict reading some code shares)."""
@@ -178,6 +184,8 @@ def _check_value(path: str, value: Any, tp: Any) -> Any:
     """``value`` as field type ``tp`` (an int where a float is declared becomes a float)."""
     options = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
     for t in options:
+        if t is type(None) and value is None:
+            return None
         if t is bool and isinstance(value, bool):
             return value
         if t is int and isinstance(value, int) and not isinstance(value, bool):

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_mt.chat import ChatError, with_template_options
 from jaxrl_mt.models.registry import Model, load_model
 from jaxrl_mt.parallel import mesh_from_spec, rows_multiple, shard_params
 from jaxrl_mt.rl.data import ConfigError
@@ -29,6 +30,12 @@ def make_mesh(c: Any) -> Any:
 def load_policy_model(c: Any, mesh: Any) -> Model:
     """The policy model of ``c.model``, its parameters placed on ``mesh`` (when there is one)."""
     model = load_model(c.model, param_dtype=c.param_dtype, dtype=c.dtype)
+    thinking = c.chat.enable_thinking if getattr(c, "chat", None) is not None else None
+    if thinking is not None:  # every rendering (rollouts, histories, anchors, probe) passes it to the template
+        try:
+            model.tokenizer = with_template_options(model.tokenizer, enable_thinking=thinking)
+        except ChatError as e:
+            raise ConfigError(f"chat.enable_thinking: {e}") from None
     if mesh is not None:
         model.params = shard_params(model.params, mesh)
     return model
