@@ -6,7 +6,10 @@ import json
 import os
 from pathlib import Path
 
+import jax
+
 from jaxrl_mt.checkpointing import Checkpointer
+from jaxrl_mt.models.lora import LoraConfig, init_adapters, merge
 from jaxrl_mt.models.registry import Model, load_model
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.state import RETIRED_KEYS
@@ -15,7 +18,8 @@ __all__ = ["load_policy"]
 
 
 def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
-    """The policy of a training run: its base model with the checkpoint's parameters."""
+    """The policy of a training run: its base model with the checkpoint's parameters (a LoRA run's
+    checkpoint holds adapters: merged onto the base)."""
     wd = Path(workdir)
     cfg_path = wd / "config.json"
     if not cfg_path.is_file():
@@ -27,9 +31,12 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
     if ck.latest_step() is None:
         raise FileNotFoundError(f"{wd}/checkpoints: no checkpoint")
     opt = optimizer_from_config(conf["rl"])
-    target = {"params": model.params, "opt_state": opt.init(model.params)}
+    lo = conf.get("lora") or {}
+    lc = LoraConfig(rank=lo["rank"], alpha=lo["alpha"], targets=lo["targets"]) if lo.get("rank") else None
+    trained = model.params if lc is None else init_adapters(model.params, lc, jax.random.key(0))  # the structure
+    target = {"params": trained, "opt_state": opt.init(trained)}
     state, _ = ck.restore(step, target=target, retired=RETIRED_KEYS)
     ck.close()
-    model.params = state["params"]
+    model.params = state["params"] if lc is None else merge(model.params, state["params"], lc.scale)
     model.spec = f"workdir:{wd}"
     return model

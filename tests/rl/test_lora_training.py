@@ -65,6 +65,11 @@ def test_lora_trains_adapters_only_resumes_identically_and_exports_a_peft_adapte
     got = Sampler.from_model(merged).generate_ids(prompts, sc).tokens
     want = Sampler.from_model(exported).generate_ids(prompts, sc).tokens
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # and `workdir:` (evaluate, serve, compare) merges the checkpoint's adapters the same way
+    from jaxrl_mt.rl.policy_io import load_policy
+
+    from_ckpt = load_policy(tmp_path / "full")
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), from_ckpt.params, merged.params)
 
 
 def test_bad_lora_settings_fail_at_start(tmp_path):
