@@ -23,9 +23,18 @@ GRPO loss (`rl.step.loss_fn`), per decoder layer (b = bytes of the compute dtype
     no remat:   L * layer(B, T) + head(B)
     remat:      L * B*T*D*b + layer(B, T) + head(B)          # scan carries only; one layer live
 
-The attention matrix is materialised (no flash attention), so the T^2 term dominates long
-sequences; on a mesh, every term is divided by the number of devices that split it (parameters,
-gradients and optimizer state by fsdp x tensor, activations and cache by data x fsdp).
+The estimate is of the einsum attention (`cfg.attention="einsum"`), whose scores are
+materialised, so the T^2 term dominates long sequences; on a mesh, every term is divided by the
+number of devices that split it (parameters, gradients and optimizer state by fsdp x tensor,
+activations and cache by data x fsdp).
+
+Measured mode (`--measured [--lengths 1024,2048,4096,8192] [--impls einsum,blockwise]
+[--programs score,train,prefill] [--layers N] [--remat]`): compiles the scorer's forward
+(`scoring.token_logprobs`), the train step's value-and-gradient of the mean token log-prob and
+the sampler's prefill for shapes only (`jax.ShapeDtypeStruct` parameters: no weights) and
+prints the temp and argument bytes of `compile().memory_analysis()` per attention
+implementation, with the growth ratios between lengths, and the compiler (backend) that
+produced them: the CPU compiler fuses differently from TPU's and GPU's.
 """
 
 from __future__ import annotations

@@ -285,22 +285,30 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec
 # ----------------------------------------------------------------------------- kernels and dispatch
 
 
-def _pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec) -> jax.Array:
-    """TPU flash attention (causal self-attention; validity as segment ids: pads see only pads)."""
+def _pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, reference: bool = False
+                      ) -> jax.Array:
+    """TPU flash attention (causal self-attention; validity as segment ids: pads see only pads).
+    `reference`: the module's pure-JAX `mha_reference` with the same arguments (CPU tests)."""
     fa = _pallas_flash()
     g = q.shape[2] // k.shape[1]
     seg = spec.kv_valid.astype(jnp.int32)  # [B, T]: 1 real, 0 pad
-    out = fa.flash_attention(q.transpose(0, 2, 1, 3), jnp.repeat(k, g, axis=1), jnp.repeat(v, g, axis=1),
-                             segment_ids=fa.SegmentIds(seg, seg), causal=True, sm_scale=1.0 / math.sqrt(q.shape[-1]))
+    args = (q.transpose(0, 2, 1, 3), jnp.repeat(k, g, axis=1), jnp.repeat(v, g, axis=1))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if reference:
+        out = fa.mha_reference(*args, None, segment_ids=fa.SegmentIds(seg, seg), causal=True, sm_scale=scale)
+    else:
+        out = fa.flash_attention(*args, segment_ids=fa.SegmentIds(seg, seg), causal=True, sm_scale=scale)
     return out.transpose(0, 2, 1, 3)
 
 
-def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec) -> jax.Array:
-    """cuDNN flash attention (causal self-attention; pad queries see every earlier key: no empty rows)."""
+def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, implementation: str = "cudnn"
+                     ) -> jax.Array:
+    """cuDNN flash attention (causal self-attention; pad queries see every earlier key: no empty
+    rows). `implementation="xla"`: the same call through XLA (CPU tests)."""
     valid = spec.kv_valid
     mask = valid[:, None, None, :] | ~valid[:, None, :, None]  # [B, 1, T, T], with is_causal
     return jax.nn.dot_product_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask=mask, is_causal=True,
-                                        implementation="cudnn")
+                                        implementation=implementation)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, impl: str = "auto",

@@ -199,3 +199,24 @@ def test_embedded_model_logits_and_greedy_tokens_blockwise_equal_einsum(embedded
     out_e = Sampler.from_model(dataclasses.replace(m, cfg=cfg_e)).generate_ids(prompts, sc).tokens
     out_b = Sampler.from_model(dataclasses.replace(m, cfg=cfg_b)).generate_ids(prompts, sc).tokens
     assert out_b == out_e and sum(len(x) for x in out_e) >= 12
+
+
+@pytest.mark.parametrize("kernel", ["pallas", "cudnn"])
+def test_kernel_wrappers_masks_on_cpu(kernel):
+    """The kernels' arguments (segment ids / mask, causal flag, GQA repeat, scale, layouts) through
+    their pure-JAX twins (flash_attention's mha_reference, dot_product_attention via XLA): real
+    query rows equal the einsum."""
+    if kernel == "pallas" and A._pallas_flash() is None:
+        pytest.skip("jax.experimental.pallas.ops.tpu is not importable")
+    rng = np.random.default_rng(3)
+    t = 37
+    q, k, v = _qkv(rng, 2, t, t, 8, 2)
+    valid = np.arange(t)[None] >= np.array([[0], [9]])  # left padding
+    spec = A.causal_spec(jnp.asarray(valid))
+    if kernel == "pallas":
+        out = A._pallas_attention(q, k, v, spec, reference=True)
+    else:
+        out = A._cudnn_attention(q, k, v, spec, implementation="xla")
+    want = A.einsum_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), jnp.asarray(_causal_mask(valid)))
+    assert np.all(np.isfinite(np.asarray(out)))
+    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(want)[valid], atol=1e-5, rtol=0)
