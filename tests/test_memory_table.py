@@ -93,3 +93,13 @@ def test_cli_measured_prints_ratios(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     out = capsys.readouterr().out
     assert "compiled by XLA:CPU" in out and "| temp 256 | temp 512 | 512/256 | arguments |" in out
     assert sum(line.startswith("| tiny |") for line in out.splitlines()) == 4
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_blockwise_masks_are_not_hoisted_out_of_the_layer_scan(remat: bool) -> None:
+    """The block masks depend only on positions, the same in every layer; hoisted out of the layer
+    scan they become a [blocks, B, Hkv, G, T, block_k] residual (the whole T x S mask per head):
+    train-step temp bytes then grow ~3x per doubling here instead of 2x."""
+    cfg = TINY.replace(num_heads=14, num_kv_heads=2, head_dim=16, attention_block=64)
+    small, big = (mt.measure("tiny", cfg, "train", "blockwise", n, remat=remat).temp for n in (1024, 2048))
+    assert big / small < 2.1, big / small

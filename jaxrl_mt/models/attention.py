@@ -181,35 +181,45 @@ def _key_blocks(x: jax.Array, axis: int, bk: int, fill: object) -> jax.Array:
     return jnp.moveaxis(x, axis, 0)
 
 
-def _block_scores(qg, kb, scale, qp, qs, kp, kv, ks, i, bk, s_len):
+def _block_scores(qg, kb, scale, qp, qs, kp, kv, ks, real):
     """Scores [B, Hkv, G, T, bk] of one key block (masked: _NEG, block padding: -inf) and the
-    visibility [B, T, bk]."""
+    visibility [B, T, bk]. The fill values are derived from the scores (min(s, _NEG) = _NEG,
+    s - inf = -inf) rather than broadcast constants, which scan partial evaluation would hoist
+    out of the layer scan as [B, Hkv, G, T, bk] buffers."""
     s = jnp.einsum("bkgtd,bksd->bkgts", qg, kb, preferred_element_type=jnp.float32) * scale
     same = (ks[:, None, :] == qs[:, :, None]) | (ks[:, None, :] == 0)
     vis = kv[:, None, :] & (kp[:, None, :] <= qp[:, :, None]) & same
-    real = (i * bk + jnp.arange(bk)) < s_len  # [bk]
-    s = jnp.where(vis[:, None, None], s, _NEG)
-    return jnp.where(real, s, -jnp.inf), vis
+    s = jnp.where(vis[:, None, None], s, jnp.minimum(s, _NEG))
+    return jnp.where(real[:, None, None, None, :], s, s - jnp.inf), vis
 
 
-def _blocks_of(k, v, kp, kv, ks, bk):
-    nb = -(-k.shape[2] // bk)
-    return (jnp.arange(nb), _key_blocks(k, 2, bk, 0), _key_blocks(v, 2, bk, 0), _key_blocks(kp, 1, bk, 0),
-            _key_blocks(kv, 1, bk, False), _key_blocks(ks, 1, bk, 0))
+def _blocks_of(k, v, kp, kv, ks, real, bk):
+    """Key blocks [nb, ...] of (real-slot flags [B, S] -> [nb, B, bk], k, v, positions, validity, segments)."""
+    return (_key_blocks(real, 1, bk, False), _key_blocks(k, 2, bk, 0), _key_blocks(v, 2, bk, 0),
+            _key_blocks(kp, 1, bk, 0), _key_blocks(kv, 1, bk, False), _key_blocks(ks, 1, bk, 0))
+
+
+def _tie(qg, qp, qs, kp, kv, ks):
+    """The mask inputs made data-dependent on the queries. Without it the block masks depend only
+    on the spec, which is the same in every layer: JAX's scan partial evaluation then hoists their
+    computation out of the layer scan and stacks them, [blocks, B, Hkv, G, T, block_k] bools -- the
+    full T x S mask per head, quadratic memory (seen with memory_analysis). Also returns the
+    [B, S] all-True flags of the real (not block-padding) key slots, tied the same way."""
+    return jax.lax.optimization_barrier((qg, qp, qs, kp, kv, ks, jnp.ones(kv.shape, bool)))
 
 
 def _flash_fwd(qg, k, v, qp, qs, kp, kv, ks, bk):
     """Online softmax: output [B, Hkv, G, T, K] (v.dtype), running max m and sum den [B, Hkv, G, T]."""
+    qg, qp, qs, kp, kv, ks, real = _tie(qg, qp, qs, kp, kv, ks)
     scale = 1.0 / math.sqrt(qg.shape[-1])
-    s_len = k.shape[2]
     b, hkv, g, t, kd = qg.shape
     init = (jnp.full((b, hkv, g, t), -jnp.inf, jnp.float32), jnp.zeros((b, hkv, g, t), jnp.float32),
             jnp.zeros((b, hkv, g, t, kd), jnp.float32))
 
     def step(carry, xs):
         m, den, acc = carry
-        i, kb, vb, kpb, kvb, ksb = xs
-        s, _ = _block_scores(qg, kb, scale, qp, qs, kpb, kvb, ksb, i, bk, s_len)
+        real, kb, vb, kpb, kvb, ksb = xs
+        s, _ = _block_scores(qg, kb, scale, qp, qs, kpb, kvb, ksb, real)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         alpha = jnp.exp(m - m_new)
         p = jnp.exp(s - m_new[..., None])
@@ -217,7 +227,7 @@ def _flash_fwd(qg, k, v, qp, qs, kp, kv, ks, bk):
         pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
         return (m_new, den, alpha[..., None] * acc + pv), None
 
-    (m, den, acc), _ = jax.lax.scan(step, init, _blocks_of(k, v, kp, kv, ks, bk))
+    (m, den, acc), _ = jax.lax.scan(step, init, _blocks_of(k, v, kp, kv, ks, real, bk))
     return (acc / den[..., None]).astype(v.dtype), m, den
 
 
@@ -234,6 +244,7 @@ def _flash_vjp_fwd(qg, k, v, qp, qs, kp, kv, ks, bk):
 def _flash_vjp_bwd(bk, res, g):
     """Recomputes each block's probabilities from (m, den); dS = P * (dP - rowsum(dO * O))."""
     qg, k, v, qp, qs, kp, kv, ks, out, m, den = res
+    qg, qp, qs, kp, kv, ks, real = _tie(qg, qp, qs, kp, kv, ks)
     scale = 1.0 / math.sqrt(qg.shape[-1])
     s_len = k.shape[2]
     do = g.astype(jnp.float32)  # [B, Hkv, G, T, K]
@@ -241,8 +252,8 @@ def _flash_vjp_bwd(bk, res, g):
     qf = qg.astype(jnp.float32)
 
     def step(dq, xs):
-        i, kb, vb, kpb, kvb, ksb = xs
-        s, vis = _block_scores(qg, kb, scale, qp, qs, kpb, kvb, ksb, i, bk, s_len)
+        real, kb, vb, kpb, kvb, ksb = xs
+        s, vis = _block_scores(qg, kb, scale, qp, qs, kpb, kvb, ksb, real)
         p = jnp.exp(s - m[..., None]) / den[..., None]  # [B, Hkv, G, T, bk]
         dv = jnp.einsum("bkgts,bkgtd->bksd", p, do)
         dp = jnp.einsum("bkgtd,bksd->bkgts", do, vb.astype(jnp.float32))
@@ -251,7 +262,7 @@ def _flash_vjp_bwd(bk, res, g):
         dk = jnp.einsum("bkgts,bkgtd->bksd", ds, qf)
         return dq, (dk, dv)
 
-    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(qg.shape, jnp.float32), _blocks_of(k, v, kp, kv, ks, bk))
+    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(qg.shape, jnp.float32), _blocks_of(k, v, kp, kv, ks, real, bk))
     unblock = lambda x: jnp.moveaxis(x, 0, 2).reshape(x.shape[1], x.shape[2], -1, x.shape[-1])[:, :, :s_len]  # noqa: E731
     return (dq.astype(qg.dtype), unblock(dk).astype(k.dtype), unblock(dv).astype(v.dtype),
             None, None, None, None, None)

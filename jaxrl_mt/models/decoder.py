@@ -248,14 +248,10 @@ def spec_attention(cfg: ModelConfig, impl: str, q: jax.Array, k: jax.Array, v: j
     return attend(q, k, v, spec, impl=impl, block_k=cfg.attention_block, self_attn=k_cache is None)
 
 
-def remat_layer(body: Any, remat: bool | str, impl: str = "einsum") -> Any:
+def remat_layer(body: Any, remat: bool | str) -> Any:
     """A scanned layer `body` wrapped for the backward pass: True keeps only the layer inputs,
     "dots" also the outputs of the weight matmuls (norms, RoPE, attention and activations are
-    recomputed), False keeps everything. With a blockwise/kernel attention `impl`, False still
-    checkpoints the body (saving everything but the attention's internals): without it XLA hoists
-    per-block values out of the layer scan and activation memory stays quadratic."""
-    if remat is False and impl != "einsum":
-        return jax.checkpoint(body, policy=jax.checkpoint_policies.everything_saveable)
+    recomputed), False keeps everything."""
     if remat == "dots":
         return jax.checkpoint(body, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
     if remat not in (True, False):
@@ -302,7 +298,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
             x, _, _ = _layer(cfg, lp, x, cos, sin, attn)
             return x, None
 
-        x, _ = jax.lax.scan(remat_layer(body, remat, impl), x, layers)
+        x, _ = jax.lax.scan(remat_layer(body, remat), x, layers)
         new_cache = None
     else:
         s = cache.k.shape[3]

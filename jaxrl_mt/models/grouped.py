@@ -77,7 +77,7 @@ def forward_grouped(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_
         att_s = attn_s(qs, ks, vs, kc, vc)
         return (layer_out(cfg, lp, xp, att_p), layer_out(cfg, lp, xs, att_s)), None
 
-    body_fn = remat_layer(body, remat, impl_s if impl_p == "einsum" else impl_p)
+    body_fn = remat_layer(body, remat)
     (xp, xs), _ = jax.lax.scan(body_fn, (xp, xs), params["layers"])
     eps = cfg.rms_norm_eps
     return rms_norm(xp[:, -1], params["final_norm"], eps), rms_norm(xs, params["final_norm"], eps)
