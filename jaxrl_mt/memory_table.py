@@ -23,9 +23,18 @@ GRPO loss (`rl.step.loss_fn`), per decoder layer (b = bytes of the compute dtype
     no remat:   L * layer(B, T) + head(B)
     remat:      L * B*T*D*b + layer(B, T) + head(B)          # scan carries only; one layer live
 
-The attention matrix is materialised (no flash attention), so the T^2 term dominates long
-sequences; on a mesh, every term is divided by the number of devices that split it (parameters,
-gradients and optimizer state by fsdp x tensor, activations and cache by data x fsdp).
+The estimate is of the einsum attention (`cfg.attention="einsum"`), whose scores are
+materialised, so the T^2 term dominates long sequences; on a mesh, every term is divided by the
+number of devices that split it (parameters, gradients and optimizer state by fsdp x tensor,
+activations and cache by data x fsdp).
+
+Measured mode (`--measured [--lengths 1024,2048,4096,8192] [--impls einsum,blockwise]
+[--programs score,train,prefill] [--layers N] [--remat]`): compiles the scorer's forward
+(`scoring.token_logprobs`), the train step's value-and-gradient of the mean token log-prob and
+the sampler's prefill for shapes only (`jax.ShapeDtypeStruct` parameters: no weights) and
+prints the temp and argument bytes of `compile().memory_analysis()` per attention
+implementation, with the growth ratios between lengths, and the compiler (backend) that
+produced them: the CPU compiler fuses differently from TPU's and GPU's.
 """
 
 from __future__ import annotations
@@ -151,6 +160,95 @@ def format_table(rows: Sequence[MemoryRow], *, batch: int, length: int, param_dt
     return "\n".join(lines)
 
 
+MEASURED_LENGTHS = (1024, 2048, 4096, 8192)
+PROGRAMS = ("score", "train", "prefill")
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """`memory_analysis()` of one compiled program (bytes, per device: one device here)."""
+
+    name: str  # model name
+    program: str  # "score" | "train" | "prefill"
+    impl: str  # attention implementation (cfg.attention)
+    length: int  # tokens per row
+    temp: int  # temp_size_in_bytes: buffers live inside the program (activations)
+    argument: int  # argument_size_in_bytes: parameters + inputs
+    output: int  # output_size_in_bytes
+    backend: str  # the compiler that produced it (jax.default_backend())
+
+
+def _program(cfg: ModelConfig, program: str, remat: bool | str):
+    """The jitted function of `program` and its abstract non-parameter arguments' builder."""
+    from jaxrl_mt.models.decoder import forward, positions_from_mask
+    from jaxrl_mt.scoring import token_logprobs
+
+    def score(p, tok, mask):  # the scorer's forward (log-probs of every token)
+        return token_logprobs(p, cfg, tok, mask, remat=remat)[0]
+
+    def loss(p, tok, mask):  # the train step's differentiated term: mean token log-prob
+        lp = token_logprobs(p, cfg, tok, mask, remat=remat)[0]
+        return -jnp.sum(lp) / jnp.maximum(jnp.sum(mask), 1)
+
+    def prefill(p, tok, mask, cache):  # the sampler's prefill into an empty cache
+        logits, _, cache = forward(p, cfg, tok, positions_from_mask(mask), mask, cache, logits="last")
+        return logits, cache
+
+    return {"score": score, "train": jax.value_and_grad(loss), "prefill": prefill}[program]
+
+
+def measure(name: str, cfg: ModelConfig, program: str, impl: str, length: int, *, batch: int = 1,
+            remat: bool | str = False) -> Measured:
+    """Compiles `program` for shapes only (jax.ShapeDtypeStruct parameters: no weights) and reads
+    the compiled program's memory analysis."""
+    cfg = cfg.replace(attention=impl)
+    params = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s, cfg.jnp_param_dtype), param_shapes(cfg),
+                                    is_leaf=lambda s: isinstance(s, tuple))
+    args = [params, jax.ShapeDtypeStruct((batch, length), jnp.int32), jax.ShapeDtypeStruct((batch, length), bool)]
+    if program == "prefill":
+        args.append(jax.eval_shape(lambda: init_cache(cfg, batch, length)))
+    ma = jax.jit(_program(cfg, program, remat)).lower(*args).compile().memory_analysis()
+    return Measured(name, program, impl, length, int(ma.temp_size_in_bytes), int(ma.argument_size_in_bytes),
+                    int(ma.output_size_in_bytes), jax.default_backend())
+
+
+def format_measured(rows: Sequence[Measured]) -> str:
+    """One markdown row per (model, program, impl): temp GiB per length, the growth ratios, arguments."""
+    lengths = sorted({r.length for r in rows})
+    keys = list(dict.fromkeys((r.name, r.program, r.impl) for r in rows))
+    by = {(r.name, r.program, r.impl, r.length): r for r in rows}
+    ratio_cols = [f"{b}/{a}" for a, b in zip(lengths, lengths[1:])]
+    cols = ["model", "program", "attention"] + [f"temp {n}" for n in lengths] + ratio_cols + ["arguments"]
+    lines = [f"compiled by XLA:{rows[0].backend.upper() if rows else '?'}; GiB (2^30 bytes) per device",
+             "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for key in keys:
+        temps = [by[key + (n,)].temp for n in lengths]
+        ratios = [f"{b / a:.2f}" if a else "n/a" for a, b in zip(temps, temps[1:])]
+        arg = by[key + (lengths[-1],)].argument
+        lines.append("| " + " | ".join(list(key) + [gib(t) for t in temps] + ratios + [gib(arg)]) + " |")
+    return "\n".join(lines)
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def run_measured(a: argparse.Namespace, names: Sequence[str], pd: str, cd: str) -> str:
+    """The measured table of the models `names` (flags of `main`)."""
+    rows = []
+    for n in names:
+        cfg = QWEN25[n].replace(param_dtype=pd, dtype=cd)
+        if a.layers:
+            cfg = cfg.replace(num_layers=a.layers)
+        for program in a.programs.split(","):
+            for impl in a.impls.split(","):
+                for length in _int_list(a.lengths):
+                    rows.append(measure(n, cfg, program, impl, length, batch=a.batch, remat=a.remat))
+    head = (f"batch {a.batch}; parameters {pd}, compute {cd}; remat {a.remat}"
+            f"{f'; {a.layers} layers' if a.layers else ''}")
+    return head + "; " + format_measured(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jaxrl_mt.memory_table", description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=8, help="sequences (rows) per step")
@@ -160,6 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--remat", action="store_true", help="use the remat activations in the total")
     ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per update (MultiSteps state)")
     ap.add_argument("--models", default=",".join(QWEN25), help=f"comma-separated subset of {list(QWEN25)}")
+    ap.add_argument("--measured", action="store_true",
+                    help="compile the programs (shapes only) and print their memory_analysis() bytes")
+    ap.add_argument("--lengths", default=",".join(map(str, MEASURED_LENGTHS)), help="--measured: tokens per row")
+    ap.add_argument("--impls", default="einsum,blockwise", help="--measured: attention implementations")
+    ap.add_argument("--programs", default="score,train", help=f"--measured: subset of {list(PROGRAMS)}")
+    ap.add_argument("--layers", type=int, default=0, help="--measured: override the layer count (0: the model's)")
     a = ap.parse_args(argv)
     for flag, v in (("--param-dtype", a.param_dtype), ("--dtype", a.dtype)):
         if v is not None and v not in DTYPES:
@@ -172,6 +276,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in names:
         if n not in QWEN25:
             ap.error(f"--models: unknown model {n!r}; known: {', '.join(QWEN25)}")
+    if a.measured:
+        for p in a.programs.split(","):
+            if p not in PROGRAMS:
+                ap.error(f"--programs: unknown program {p!r}; known: {', '.join(PROGRAMS)}")
+        print(run_measured(a, names, pd, cd))
+        return 0
     rows = [memory_row(n, QWEN25[n].replace(param_dtype=pd, dtype=cd), a.batch, a.length, remat=a.remat,
                        grad_accum=a.grad_accum) for n in names]
     print(format_table(rows, batch=a.batch, length=a.length, param_dtype=pd, dtype=cd))

@@ -4,6 +4,7 @@
     python -m jaxrl_mt.benchmarks grpo [...]               # grpo.py: one GRPO step vs TRL's GRPOTrainer
     python -m jaxrl_mt.benchmarks simulator [...]          # simulator.py: LiC simulator vs plain generation
     python -m jaxrl_mt.benchmarks accel [...]              # accel.py: GPU/TPU rates vs the chip's peaks
+    python -m jaxrl_mt.benchmarks attention [...]          # attention.py: scorer time / RSS per attention impl
 
 Each module also runs alone (``python -m jaxrl_mt.benchmarks.engine sampling``, ...).
 Benchmarks are entry points: they import the engine and the methods, nothing imports them.

@@ -44,6 +44,8 @@ class ModelConfig:
     pad_token_id: int | None = None  # padding id
     param_dtype: str = "float32"  # dtype of stored parameters
     dtype: str = "float32"  # compute dtype of activations
+    attention: str = "auto"  # attention implementation (models.attention.IMPLS); static under jit
+    attention_block: int = 512  # keys per block of the blockwise attention
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any] | None:

@@ -27,7 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_mt.models.attention import MaskSpec, attend, causal_spec, einsum_attention, resolve
 from jaxrl_mt.models.config import ModelConfig, ModelError
+
+attention = einsum_attention  # the dense-mask attention (`models.attention.einsum_attention`)
 
 Params = dict[str, Any]
 
@@ -129,29 +132,6 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     return (y * w.astype(jnp.float32)).astype(x.dtype)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention.
-
-    Args:
-      q: [B, T, Hq, K] queries.
-      k: [B, S, Hkv, K] keys.
-      v: [B, S, Hkv, K] values.
-      mask: [B, T, S] bool, True where a query may attend a key.
-
-    Returns:
-      [B, T, Hq, K].
-    """
-    b, t, hq, kd = q.shape
-    hkv = k.shape[2]
-    qg = q.reshape(b, t, hkv, hq // hkv, kd)  # [B, T, Hkv, G, K]
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
-    scores = scores / math.sqrt(kd)
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [B, Hkv, G, T, S]
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, hq, kd)
-
-
 def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, cache_mask: jax.Array,
                      k_new: jax.Array, v_new: jax.Array, new_mask: jax.Array) -> jax.Array:
     """Attention over a read-only cache plus the new tokens' own keys/values.
@@ -233,21 +213,39 @@ def layer_out(cfg: ModelConfig, lp: Params, x: jax.Array, att: jax.Array) -> jax
 
 
 def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
-           k_all: jax.Array | None, v_all: jax.Array | None, write_at: jax.Array | None,
-           mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One decoder block. Returns the new residual [B, T, D] and this layer's keys/values.
-
-    Without a cache (`k_all is None`) the block attends to its own keys/values; with one
-    (k_all/v_all [B, Hkv, S, K], read only) it attends to the cache and its own keys/values.
-    Returns the new tokens' keys/values [B, T, Hkv, K] for the caller to write.
-    """
-    dt = cfg.jnp_dtype
+           attn: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One decoder block: `attn(q, k, v)` -> [B, T, Hq, K] attends the block's queries to its own
+    keys/values (and, for a cache, the cached ones). Returns the new residual [B, T, D] and the
+    new tokens' keys/values [B, T, Hkv, K] for the caller to write."""
     q, k, v = layer_qkv(cfg, lp, x, cos, sin)
-    if k_all is not None:  # mask = (cache_mask [B, T, S], new_mask [B, T, T])
-        att = cached_attention(q, k_all.astype(dt), v_all.astype(dt), mask[0], k, v, mask[1])
-    else:
-        att = attention(q, k, v, mask)
-    return layer_out(cfg, lp, x, att), k, v
+    return layer_out(cfg, lp, x, attn(q, k, v)), k, v
+
+
+def attention_impl(cfg: ModelConfig, t: int, s: int, *, self_attn: bool) -> str:
+    """The implementation serving T queries over S keys (static): `cfg.attention` resolved
+    (`models.attention.resolve`); decode (T == 1) always keeps the einsum fast path."""
+    if t == 1:
+        return "einsum"
+    return resolve(cfg.attention, jax.default_backend(), t, s, cfg.jnp_dtype, self_attn=self_attn)[0]
+
+
+def cache_spec(cache_valid: jax.Array, token_mask: jax.Array) -> MaskSpec:
+    """The mask of T new tokens over [cache slots | themselves]: cached slots (position -1) are seen
+    by every query where valid, the new tokens causally where real. [B, S] + [B, T] -> [B, S + T]."""
+    b, t = token_mask.shape
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
+    kv_pos = jnp.concatenate([jnp.full(cache_valid.shape, -1, jnp.int32), pos], axis=1)
+    return MaskSpec(pos, kv_pos, jnp.concatenate([cache_valid, token_mask], axis=1).astype(bool))
+
+
+def spec_attention(cfg: ModelConfig, impl: str, q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec,
+                   k_cache: jax.Array | None = None, v_cache: jax.Array | None = None) -> jax.Array:
+    """`attend` of q [B, T, Hq, K] over [cache [B, Hkv, S, K] |] new keys/values k, v [B, T, Hkv, K]."""
+    k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # head-major [B, Hkv, T, K]
+    if k_cache is not None:
+        k = jnp.concatenate([k_cache.astype(k.dtype), k], axis=2)
+        v = jnp.concatenate([v_cache.astype(v.dtype), v], axis=2)
+    return attend(q, k, v, spec, impl=impl, block_k=cfg.attention_block, self_attn=k_cache is None)
 
 
 def remat_layer(body: Any, remat: bool | str) -> Any:
@@ -288,10 +286,16 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
     layers = params["layers"]
 
     if cache is None:
-        mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
+        impl = attention_impl(cfg, t, t, self_attn=True)
+        if impl == "einsum":
+            mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
+            attn = lambda q, k, v: attention(q, k, v, mask)  # noqa: E731
+        else:
+            spec = causal_spec(token_mask)
+            attn = lambda q, k, v: spec_attention(cfg, impl, q, k, v, spec)  # noqa: E731
 
         def body(x, lp):
-            x, _, _ = _layer(cfg, lp, x, cos, sin, None, None, None, mask)
+            x, _, _ = _layer(cfg, lp, x, cos, sin, attn)
             return x, None
 
         x, _ = jax.lax.scan(remat_layer(body, remat), x, layers)
@@ -301,17 +305,23 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         idx = cache.index
         valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, idx))  # [B, S]
         slot = jnp.arange(s)[None, :]  # [1, S]
-        cache_mask = ((slot < idx) & cache.valid[:, :])[:, None, :]  # [B, 1, S]: earlier writes
-        cache_mask = jnp.broadcast_to(cache_mask, (b, t, s))
+        seen = (slot < idx) & cache.valid  # [B, S]: earlier writes
+        impl = attention_impl(cfg, t, s + t, self_attn=False)
+        cache_mask = jnp.broadcast_to(seen[:, None, :], (b, t, s))  # [B, T, S]
         new_mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
+        spec = cache_spec(seen, token_mask) if impl != "einsum" else None
 
         def body(x, xs):
             lp, li = xs
             # this layer's cache [B, Hkv, S, K], read only; indexed (not scanned) so that the
             # slice fuses into the attention's multiply-reduce instead of being copied.
-            k_l = jax.lax.dynamic_index_in_dim(cache.k, li, 0, keepdims=False)
-            v_l = jax.lax.dynamic_index_in_dim(cache.v, li, 0, keepdims=False)
-            x, new_k, new_v = _layer(cfg, lp, x, cos, sin, k_l, v_l, idx, (cache_mask, new_mask))
+            k_l = jax.lax.dynamic_index_in_dim(cache.k, li, 0, keepdims=False).astype(dt)
+            v_l = jax.lax.dynamic_index_in_dim(cache.v, li, 0, keepdims=False).astype(dt)
+            if impl == "einsum":
+                attn = lambda q, k, v: cached_attention(q, k_l, v_l, cache_mask, k, v, new_mask)  # noqa: E731
+            else:
+                attn = lambda q, k, v: spec_attention(cfg, impl, q, k, v, spec, k_l, v_l)  # noqa: E731
+            x, new_k, new_v = _layer(cfg, lp, x, cos, sin, attn)
             return x, (new_k, new_v)
 
         # Only the T new keys/values leave the scan; one in-place update writes them for all

@@ -4,7 +4,7 @@ A GRPO step scores G completions of every prompt (the rollout, the reference log
 term, the anchor reward under a prompt shared by the group). Laid out as G full rows
 [prompt | completion], the prompt's tokens go through every layer G times, forward and backward.
 `forward_grouped` runs the Bp prompts once and the Bp * G completions attending to their
-group's prompt keys/values (`decoder.cached_attention`, the decoder's own cache attention), so
+group's prompt keys/values (the decoder's own cache attention, `cfg.attention`'s implementation), so
 the prompt costs 1/G of what it did; gradients of the prompt's keys/values sum over the group
 (the transpose of the repeat). The results equal `decoder.forward` on the full rows up to float
 summation order (tests/models/test_grouped.py).
@@ -16,8 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_mt.models.config import ModelConfig
-from jaxrl_mt.models.decoder import (Params, attention, cached_attention, layer_out, layer_qkv, positions_from_mask,
-                                     remat_layer, rms_norm, rope_cos_sin)
+from jaxrl_mt.models.attention import causal_spec
+from jaxrl_mt.models.decoder import (Params, attention, attention_impl, cache_spec, cached_attention, layer_out,
+                                     layer_qkv, positions_from_mask, remat_layer, rms_norm, rope_cos_sin,
+                                     spec_attention)
 
 
 def forward_grouped(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_mask: jax.Array,
@@ -49,18 +51,30 @@ def forward_grouped(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_
     plen = jnp.sum(prefix_mask, axis=-1).astype(jnp.int32)  # [Bp]
     cos_p, sin_p = rope_cos_sin(cfg, positions_from_mask(prefix_mask))
     cos_s, sin_s = rope_cos_sin(cfg, jnp.repeat(plen, g)[:, None] + positions_from_mask(suffix_mask))
-    mask_p = jnp.tril(jnp.ones((p, p), bool))[None] & prefix_mask[:, None, :]  # [Bp, P, P]
-    cache_mask = jnp.broadcast_to(jnp.repeat(prefix_mask, g, axis=0)[:, None, :], (b, c, p))  # [B, C, P]
-    new_mask = jnp.tril(jnp.ones((c, c), bool))[None] & suffix_mask[:, None, :]  # [B, C, C]
+    impl_p = attention_impl(cfg, p, p, self_attn=True)
+    impl_s = attention_impl(cfg, c, p + c, self_attn=False)
+    if impl_p == "einsum":
+        mask_p = jnp.tril(jnp.ones((p, p), bool))[None] & prefix_mask[:, None, :]  # [Bp, P, P]
+        attn_p = lambda q, k, v: attention(q, k, v, mask_p)  # noqa: E731
+    else:
+        spec_p = causal_spec(prefix_mask)
+        attn_p = lambda q, k, v: spec_attention(cfg, impl_p, q, k, v, spec_p)  # noqa: E731
+    if impl_s == "einsum":
+        cache_mask = jnp.broadcast_to(jnp.repeat(prefix_mask, g, axis=0)[:, None, :], (b, c, p))  # [B, C, P]
+        new_mask = jnp.tril(jnp.ones((c, c), bool))[None] & suffix_mask[:, None, :]  # [B, C, C]
+        attn_s = lambda q, k, v, kc, vc: cached_attention(q, kc, vc, cache_mask, k, v, new_mask)  # noqa: E731
+    else:
+        spec_s = cache_spec(jnp.repeat(prefix_mask, g, axis=0), suffix_mask)
+        attn_s = lambda q, k, v, kc, vc: spec_attention(cfg, impl_s, q, k, v, spec_s, kc, vc)  # noqa: E731
 
     def body(carry, lp):
         xp, xs = carry
         qp, kp, vp = layer_qkv(cfg, lp, xp, cos_p, sin_p)
         qs, ks, vs = layer_qkv(cfg, lp, xs, cos_s, sin_s)
-        att_p = attention(qp, kp, vp, mask_p)
+        att_p = attn_p(qp, kp, vp)
         kc = jnp.repeat(kp, g, axis=0).swapaxes(1, 2)  # [B, Hkv, P, K]: the group's prefix keys
         vc = jnp.repeat(vp, g, axis=0).swapaxes(1, 2)
-        att_s = cached_attention(qs, kc, vc, cache_mask, ks, vs, new_mask)
+        att_s = attn_s(qs, ks, vs, kc, vc)
         return (layer_out(cfg, lp, xp, att_p), layer_out(cfg, lp, xs, att_s)), None
 
     body_fn = remat_layer(body, remat)

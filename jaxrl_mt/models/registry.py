@@ -115,13 +115,21 @@ def load_tokenizer(folder: str | os.PathLike) -> Any:
 
 
 def load_model(spec: str = DEFAULT_MODEL, *, param_dtype: str = "float32", dtype: str = "float32",
-               with_tokenizer: bool = True) -> Model:
-    """Loads a model spec into a Model (config, params on the default device, tokenizer)."""
+               with_tokenizer: bool = True, attention: str = "auto") -> Model:
+    """Loads a model spec into a Model (config, params on the default device, tokenizer).
+
+    `attention` sets `cfg.attention` (`models.attention.IMPLS`: "auto", "einsum", "blockwise",
+    "pallas", "cudnn"), the attention implementation of every forward of this model.
+    """
+    from jaxrl_mt.models.attention import IMPLS
     from jaxrl_mt.models.hf_io import load_hf_folder
 
+    if attention not in IMPLS:
+        raise ModelError(f"attention must be one of {IMPLS}, got {attention!r}")
     base_spec, _, adapter = spec.partition("+lora:")
     folder = resolve(base_spec)
     cfg, params = load_hf_folder(folder, param_dtype=param_dtype, dtype=dtype)
+    cfg = cfg.replace(attention=attention)
     if adapter:
         from jaxrl_mt.models.lora import load_peft, merge
 
