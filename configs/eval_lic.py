@@ -56,6 +56,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.max_chunk_cells = 16 * 512 * 576  # memory cap: rows x prompt bucket x (prompt + reply bucket) per chunk
     c.reuse_cache = True  # keep each conversation's KV cache across turns: prefill only the new tokens of a turn
     c.enable_thinking = ml_collections.FieldReference(None, field_type=object)  # Qwen3: True/False; None: default
+    c.attention = "auto"  # attention implementation: auto | einsum | blockwise | pallas (TPU) | cudnn (GPU)
     c.abstain = False  # "+ Abstain": append an instruction to withhold the answer (\boxed{abstain}) while incomplete
     c.system_prompt = ""  # assistant system prompt ("": math the template's default, other tasks their own)
     c.protocol = "lic"  # lic: stop at the first correct answer attempt, score the last attempt | final_turn

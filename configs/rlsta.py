@@ -22,6 +22,7 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.param_dtype = "float32"  # parameter dtype ("float32" | "bfloat16")
     c.dtype = "float32"  # compute dtype
     c.system_prompt = ""  # system prompt ("" = the chat template's default)
+    c.attention = "auto"  # attention: "auto" | "einsum" | "blockwise" | "pallas" (TPU) | "cudnn" (GPU); docs/scaling.md
     c.mesh_shape = "auto"  # device mesh "data,fsdp,tensor" (e.g. "2,2,2"); "auto": all devices on data
     c.allow_config_changes = ""  # resume although these data/optimizer-structure fields changed ("a.b,c.d"; "*": any)
 

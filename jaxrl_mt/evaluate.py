@@ -54,6 +54,7 @@ from jaxrl_mt.eval.task_config import (
     with_task,
 )
 from jaxrl_mt.chat import ChatError, with_template_options
+from jaxrl_mt.models.attention import IMPLS as ATTENTION_IMPLS
 from jaxrl_mt.eval.task_scoring import conversation_system
 from jaxrl_mt.rewards.abstain import with_abstain
 from jaxrl_mt.models.config import ModelError
@@ -111,6 +112,9 @@ def normalize_config(cfg: Any) -> dict[str, Any]:
     for name, ok in checks:
         if not ok:
             raise EvalError(f"config field '{name}': bad value {c[name]!r}")
+    if c.setdefault("attention", "auto") not in ATTENTION_IMPLS:
+        raise EvalError(f"config field 'attention': expected one of {', '.join(ATTENTION_IMPLS)}, "
+                        f"got {c['attention']!r}")
     if c.setdefault("enable_thinking", None) not in (None, True, False):
         raise EvalError(f"config field 'enable_thinking': expected true, false or none, got {c['enable_thinking']!r}")
     if not isinstance(c.setdefault("abstain", False), bool):
@@ -184,17 +188,20 @@ def load_tasks(sources: Sequence[str], *, task: str = "math", limit: int = 0,
     return out
 
 
-def load_eval_model(spec: str, *, dtype: str = "float32") -> Any:
-    """A registry Model for a model spec; ``workdir:PATH`` loads a training checkpoint's policy."""
+def load_eval_model(spec: str, *, dtype: str = "float32", attention: str = "auto") -> Any:
+    """A registry Model for a model spec; ``workdir:PATH`` loads a training checkpoint's policy;
+    ``attention``: the implementation of every forward (``models.attention.IMPLS``)."""
     if spec.startswith("workdir:"):
         try:
             from jaxrl_mt.rl.loop import load_policy
         except ImportError as e:
             raise EvalError(f"config field 'model': {spec!r} needs jaxrl_mt.rl.loop.load_policy ({e})") from None
-        return load_policy(spec.split(":", 1)[1])
+        model = load_policy(spec.split(":", 1)[1])
+        model.cfg = model.cfg.replace(attention=attention)
+        return model
     from jaxrl_mt.models.registry import load_model
 
-    return load_model(spec, param_dtype=dtype, dtype=dtype)
+    return load_model(spec, param_dtype=dtype, dtype=dtype, attention=attention)
 
 
 def _check_workdir(workdir: Path, c: Mapping[str, Any]) -> None:
@@ -226,7 +233,7 @@ def _run_todo(c: dict[str, Any], todo: list[Any], store: TranscriptStore | None,
 
             sampler = remote_sampler(c)
         else:
-            model = load_eval_model(c["model"], dtype=c["dtype"])
+            model = load_eval_model(c["model"], dtype=c["dtype"], attention=c["attention"])
     if model is not None and c["enable_thinking"] is not None:  # Qwen3's thinking / no-think renderings
         try:
             tok = with_template_options(model.tokenizer, enable_thinking=c["enable_thinking"])

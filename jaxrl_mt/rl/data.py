@@ -18,6 +18,7 @@ from jaxrl_mt.checkpointing import check_writable
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError, Scenario
 from jaxrl_mt.data.scenarios import build_scenario
+from jaxrl_mt.models.attention import IMPLS as ATTENTION_IMPLS
 from jaxrl_mt.models.lora import TARGETS as LORA_TARGETS
 from jaxrl_mt.registry import Registry
 from jaxrl_mt.rewards.registry import reward_names
@@ -111,6 +112,8 @@ def validate_config(c: Any) -> None:
     if c.method == "icpo":
         r = c.icpo.underspecified_ratio
         checks.append((0.0 <= r <= 1.0, f"icpo.underspecified_ratio must be in [0, 1], got {r}"))
+    checks.append((getattr(c, "attention", "auto") in ATTENTION_IMPLS,
+                   f"attention must be one of {ATTENTION_IMPLS}, got {getattr(c, 'attention', None)!r}"))
     lo = getattr(c, "lora", None)
     if lo is not None:
         checks.append((lo.rank >= 0, f"lora.rank must be >= 0, got {lo.rank}"))

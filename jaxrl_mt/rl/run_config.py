@@ -162,6 +162,7 @@ class TrainConfig:
     log: LogSection
     checkpoint: CheckpointSection
     icpo: ICPOSection | None = None
+    attention: str = "auto"  # models.attention.IMPLS
     sft: SFTSection | None = None
     dpo: DPOSection | None = None
     rlaar: RLAARSection | None = None

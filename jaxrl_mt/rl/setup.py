@@ -29,7 +29,7 @@ def make_mesh(c: Any) -> Any:
 
 def load_policy_model(c: Any, mesh: Any) -> Model:
     """The policy model of ``c.model``, its parameters placed on ``mesh`` (when there is one)."""
-    model = load_model(c.model, param_dtype=c.param_dtype, dtype=c.dtype)
+    model = load_model(c.model, param_dtype=c.param_dtype, dtype=c.dtype, attention=c.attention)
     thinking = c.chat.enable_thinking if getattr(c, "chat", None) is not None else None
     if thinking is not None:  # every rendering (rollouts, histories, anchors, probe) passes it to the template
         try:
@@ -65,7 +65,8 @@ def reference(c: Any, policy: Model, mesh: Any, *, copy: bool = True) -> tuple[A
     cfg = policy.cfg
     if not c.ref_model or c.ref_model == c.model:
         return (jax.tree_util.tree_map(jnp.copy, policy.params) if copy else policy.params), cfg
-    ref = load_model(c.ref_model, param_dtype=c.param_dtype, dtype=c.dtype, with_tokenizer=False)
+    ref = load_model(c.ref_model, param_dtype=c.param_dtype, dtype=c.dtype, with_tokenizer=False,
+                     attention=c.attention)
     if ref.cfg.vocab_size != cfg.vocab_size:
         raise ConfigError(f"ref_model {c.ref_model!r} has a vocabulary of {ref.cfg.vocab_size} tokens, the policy "
                           f"{c.model!r} {cfg.vocab_size}: the reference must score the policy's token ids")
