@@ -266,7 +266,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
 
     Args:
       params: the parameter pytree (see module docstring).
-      cfg: the model config.
+      cfg: the model config; `cfg.attention` picks the attention implementation for the call's
+        static shapes (`attention_impl`, `models/attention.py`; decode steps keep the einsum).
       tokens: [B, T] int token ids.
       positions: [B, T] int RoPE positions.
       token_mask: [B, T] bool, False on padding (pads are never attended to).
