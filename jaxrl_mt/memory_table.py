@@ -83,11 +83,27 @@ class MemoryRow:
     act_no_remat: int  # activation estimate without remat
     act_remat: int  # activation estimate with remat
     remat: bool  # which activation column the total uses
+    lora: int = 0  # LoRA adapter bytes (rank `lora_rank`, every projection)
+    lora_opt: int = 0  # their AdamW state
 
     @property
     def train_total(self) -> int:
         """Parameters + gradients + optimizer state + activations (the chosen remat setting)."""
-        return self.params + self.grads + self.opt_state + (self.act_remat if self.remat else self.act_no_remat)
+        return self.params + self.grads + self.opt_state + self.activations
+
+    @property
+    def activations(self) -> int:
+        return self.act_remat if self.remat else self.act_no_remat
+
+    @property
+    def rlsta_total(self) -> int:
+        """Full fine-tuning with RLSTA's frozen reference: ``train_total`` plus a second copy of the weights."""
+        return self.train_total + self.params
+
+    @property
+    def lora_total(self) -> int:
+        """LoRA: the base weights (also the reference: no copy), adapters, their gradients and AdamW state."""
+        return self.params + 2 * self.lora + self.lora_opt + self.activations
 
 
 def n_params(cfg: ModelConfig) -> int:
@@ -115,6 +131,18 @@ def opt_state_bytes(cfg: ModelConfig, *, grad_accum: int = 1) -> int:
     return _tree_bytes(jax.eval_shape(opt.init, abstract))
 
 
+def lora_bytes(cfg: ModelConfig, rank: int, *, grad_accum: int = 1) -> tuple[int, int]:
+    """Exact bytes of the adapters of every projection (``models.lora``) and of their optimizer state."""
+    from jaxrl_mt.models.lora import LoraConfig, init_adapters
+    from jaxrl_mt.rl.optim import make_optimizer
+
+    abstract = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s, cfg.jnp_param_dtype), param_shapes(cfg),
+                                      is_leaf=lambda s: isinstance(s, tuple))
+    adapters = jax.eval_shape(lambda: init_adapters(abstract, LoraConfig(rank=rank), jax.random.key(0)))
+    opt = make_optimizer(1e-6, weight_decay=0.01, max_grad_norm=1.0, grad_accum_steps=grad_accum)
+    return _tree_bytes(adapters), _tree_bytes(jax.eval_shape(opt.init, adapters))
+
+
 def kv_cache_bytes(cfg: ModelConfig, batch: int, length: int) -> int:
     """Exact bytes of `init_cache(cfg, batch, length)` (k, v, validity, index)."""
     return _tree_bytes(jax.eval_shape(lambda: init_cache(cfg, batch, length)))
@@ -133,14 +161,16 @@ def activation_bytes(cfg: ModelConfig, batch: int, length: int, *, remat: bool, 
 
 
 def memory_row(name: str, cfg: ModelConfig, batch: int, length: int, *, remat: bool = False,
-               grad_accum: int = 1) -> MemoryRow:
+               grad_accum: int = 1, lora_rank: int = 16) -> MemoryRow:
     """All columns of one model (the config's param_dtype and dtype apply)."""
     p = param_bytes(cfg)
+    lo, lo_opt = lora_bytes(cfg, lora_rank, grad_accum=grad_accum)
     return MemoryRow(name=name, n_params=n_params(cfg), params=p, grads=p,
                      opt_state=opt_state_bytes(cfg, grad_accum=grad_accum),
                      kv_cache=kv_cache_bytes(cfg, batch, length),
                      act_no_remat=activation_bytes(cfg, batch, length, remat=False),
-                     act_remat=activation_bytes(cfg, batch, length, remat=True), remat=remat)
+                     act_remat=activation_bytes(cfg, batch, length, remat=True), remat=remat, lora=lo,
+                     lora_opt=lo_opt)
 
 
 def gib(n: int) -> str:
@@ -150,13 +180,15 @@ def gib(n: int) -> str:
 def format_table(rows: Sequence[MemoryRow], *, batch: int, length: int, param_dtype: str, dtype: str) -> str:
     """A markdown table, GiB (2^30 bytes)."""
     head = (f"batch {batch} x length {length}; parameters {param_dtype}, compute {dtype}; GiB; "
-            f"total = params + grads + AdamW + activations ({'remat' if rows and rows[0].remat else 'no remat'})")
+            f"total = params + grads + AdamW + activations ({'remat' if rows and rows[0].remat else 'no remat'}); "
+            "LoRA: rank 16 on every projection, total = base params + adapters, their grads and AdamW + activations")
     cols = ["model", "params", "param", "grads", "AdamW state", "KV cache", "act. (no remat)", "act. (remat)",
-            "train total"]
+            "train total", "+ ref copy (RLSTA)", "LoRA adapters", "LoRA total (ref = base)"]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append(f"| {r.name} | {r.n_params / 1e9:.3f}B | {gib(r.params)} | {gib(r.grads)} | {gib(r.opt_state)} | "
-                     f"{gib(r.kv_cache)} | {gib(r.act_no_remat)} | {gib(r.act_remat)} | {gib(r.train_total)} |")
+                     f"{gib(r.kv_cache)} | {gib(r.act_no_remat)} | {gib(r.act_remat)} | {gib(r.train_total)} | "
+                     f"{gib(r.rlsta_total)} | {gib(r.lora)} | {gib(r.lora_total)} |")
     return "\n".join(lines)
 
 

@@ -36,6 +36,17 @@ def test_exact_bytes_of_params_adamw_and_cache() -> None:
     assert mt.kv_cache_bytes(cfg.replace(dtype="bfloat16"), 8, 4096) == 2 * 24 * 8 * 4096 * 2 * 64 * 2 + 8 * 4096 + 4
 
 
+def test_lora_columns_by_hand() -> None:
+    cfg = mt.QWEN25["Qwen2.5-0.5B"]  # 24 layers, D 896, F 4864, q 14 x 64, k/v 2 x 64
+    D, F, q, kv, L, r = 896, 4864, 896, 128, 24, 16
+    per_layer = r * ((D + q) + 2 * (D + kv) + (q + D) + 2 * (D + F) + (F + D))  # A [in, r] + B [r, out]
+    lo, lo_opt = mt.lora_bytes(cfg, r)
+    assert lo == 4 * L * per_layer and lo_opt == 2 * lo + 8  # fp32; AdamW mu + nu + two int32 counters
+    row = mt.memory_row("x", cfg, 8, 1024, remat=True)
+    assert row.lora_total == row.params + 2 * row.lora + row.lora_opt + row.act_remat
+    assert row.rlsta_total == row.train_total + row.params  # full fine-tuning keeps a reference copy
+
+
 def test_activation_formula_by_hand() -> None:
     cfg = ModelConfig(vocab_size=100, hidden_size=8, intermediate_size=16, num_layers=3, num_heads=2,
                       num_kv_heads=1, head_dim=4)

@@ -111,7 +111,9 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     from jaxrl_mt.models.registry import load_model
     from jaxrl_mt.rl.optim import make_optimizer
     from jaxrl_mt.rl.rollout import rollout
-    from jaxrl_mt.rl.step import make_train_step
+    from jaxrl_mt.models.lora import LoraConfig
+    from jaxrl_mt.rl.adapters import Trainable
+    from jaxrl_mt.rl.step import loss_fn, make_train_step
 
     t0 = time.perf_counter()
     model = load_model(spec["model_path"])
@@ -119,24 +121,28 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     remat = spec["remat"]
     if remat == "auto":  # before the reference copy and the optimizer state exist (see `choose_remat`)
         remat = choose_remat(model, spec["prompts"], G, T)
-    engine = make_engine(model, spec, remat)
+    rank = int(spec.get("lora_rank", 0))  # LoRA: adapters train, the reference is the base (the trainer's way)
+    trainable = Trainable(model.params, LoraConfig(rank=rank, alpha=2.0 * rank)) if rank else Trainable()
+    engine = make_engine(model, spec, remat, copy_reference=not rank)
     items = bench_items(spec["prompts"])
     optimizer = make_optimizer(LR, max_grad_norm=MAX_GRAD_NORM)
-    params, opt_state = model.params, optimizer.init(model.params)
+    params = trainable.initial(model.params, 0)
+    opt_state = optimizer.init(params)
     jax.block_until_ready(opt_state)
     setup_s = time.perf_counter() - t0
     rss_loaded = peak_rss_mb()
     steps: dict[str, list[float]] = {k: [] for k in ("step_s", "cpu_s", "generate_s", "score_s", "update_s",
                                                      "generate_cpu_s", "score_cpu_s", "update_cpu_s", "reward",
                                                      "loss")}
-    train_step = make_train_step(model.cfg, optimizer, engine.lc, donate=True)
+    train_step = make_train_step(model.cfg, optimizer, engine.lc, donate=True,
+                                 loss=None if not rank else trainable.loss(loss_fn))
     for step in range(spec["steps"]):
         t_step, c_step = time.perf_counter(), time.process_time()
-        r = rollout(engine, params, items, step)  # the trainer's rollout and reward
+        r = rollout(engine, trainable.policy(params), items, step)  # the trainer's rollout and reward
         if int(r.example.completion_mask.sum(1).min()) != T:
             raise RuntimeError(f"completions are shorter than {T} tokens")
         t_roll, c_roll = time.perf_counter(), time.process_time()
-        params, opt_state, m = train_step(params, opt_state, r.example)
+        params, opt_state, m = train_step(params, opt_state, trainable.batch(r.example))
         m = jax.device_get(m)
         jax.block_until_ready(params)
         t_end, c_end = time.perf_counter(), time.process_time()
@@ -153,7 +159,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         print(f"[ours] step {step + 1}: {t_end - t_step:.1f}s (generate {gen:.1f}, score {score:.1f}, "
               f"update {t_end - t_roll:.1f}); CPU {c_end - c_step:.1f}s", file=sys.stderr, flush=True)
     return {"side": "ours", "setup_s": setup_s, "prompt_tokens": [int(x) for x in r.example.prompt_mask.sum(1)],
-            "completion_tokens": T, "rss_after_load_mb": rss_loaded, "remat": remat,
+            "completion_tokens": T, "rss_after_load_mb": rss_loaded, "remat": remat, "lora_rank": rank,
             **summarize(steps["step_s"], steps["cpu_s"]),
             "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
             "phases_first_s": {k: steps[k][0] for k in ("generate_s", "score_s", "update_s")},
@@ -172,7 +178,7 @@ def bench_items(prompts: Sequence[dict[str, str]]) -> list[Any]:
             for i, p in enumerate(prompts)]
 
 
-def make_engine(model: Any, spec: dict[str, Any], remat: bool | str) -> Any:
+def make_engine(model: Any, spec: dict[str, Any], remat: bool | str, *, copy_reference: bool = True) -> Any:
     """The trainer's RolloutEngine for the benchmark: reward ``rlsta`` (lenient verifier + 1 x anchor), KL beta."""
     import jax
     from ml_collections import ConfigDict
@@ -184,8 +190,9 @@ def make_engine(model: Any, spec: dict[str, Any], remat: bool | str) -> Any:
     from jaxrl_mt.scoring import Scorer
 
     G, T = spec["group"], spec["new_tokens"]
-    # the reference is a copy: the train step donates (updates in place) the policy's parameters
-    ref_params = jax.tree_util.tree_map(lambda x: x.copy(), model.params)
+    # the reference is a copy: the train step donates (updates in place) the policy's parameters (LoRA: the
+    # base weights themselves, never donated)
+    ref_params = jax.tree_util.tree_map(lambda x: x.copy(), model.params) if copy_reference else model.params
     ref_scorer = Scorer(ref_params, model.cfg, pad_id=model.pad_id, batch_size=min(16, len(spec["prompts"]) * G))
     rl = ConfigDict({"rl": {"alpha": 1.0, "verifier_mode": "lenient", "anchor_prompt": "full",
                             "zero_anchor_for_wrong": False}})
@@ -365,6 +372,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="gradient checkpointing: TRL on unless off; ours chosen from a memory estimate unless on/off")
     ap.add_argument("--no-remat", dest="remat", action="store_const", const="off", help="same as --remat off")
     ap.add_argument("--only", choices=SIDES, default=None, help="run one side only")
+    ap.add_argument("--lora-rank", type=int, default=0,
+                    help="ours trains LoRA adapters of this rank on every projection (0: full fine-tuning); "
+                         "compare with a second run without it (--only ours)")
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
     ap.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
@@ -392,7 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     spec = {"model": a.model, "model_path": str(resolve(a.model)), "prompts": load_prompts(a.prompts),
             "group": a.group, "new_tokens": a.new_tokens, "beta": a.beta, "steps": a.steps,
-            "threads": a.threads, "remat": {"auto": "auto", "on": True, "off": False}[a.remat]}
+            "threads": a.threads, "remat": {"auto": "auto", "on": True, "off": False}[a.remat],
+            "lora_rank": a.lora_rank}
     load_before = _load()
     results = {side: run_side(side, spec) for side in SIDES if a.only in (None, side)}
     load_after = _load()

@@ -41,3 +41,11 @@ def test_our_step_tokenises_inside_the_timed_step(tiny_chat_model_dir, monkeypat
     assert len(r["steps"]["step_s"]) == 2 and math.isfinite(r["steady_step_s"])
     assert r["remat"] is False  # a tiny model's activations fit
     assert all(math.isfinite(x) for x in r["steps"]["loss"])
+
+
+def test_our_step_with_lora_trains_adapters(tiny_chat_model_dir):
+    spec = {"model_path": str(tiny_chat_model_dir), "prompts": grpo.load_prompts(2), "group": 2, "new_tokens": 4,
+            "beta": 1e-4, "steps": 2, "threads": 1, "remat": False, "lora_rank": 4}
+    r = grpo.run_ours(spec)
+    assert r["lora_rank"] == 4 and all(math.isfinite(x) for x in r["steps"]["loss"])
+    assert grpo.parse_args(["--lora-rank", "16"]).lora_rank == 16
