@@ -64,12 +64,31 @@ def llama3_config(hf_dir: str) -> Any:
         weight_tying=bool(c.get("tie_word_embeddings", False)))
 
 
+def patch_rope_theta(theta: float) -> None:
+    """Makes tunix's Llama3 attention use the config's RoPE theta.
+
+    tunix 0.1.7's `llama3.model.Attention.block` calls the module's `apply_rope` without
+    `rope_theta`, so its default 1e6 is used whatever `ModelConfig.rope_theta` says (SmolLM2: 1e5;
+    logits off by ~1.2 against transformers without this). The module-level function is rebound
+    with the config's theta; the computation is otherwise tunix's own.
+    """
+    import functools
+
+    from tunix.models.llama3 import model as model_lib
+
+    orig = getattr(model_lib.apply_rope, "__wrapped__", model_lib.apply_rope)
+    patched = functools.partial(orig, rope_theta=theta)
+    patched.__wrapped__ = orig  # type: ignore[attr-defined]
+    model_lib.apply_rope = patched
+
+
 def load(hf_dir: str) -> tuple[Any, Any]:
     """(tunix Llama3 model in float32, its config) from the HF folder."""
     import jax.numpy as jnp
     from tunix.models.llama3 import params as params_lib
 
     cfg = llama3_config(hf_dir)
+    patch_rope_theta(cfg.rope_theta)
     return params_lib.create_model_from_safe_tensors(hf_dir, cfg, dtype=jnp.float32), cfg
 
 
@@ -127,7 +146,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     full, one = timed(lambda: generate(n), job["repeats"]), timed(lambda: generate(1), job["repeats"])
     tokens = full.pop("out")
     one.pop("out")
-    return {"side": "tunix", "backend": jax.default_backend(), "load_s": load_s, "tokens": tokens,
+    return {"side": "tunix", "rope_theta_patched": True, "backend": jax.default_backend(), "load_s": load_s,
+            "tokens": tokens,
             "lengths": [len(t) for t in tokens], "full": full, "one": one, "logits": logits}
 
 
