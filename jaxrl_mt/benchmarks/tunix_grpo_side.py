@@ -50,7 +50,8 @@ def build(job: dict[str, Any], tmp: str) -> tuple[Any, Any]:
 
     actor, _ = load(job["hf_dir"])
     reference, _ = load(job["hf_dir"])
-    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"))
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)  # Explicit (the
+    # default) fails in tunix 0.1.7's embedding gather (ShardingTypeError)
     n, width, batch = job["new_tokens"], job["prompt_len"], len(job["prompts"]) * job["group"]
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6, weight_decay=0.0)),
