@@ -1,7 +1,7 @@
 """Greedy decode, ours against tunix (the JAX peer), same model, prompts and host, one process at a time.
 
     python -m jaxrl_mt.benchmarks tunix [--steps 3] [--batch 8] [--new-tokens 128] [--prompt-len 64]
-                                        [--venv .venv-tunix] [--json OUT]
+                                        [--venv .venv-tunix] [--grpo] [--json OUT]
 
 tunix (`google-tunix` 0.1.7) lives in its own venv, made by ``jaxrl_mt/benchmarks/tunix_env.sh``
 (its pins are not ours). Each of ``--steps`` rounds runs our side (this module, ``--side ours``, in
@@ -11,7 +11,7 @@ last positions, and times a greedy decode of exactly N new tokens and a 1-token 
 apart: they compile). Reported: the medians over rounds of tokens/s and of the decode loop alone
 (N-token minus 1-token call), their ratio, both against the weight-read roofline and the two-roof
 limit of `benchmarks sampling` (`engine.two_roofs`), the greedy agreement (first divergence per row)
-and the max logit difference.
+and the max logit difference. ``--grpo`` adds GRPO steps of both sides (`tunix_grpo`).
 """
 
 from __future__ import annotations
@@ -56,11 +56,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompt-len", type=int, default=64, help="longest prompt = padded prompt width")
     ap.add_argument("--venv", default=".venv-tunix", help="tunix's venv (relative: to the repo root)")
     ap.add_argument("--json", metavar="OUT", default=None, help="also write the numbers to this file")
+    ap.add_argument("--grpo", action="store_true", help="also one GRPO step per side (4 x G 4, beta 1e-4, AdamW)")
+    ap.add_argument("--grpo-steps", type=int, default=3, help="GRPO steps per process; steady = steps 2.. (3)")
     ap.add_argument("--side", choices=("ours",), default=None, help=argparse.SUPPRESS)
     ap.add_argument("--job", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    for name in ("steps", "repeats", "batch", "new_tokens", "prompt_len"):
+    for name in ("steps", "repeats", "batch", "new_tokens", "prompt_len", "grpo_steps"):
         if getattr(a, name) <= 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(a, name)}")
     return a
@@ -102,8 +104,9 @@ def run_ours(job: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     return out, np.asarray(logits[:, -1, :], np.float32)
 
 
-def run_side(cmd: list[str], job: dict[str, Any], tmp: Path, tag: str) -> tuple[dict[str, Any], Any]:
-    """Runs one side's subprocess on `job`; returns its result and its logits [B, V]."""
+def run_side(cmd: list[str], job: dict[str, Any], tmp: Path, tag: str, *, logits: bool = True
+             ) -> tuple[dict[str, Any], Any]:
+    """Runs one side's subprocess on `job`; returns its result and its logits [B, V] (None: `logits` False)."""
     import numpy as np
 
     job_f, out_f = tmp / f"{tag}.job.json", tmp / f"{tag}.out.json"
@@ -113,7 +116,7 @@ def run_side(cmd: list[str], job: dict[str, Any], tmp: Path, tag: str) -> tuple[
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{tag} side failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(out_f.read_text()), np.load(str(out_f) + ".logits.npy")
+    return json.loads(out_f.read_text()), np.load(str(out_f) + ".logits.npy") if logits else None
 
 
 def first_divergence(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> list[int | None]:
@@ -192,6 +195,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     out["first_divergence"] = div
     out["agree_rows"] = sum(x is None for x in div)
     out["max_abs_logit_diff"] = float(np.max(np.abs(logits["ours"] - logits["tunix"])))
+    if a.grpo:
+        from jaxrl_mt.benchmarks.tunix_grpo import run_grpo
+
+        out["grpo"] = run_grpo(py, run_side, model=a.model, rounds=a.steps, steps=max(a.grpo_steps, 2), new_tokens=n)
     return out
 
 
@@ -216,6 +223,10 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"greedy agreement: {r['agree_rows']}/{r['batch']} rows identical"
                  + (f" (first divergence {', '.join(div)})" if div else ""))
     lines.append(f"max |logit ours - tunix| at the prompts' last positions: {r['max_abs_logit_diff']:.2e}")
+    if "grpo" in r:
+        from jaxrl_mt.benchmarks.tunix_grpo import format_grpo
+
+        lines.append(format_grpo(r["grpo"]))
     return "\n".join(lines)
 
 

@@ -33,12 +33,12 @@ def _side_module():
 def test_defaults_are_the_bench_shape():
     a = parse_args([])
     assert (a.steps, a.batch, a.new_tokens, a.prompt_len, a.repeats) == (3, 8, 128, 64, 1)
-    assert a.venv == ".venv-tunix" and a.json is None and a.side is None
+    assert a.venv == ".venv-tunix" and a.json is None and a.side is None and not a.grpo and a.grpo_steps == 3
     a = parse_args(["--steps", "5", "--json", "o.json", "--venv", "/x"])
     assert (a.steps, a.json, a.venv) == (5, "o.json", "/x")
 
 
-@pytest.mark.parametrize("flag", ["--steps", "--batch", "--new-tokens", "--prompt-len", "--repeats"])
+@pytest.mark.parametrize("flag", ["--steps", "--batch", "--new-tokens", "--prompt-len", "--repeats", "--grpo-steps"])
 def test_nonpositive_counts_are_refused(flag, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args([flag, "0"])
@@ -76,6 +76,30 @@ def test_id_tokenizer_round_trip_and_no_bos():
     assert tok.encode("5 17 300") == [5, 17, 300]
     assert tok.decode([5, 17, 300]) == "5 17 300"
     assert tok.bos_id() is None and tok.pad_id() == 2 and tok.eos_id() == 2
+
+
+def test_grpo_job_gives_tunix_a_pad_no_prompt_holds():
+    from jaxrl_mt.benchmarks.tunix_grpo import grpo_spec, tunix_grpo_job
+
+    spec = grpo_spec("builtin:smollm2-135m-instruct", prompts=4, group=4, new_tokens=128, beta=1e-4, steps=3)
+    job = tunix_grpo_job(spec)
+    assert 2 in {t for p in job["prompts"] for t in p}  # SmolLM2's pad (<|im_end|>) is in chat prompts
+    assert job["pad_id"] not in {t for p in job["prompts"] for t in p}
+    w = job["prompt_len"]
+    assert w & (w - 1) == 0 and w >= max(map(len, job["prompts"])) > w // 2
+    assert (len(job["prompts"]), job["group"], job["new_tokens"], job["beta"]) == (4, 4, 128, 1e-4)
+
+
+def test_grpo_report_lines():
+    from jaxrl_mt.benchmarks.tunix_grpo import format_grpo
+
+    r = {"prompts": 4, "group": 4, "new_tokens": 128, "beta": 1e-4, "rounds": 3, "steps": 3,
+         "ours": {"steady_step_s": 20.0, "peak_rss_mb": 3000.0,
+                  "phases_steady_s": {"generate_s": 12.0, "score_s": 3.0, "update_s": 5.0}},
+         "tunix": {"steady_step_s": 30.0, "peak_rss_mb": 6000.0}, "ratio_step": 1.5, "ratio_rss": 0.5}
+    text = format_grpo(r)
+    assert "ours   20.0 s per step (generate 12.0, score 3.0, update 5.0), peak RSS 3000 MB" in text
+    assert "ours 1.50x faster per step, at 0.50x tunix's peak RSS" in text
 
 
 def test_job_prompts_avoid_pad_and_eos():
