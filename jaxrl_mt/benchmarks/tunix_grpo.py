@@ -8,7 +8,10 @@ verifier + anchor; tunix's: a cheap function of the ids): the step's work is the
 the reward itself. Reported: the medians over rounds of the steady step time and of the peak RSS.
 
 tunix masks every prompt token equal to its pad id, and SmolLM2's pad (2) is its ``<|im_end|>``,
-which chat prompts contain: tunix is given a pad id that no prompt holds.
+which chat prompts contain: tunix is given a pad id that no prompt holds. tunix's update runs one
+prompt's G completions per micro-batch (gradient accumulation over the P prompts, the same
+update): with the whole batch in one micro-batch it grew past 18 GB RSS on the CPU and was
+OOM-killed, and its `RematConfig.BLOCK` fails under flax 0.12.8 (TraceContextError in the sampler).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def tunix_grpo_job(spec: dict[str, Any]) -> dict[str, Any]:
     pad = next(t for t in range(len(used) + 1) if t not in used)
     return {"hf_dir": spec["model_path"], "prompts": ids, "group": spec["group"], "new_tokens": spec["new_tokens"],
             "prompt_len": 2 ** math.ceil(math.log2(max(map(len, ids)))), "beta": spec["beta"],
-            "steps": spec["steps"], "pad_id": pad}
+            "steps": spec["steps"], "pad_id": pad, "remat": "none", "micro_batch": 1}
 
 
 def run_grpo(py: Path, run_side: Callable[..., Any], *, model: str, rounds: int, steps: int, new_tokens: int,

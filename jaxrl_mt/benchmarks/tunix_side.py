@@ -51,7 +51,7 @@ class IdsTokenizer:
         return self._pad
 
 
-def llama3_config(hf_dir: str) -> Any:
+def llama3_config(hf_dir: str, remat: str = "none") -> Any:
     """tunix's `llama3.model.ModelConfig` from an HF Llama config.json (tied embeddings, RoPE theta, heads)."""
     from tunix.models.llama3 import model as model_lib
 
@@ -61,7 +61,8 @@ def llama3_config(hf_dir: str) -> Any:
         hidden_dim=c["intermediate_size"], num_heads=c["num_attention_heads"],
         head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
         num_kv_heads=c["num_key_value_heads"], rope_theta=int(c["rope_theta"]), norm_eps=c["rms_norm_eps"],
-        weight_tying=bool(c.get("tie_word_embeddings", False)))
+        weight_tying=bool(c.get("tie_word_embeddings", False)),
+        remat_config=model_lib.RematConfig[remat.upper()])
 
 
 def patch_rope_theta(theta: float) -> None:
@@ -82,12 +83,12 @@ def patch_rope_theta(theta: float) -> None:
     model_lib.apply_rope = patched
 
 
-def load(hf_dir: str) -> tuple[Any, Any]:
-    """(tunix Llama3 model in float32, its config) from the HF folder."""
+def load(hf_dir: str, remat: str = "none") -> tuple[Any, Any]:
+    """(tunix Llama3 model in float32, its config) from the HF folder; `remat`: tunix's RematConfig name."""
     import jax.numpy as jnp
     from tunix.models.llama3 import params as params_lib
 
-    cfg = llama3_config(hf_dir)
+    cfg = llama3_config(hf_dir, remat)
     patch_rope_theta(cfg.rope_theta)
     return params_lib.create_model_from_safe_tensors(hf_dir, cfg, dtype=jnp.float32), cfg
 

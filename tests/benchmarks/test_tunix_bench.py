@@ -88,6 +88,7 @@ def test_grpo_job_gives_tunix_a_pad_no_prompt_holds():
     w = job["prompt_len"]
     assert w & (w - 1) == 0 and w >= max(map(len, job["prompts"])) > w // 2
     assert (len(job["prompts"]), job["group"], job["new_tokens"], job["beta"]) == (4, 4, 128, 1e-4)
+    assert (job["remat"], job["micro_batch"]) == ("none", 1)
 
 
 def test_grpo_report_lines():
