@@ -10,7 +10,8 @@ P*G batch one mini-batch), fp32, tunix's vanilla rollout (its `Sampler`). Prompt
 so rewards vary within groups and the update is not a no-op.
 
 Step times: tunix's `train` owns the loop, so each step is timed as the gap between successive
-fetches of a batch from the dataset iterator (the first gap includes compilation). Peak RSS:
+fetches of a batch from the dataset iterator (the first gap includes compilation; the last runs to
+the end of `train`, so it also holds whatever `train` does after its last step). Peak RSS:
 ``ru_maxrss`` of this process.
 
 Job fields: ``hf_dir``, ``prompts`` (P id lists), ``group``, ``new_tokens``, ``prompt_len``,
