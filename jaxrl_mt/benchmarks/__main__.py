@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = "usage: python -m jaxrl_mt.benchmarks {sampling,scoring,grpo,simulator,accel,attention} [ARGS]"
+USAGE = "usage: python -m jaxrl_mt.benchmarks {sampling,scoring,grpo,simulator,accel,attention,tunix} [ARGS]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,6 +26,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(run(args[1:]) or 0)
     if name == "attention":
         from jaxrl_mt.benchmarks.attention import main as run
+
+        return int(run(args[1:]) or 0)
+    if name == "tunix":
+        from jaxrl_mt.benchmarks.tunix import main as run
 
         return int(run(args[1:]) or 0)
     if name == "simulator":

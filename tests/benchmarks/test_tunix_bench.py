@@ -1,0 +1,129 @@
+"""`python -m jaxrl_mt.benchmarks tunix`: arguments, the missing-venv error, the per-row divergence
+and median arithmetic, the id tokenizer tunix's sampler is fed with, and (slow, only where
+tunix's venv exists) both sides agreeing on greedy tokens and on logits within 1e-4.
+
+CI never depends on tunix's venv: the slow test skips without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl_mt.benchmarks import __main__ as bench_main
+from jaxrl_mt.benchmarks.tunix import (ENV_SCRIPT, ROOT, SIDE_SCRIPT, TunixMissing, first_divergence, make_job,
+                                       parse_args, side_rates, tunix_python)
+
+VENV = ROOT / ".venv-tunix"
+
+
+def _side_module():
+    spec = importlib.util.spec_from_file_location("tunix_side_under_test", SIDE_SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # imports no tunix at module level
+    return mod
+
+
+def test_defaults_are_the_bench_shape():
+    a = parse_args([])
+    assert (a.steps, a.batch, a.new_tokens, a.prompt_len, a.repeats) == (3, 8, 128, 64, 1)
+    assert a.venv == ".venv-tunix" and a.json is None and a.side is None and not a.grpo and a.grpo_steps == 3
+    a = parse_args(["--steps", "5", "--json", "o.json", "--venv", "/x"])
+    assert (a.steps, a.json, a.venv) == (5, "o.json", "/x")
+
+
+@pytest.mark.parametrize("flag", ["--steps", "--batch", "--new-tokens", "--prompt-len", "--repeats", "--grpo-steps"])
+def test_nonpositive_counts_are_refused(flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args([flag, "0"])
+    assert e.value.code == 2
+    assert f"{flag} must be > 0, got 0" in capsys.readouterr().err
+
+
+def test_missing_venv_is_one_line_naming_the_script(tmp_path, capsys):
+    with pytest.raises(TunixMissing, match="tunix_env.sh"):
+        tunix_python(tmp_path / "nope")
+    assert bench_main.main(["tunix", "--venv", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: tunix venv not found") and ENV_SCRIPT in err
+
+
+def test_first_divergence_per_row():
+    ours = [[1, 2, 3], [1, 2, 3], [4, 5], [7]]
+    theirs = [[1, 2, 3], [1, 9, 3], [4, 5, 6], [8]]
+    assert first_divergence(ours, theirs) == [None, 1, 2, 0]
+
+
+def test_side_rates_medians_and_decode_loop():
+    runs = [{"full": {"steady_s": s, "first_s": 10.0}, "one": {"steady_s": o}} for s, o in
+            ((2.0, 0.5), (4.0, 0.1), (3.0, 0.3))]
+    r = side_rates(runs, batch=8, n=128)
+    assert r["steady_s"] == 3.0 and r["prefill_s"] == 0.3
+    assert r["tokens_per_s"] == pytest.approx(8 * 128 / 3.0)
+    assert r["decode_s"] == pytest.approx(2.7)
+    assert r["decode_tokens_per_s"] == pytest.approx(8 * 127 / 2.7)
+    assert r["rounds_steady_s"] == [2.0, 4.0, 3.0]
+
+
+def test_id_tokenizer_round_trip_and_no_bos():
+    tok = _side_module().IdsTokenizer(pad_id=2)
+    assert tok.encode("5 17 300") == [5, 17, 300]
+    assert tok.decode([5, 17, 300]) == "5 17 300"
+    assert tok.bos_id() is None and tok.pad_id() == 2 and tok.eos_id() == 2
+
+
+def test_grpo_job_gives_tunix_a_pad_no_prompt_holds():
+    from jaxrl_mt.benchmarks.tunix_grpo import grpo_spec, tunix_grpo_job
+
+    spec = grpo_spec("builtin:smollm2-135m-instruct", prompts=4, group=4, new_tokens=128, beta=1e-4, steps=3)
+    job = tunix_grpo_job(spec)
+    assert 2 in {t for p in job["prompts"] for t in p}  # SmolLM2's pad (<|im_end|>) is in chat prompts
+    assert job["pad_id"] not in {t for p in job["prompts"] for t in p}
+    w = job["prompt_len"]
+    assert w & (w - 1) == 0 and w >= max(map(len, job["prompts"])) > w // 2
+    assert (len(job["prompts"]), job["group"], job["new_tokens"], job["beta"]) == (4, 4, 128, 1e-4)
+    assert (job["remat"], job["micro_batch"]) == ("none", 1)
+
+
+def test_grpo_report_lines():
+    from jaxrl_mt.benchmarks.tunix_grpo import format_grpo
+
+    r = {"prompts": 4, "group": 4, "new_tokens": 128, "beta": 1e-4, "rounds": 3, "steps": 3,
+         "ours": {"steady_step_s": 20.0, "peak_rss_mb": 3000.0,
+                  "phases_steady_s": {"generate_s": 12.0, "score_s": 3.0, "update_s": 5.0}},
+         "tunix": {"steady_step_s": 30.0, "peak_rss_mb": 6000.0}, "ratio_step": 1.5, "ratio_rss": 0.5}
+    text = format_grpo(r)
+    assert "ours   20.0 s per step (generate 12.0, score 3.0, update 5.0), peak RSS 3000 MB" in text
+    assert "ours 1.50x faster per step, at 0.50x tunix's peak RSS" in text
+
+
+def test_job_prompts_avoid_pad_and_eos():
+    job, cfg = make_job("builtin:smollm2-135m-instruct", batch=8, new_tokens=4, prompt_len=64, repeats=1)
+    banned = {job["pad_id"], *cfg.eos_token_id}
+    assert len(job["prompts"]) == 8 and max(map(len, job["prompts"])) == 64
+    assert not banned & {t for p in job["prompts"] for t in p}
+    assert Path(job["hf_dir"], "config.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (VENV / "bin" / "python").exists(), reason="no tunix venv (jaxrl_mt/benchmarks/tunix_env.sh)")
+def test_both_sides_agree_on_greedy_tokens_and_logits(tmp_path):
+    job, _ = make_job("builtin:smollm2-135m-instruct", batch=2, new_tokens=6, prompt_len=16, repeats=1)
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    outs = {}
+    for side, cmd in (("ours", [sys.executable, "-m", "jaxrl_mt.benchmarks.tunix", "--side", "ours"]),
+                      ("tunix", [str(VENV / "bin" / "python"), str(SIDE_SCRIPT)])):
+        out = tmp_path / f"{side}.json"
+        subprocess.run([*cmd, "--job", str(tmp_path / "job.json"), "--out", str(out)], cwd=ROOT, check=True,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        outs[side] = (json.loads(out.read_text()), np.load(str(out) + ".logits.npy"))
+    (ours, lo), (theirs, lt) = outs["ours"], outs["tunix"]
+    assert [len(t) for t in theirs["tokens"]] == [6, 6]
+    assert ours["tokens"] == theirs["tokens"]
+    assert np.max(np.abs(lo - lt)) < 1e-4
