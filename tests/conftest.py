@@ -74,3 +74,14 @@ def tiny_model(tiny_chat_model_dir):
     from jaxrl_mt.models.registry import load_model
 
     return load_model(str(tiny_chat_model_dir))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs() -> Iterator[None]:
+    """Drops jax's compiled programs after each test module. XLA:CPU maps memory for every program
+    it keeps; one process running the whole suite otherwise reaches the kernel's map-count limit
+    (vm.max_map_count, 65530) and the next compile segfaults (seen after ~1,100 tests)."""
+    yield
+    import jax
+
+    jax.clear_caches()
