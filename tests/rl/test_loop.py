@@ -45,6 +45,23 @@ def train_rows(workdir: Path) -> dict[int, dict]:
     return {r["step"]: r for r in rows if "reward/total" in r}
 
 
+def run_killed_in_third_step(monkeypatch, method: str, make_trainer) -> None:
+    """Runs ``make_trainer().run()`` with ``Trainer.<method>`` (the update) dying on its third call
+    (in step 3, after checkpoint 2), then restores the method."""
+    original, calls = getattr(Trainer, method), {"n": 0}
+
+    def crash_on_third(self, *a):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, *a)
+
+    monkeypatch.setattr(Trainer, method, crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        make_trainer().run()
+    monkeypatch.setattr(Trainer, method, original)
+
+
 def test_killed_run_resumes_identically(tiny_chat_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
     full = tmp_path / "full"
     Trainer(tiny_config(tiny_chat_model_dir, full)).run()

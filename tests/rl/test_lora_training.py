@@ -13,7 +13,7 @@ from jaxrl_mt.models.registry import load_model
 from jaxrl_mt.rl.data import ConfigError, validate_config
 from jaxrl_mt.rl.loop import Trainer
 from jaxrl_mt.sampling import Sampler, SamplingConfig
-from tests.rl.test_loop import tiny_config, train_rows
+from tests.rl.test_loop import run_killed_in_third_step, tiny_config, train_rows
 
 
 def _config(model_dir: Path, wd: Path, steps: int = 3):
@@ -31,18 +31,7 @@ def test_lora_trains_adapters_only_resumes_identically_and_exports_a_peft_adapte
     assert full.ref_params is full.model.params  # the reference is the base weights: no second copy
     full.run()
     crashed = tmp_path / "crashed"
-    original, calls = Trainer.update, {"n": 0}
-
-    def crash_on_third(self, state, ex):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, state, ex)
-
-    monkeypatch.setattr(Trainer, "update", crash_on_third)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(_config(tiny_chat_model_dir, crashed)).run()
-    monkeypatch.setattr(Trainer, "update", original)
+    run_killed_in_third_step(monkeypatch, "update", lambda: Trainer(_config(tiny_chat_model_dir, crashed)))
     Trainer(_config(tiny_chat_model_dir, crashed)).run()
     a, b = train_rows(tmp_path / "full"), train_rows(crashed)
     assert sorted(a) == sorted(b) == [1, 2, 3]

@@ -12,6 +12,7 @@ from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.rewards.abstain import UNSOLVABLE
 from jaxrl_mt.rl.data import ConfigError, validate_config
 from jaxrl_mt.rl.loop import Trainer
+from tests.rl.test_loop import run_killed_in_third_step
 from jaxrl_mt.rl.rlaar import Curriculum
 from jaxrl_mt.rl.rlaar_data import RLAARData, variant_scenarios
 
@@ -77,18 +78,7 @@ def test_a_killed_run_resumes_with_the_curriculum_it_saved(tiny_chat_model_dir: 
 
     full = Trainer(config(tmp_path / "full"))
     full.run()
-    original, calls = Trainer.update, {"n": 0}
-
-    def crash_on_third(self, state, ex):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, state, ex)
-
-    monkeypatch.setattr(Trainer, "update", crash_on_third)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(config(tmp_path / "crashed")).run()
-    monkeypatch.setattr(Trainer, "update", original)
+    run_killed_in_third_step(monkeypatch, "update", lambda: Trainer(config(tmp_path / "crashed")))
     resumed = Trainer(config(tmp_path / "crashed"))
     resumed.run()
     assert resumed.data.curriculum == full.data.curriculum and full.data.curriculum.step == 3

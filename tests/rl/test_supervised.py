@@ -20,6 +20,7 @@ from jaxrl_mt.models.hf_io import load_hf_folder
 from jaxrl_mt.rl.best import BestKeeper
 from jaxrl_mt.rl.data import ConfigError, validate_config
 from jaxrl_mt.rl.loop import Trainer
+from tests.rl.test_loop import run_killed_in_third_step
 from jaxrl_mt.rl.sft_data import DpoPair, SftItem
 from jaxrl_mt.rl.supervised import _read_rows, _write_rows
 
@@ -65,18 +66,8 @@ def test_a_killed_run_resumes_identically_and_exports_the_best_checkpoint(kind, 
     full = tmp_path / "full"
     Trainer(_config(kind, tiny_chat_model_dir, full)).run()
     crashed = tmp_path / "crashed"
-    original, calls = Trainer.update_supervised, {"n": 0}
-
-    def crash_on_third(self, state, batch):
-        calls["n"] += 1
-        if calls["n"] == 3:  # dies in step 3, after checkpoint 2
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, state, batch)
-
-    monkeypatch.setattr(Trainer, "update_supervised", crash_on_third)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(_config(kind, tiny_chat_model_dir, crashed)).run()
-    monkeypatch.setattr(Trainer, "update_supervised", original)
+    run_killed_in_third_step(monkeypatch, "update_supervised",
+                             lambda: Trainer(_config(kind, tiny_chat_model_dir, crashed)))
     Trainer(_config(kind, tiny_chat_model_dir, crashed)).run()
     a, b = _train_rows(full), _train_rows(crashed)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
