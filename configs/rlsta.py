@@ -102,6 +102,7 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.lora.rank = 0  # LoRA rank (0 = full fine-tuning); the reference is then the base weights, no copy
     c.lora.alpha = 32.0  # adapter scale alpha / rank
     c.lora.targets = "q|k|v|o|gate|up|down"  # adapted projections (regex over layer keys)
+    c.lora.forward = "unmerged"  # the loss's forward: "unmerged" (x W + s x A B) or "merged" (W + s A B first)
 
     c.checkpoint = ConfigDict()
     c.checkpoint.every = 50  # save every N steps

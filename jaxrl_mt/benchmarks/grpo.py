@@ -122,7 +122,8 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     if remat == "auto":  # before the reference copy and the optimizer state exist (see `choose_remat`)
         remat = choose_remat(model, spec["prompts"], G, T)
     rank = int(spec.get("lora_rank", 0))  # LoRA: adapters train, the reference is the base (the trainer's way)
-    trainable = Trainable(model.params, LoraConfig(rank=rank, alpha=2.0 * rank)) if rank else Trainable()
+    trainable = (Trainable(model.params, LoraConfig(rank=rank, alpha=2.0 * rank), spec.get("lora_forward", "unmerged"))
+                 if rank else Trainable())
     engine = make_engine(model, spec, remat, copy_reference=not rank)
     items = bench_items(spec["prompts"])
     optimizer = make_optimizer(LR, max_grad_norm=MAX_GRAD_NORM)
@@ -160,6 +161,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
               f"update {t_end - t_roll:.1f}); CPU {c_end - c_step:.1f}s", file=sys.stderr, flush=True)
     return {"side": "ours", "setup_s": setup_s, "prompt_tokens": [int(x) for x in r.example.prompt_mask.sum(1)],
             "completion_tokens": T, "rss_after_load_mb": rss_loaded, "remat": remat, "lora_rank": rank,
+            "lora_forward": spec.get("lora_forward", "unmerged") if rank else None,
             **summarize(steps["step_s"], steps["cpu_s"]),
             "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
             "phases_first_s": {k: steps[k][0] for k in ("generate_s", "score_s", "update_s")},
@@ -375,6 +377,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lora-rank", type=int, default=0,
                     help="ours trains LoRA adapters of this rank on every projection (0: full fine-tuning); "
                          "compare with a second run without it (--only ours)")
+    ap.add_argument("--lora-forward", choices=("unmerged", "merged"), default="unmerged",
+                    help="the LoRA loss's forward: x W + s (x A) B, or x (W + s A B)")
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
     ap.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
@@ -403,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = {"model": a.model, "model_path": str(resolve(a.model)), "prompts": load_prompts(a.prompts),
             "group": a.group, "new_tokens": a.new_tokens, "beta": a.beta, "steps": a.steps,
             "threads": a.threads, "remat": {"auto": "auto", "on": True, "off": False}[a.remat],
-            "lora_rank": a.lora_rank}
+            "lora_rank": a.lora_rank, "lora_forward": a.lora_forward}
     load_before = _load()
     results = {side: run_side(side, spec) for side in SIDES if a.only in (None, side)}
     load_after = _load()

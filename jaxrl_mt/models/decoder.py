@@ -170,6 +170,15 @@ def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, cache
     return out.reshape(b, t, hq, kd)
 
 
+def dense(h: jax.Array, lp: Params, key: str, dt: Any) -> jax.Array:
+    """``h @ lp[key]``, plus the unmerged LoRA term ``(h @ A') @ B`` where `models.lora.attach` put
+    ``<key>_lora_a`` (A' = scale A) and ``<key>_lora_b`` beside the weight."""
+    y = h @ lp[key].astype(dt)
+    if key + "_lora_a" in lp:
+        y = y + (h @ lp[key + "_lora_a"].astype(dt)) @ lp[key + "_lora_b"].astype(dt)
+    return y
+
+
 def layer_qkv(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array
               ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The attention half's projections of one block: RoPE'd q [B, T, Hq, K], k, v [B, T, Hkv, K]."""
@@ -183,9 +192,7 @@ def layer_qkv(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: j
             qkv = qkv + lp["qkv_bias"].astype(dt)
         q, k, v = qkv[..., :hq], qkv[..., hq:hq + hkv], qkv[..., hq + hkv:]
     else:
-        q = h @ lp["q"].astype(dt)
-        k = h @ lp["k"].astype(dt)
-        v = h @ lp["v"].astype(dt)
+        q, k, v = dense(h, lp, "q", dt), dense(h, lp, "k", dt), dense(h, lp, "v", dt)
         if cfg.attention_bias:
             q, k, v = q + lp["q_bias"].astype(dt), k + lp["k_bias"].astype(dt), v + lp["v_bias"].astype(dt)
     q = q.reshape(b, t, cfg.num_heads, cfg.head_dim)
@@ -201,15 +208,15 @@ def layer_out(cfg: ModelConfig, lp: Params, x: jax.Array, att: jax.Array) -> jax
     """The rest of one block after attention: output projection, residual, MLP, residual."""
     b, t, _ = x.shape
     dt = cfg.jnp_dtype
-    x = x + att.reshape(b, t, -1) @ lp["o"].astype(dt)
+    x = x + dense(att.reshape(b, t, -1), lp, "o", dt)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     if "gate_up" in lp:
         gu = h @ lp["gate_up"].astype(dt)  # [B, T, 2F]
         f = gu.shape[-1] // 2
         mlp = jax.nn.silu(gu[..., :f]) * gu[..., f:]
     else:
-        mlp = jax.nn.silu(h @ lp["gate"].astype(dt)) * (h @ lp["up"].astype(dt))
-    return x + mlp @ lp["down"].astype(dt)
+        mlp = jax.nn.silu(dense(h, lp, "gate", dt)) * dense(h, lp, "up", dt)
+    return x + dense(mlp, lp, "down", dt)
 
 
 def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
@@ -361,6 +368,8 @@ def decode_params(params: Params, cfg: ModelConfig) -> Params:
     (a second copy of the weights).
     """
     lp = dict(params["layers"])
+    if any(k.endswith("_lora_a") for k in lp):
+        raise ValueError("decode_params takes merged weights (models.lora.merge), not attached adapters")
     fused = {k: v for k, v in lp.items() if k not in ("q", "k", "v", "q_bias", "k_bias", "v_bias", "gate", "up")}
     fused["qkv"] = jnp.concatenate([lp["q"], lp["k"], lp["v"]], axis=-1)  # [L, D, Hq*K + 2*Hkv*K]
     if cfg.attention_bias:

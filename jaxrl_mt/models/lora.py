@@ -28,7 +28,7 @@ from safetensors.numpy import load_file, save_file
 from jaxrl_mt.models.config import ModelConfig, ModelError
 from jaxrl_mt.models.decoder import Params
 
-__all__ = ["LoraConfig", "TARGETS", "init_adapters", "load_peft", "merge", "save_peft"]
+__all__ = ["LoraConfig", "TARGETS", "attach", "init_adapters", "load_peft", "merge", "save_peft"]
 
 # our layer key -> PEFT/transformers module path under model.layers.{i}.
 TARGETS = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -78,6 +78,18 @@ def merge(params: Params, adapters: Params, scale: float) -> Params:
     for k, ab in adapters["layers"].items():
         delta = jnp.einsum("lir,lro->lio", ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
         layers[k] = (layers[k].astype(jnp.float32) + scale * delta).astype(layers[k].dtype)
+    return {**params, "layers": layers}
+
+
+def attach(params: Params, adapters: Params, scale: float) -> Params:
+    """The base parameters with the adapters beside their weights, for the unmerged forward
+    x W + (x scale A) B (`models.decoder.dense`): layer keys ``<k>_lora_a`` = scale A [L, in, r] and
+    ``<k>_lora_b`` = B [L, r, out]. Differentiable in A and B; the backward holds no [in, out]
+    weight gradient (the merged form's dL/dW'), only the adapters' and the [.., r] activations."""
+    layers = dict(params["layers"])
+    for k, ab in adapters["layers"].items():
+        layers[k + "_lora_a"] = scale * ab["a"]
+        layers[k + "_lora_b"] = ab["b"]
     return {**params, "layers": layers}
 
 

@@ -2,7 +2,8 @@
 
 With ``lora.rank > 0`` the train state holds only the adapters (and their optimizer state); the
 policy is ``merge(base, adapters)``, rebuilt after each optimizer step for sampling and scoring;
-the loss differentiates the adapters through the merge; the frozen reference model of the anchor
+the loss differentiates the adapters through the unmerged forward x W + s (x A) B (``attach``;
+``lora.forward = "merged"``: through the merge, which holds a full-size weight gradient); the frozen reference model of the anchor
 reward, the KL term and DPO is the base itself (no second copy of the weights).
 """
 
@@ -14,9 +15,9 @@ from typing import Any, Callable
 
 import jax
 
-from jaxrl_mt.models.lora import LoraConfig, init_adapters, merge
+from jaxrl_mt.models.lora import LoraConfig, attach, init_adapters, merge
 
-__all__ = ["Trainable", "lora_config"]
+__all__ = ["Trainable", "lora_config", "lora_forward"]
 
 _merge = jax.jit(merge, static_argnums=2)
 
@@ -29,12 +30,23 @@ def lora_config(c: Any) -> LoraConfig | None:
     return LoraConfig(rank=lo.rank, alpha=lo.alpha, targets=lo.targets)
 
 
+def lora_forward(c: Any) -> str:
+    """The loss's adapter forward, ``lora.forward``: "unmerged" (default) or "merged"."""
+    lo = getattr(c, "lora", None)
+    return getattr(lo, "forward", "unmerged") if lo is not None else "unmerged"
+
+
 @dataclasses.dataclass(frozen=True)
 class Trainable:
     """The trained parameters' relation to the policy."""
 
     base: Any = None  # the frozen base parameters (LoRA), else None
     lora: LoraConfig | None = None
+    forward: str = "unmerged"  # the loss's adapter forward: "unmerged" (attach) or "merged"
+
+    def __post_init__(self) -> None:
+        if self.forward not in ("unmerged", "merged"):
+            raise ValueError(f"lora.forward must be 'unmerged' or 'merged', got {self.forward!r}")
 
     def initial(self, params: Any, seed: int) -> Any:
         """The trained parameters at step 0: ``params`` itself, or fresh adapters (B = 0) on it."""
@@ -49,7 +61,8 @@ class Trainable:
         the batch is ``(base, batch)`` (see :meth:`batch`), so the base is an argument, not a constant."""
         if self.lora is None:
             return loss
-        return functools.partial(_adapted_loss, loss=loss, scale=self.lora.scale)
+        combine = attach if self.forward == "unmerged" else merge
+        return functools.partial(_adapted_loss, loss=loss, scale=self.lora.scale, combine=combine)
 
     def batch(self, batch: Any) -> Any:
         """The step's batch argument: ``batch``, or ``(base, batch)`` under LoRA."""
@@ -57,6 +70,6 @@ class Trainable:
 
 
 def _adapted_loss(adapters: Any, cfg: Any, lc: Any, base_and_batch: tuple[Any, Any], *, loss: Callable[..., Any],
-                  scale: float) -> Any:
+                  scale: float, combine: Callable[..., Any]) -> Any:
     base, batch = base_and_batch
-    return loss(merge(base, adapters, scale), cfg, lc, batch)
+    return loss(combine(base, adapters, scale), cfg, lc, batch)

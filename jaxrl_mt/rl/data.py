@@ -120,6 +120,8 @@ def validate_config(c: Any) -> None:
         checks.append((lo.rank == 0 or lo.alpha > 0, f"lora.alpha must be > 0, got {lo.alpha}"))
         checks.append((lo.rank == 0 or any(re.fullmatch(lo.targets, k) for k in LORA_TARGETS),
                        f"lora.targets {lo.targets!r} matches none of {', '.join(LORA_TARGETS)}"))
+        checks.append((getattr(lo, "forward", "unmerged") in ("unmerged", "merged"),
+                       f"lora.forward must be 'unmerged' or 'merged', got {getattr(lo, 'forward', None)!r}"))
     if c.method in ("sft", "dpo"):
         sec = getattr(c, c.method, None)
         checks.append((sec is not None, f"method {c.method!r} needs its config section {c.method!r} "

@@ -40,7 +40,7 @@ from jaxrl_mt.data.records import DataError
 from jaxrl_mt.parallel import agree_max_many, check_same_rows, mean_over_processes, put_rows, spans_processes
 from jaxrl_mt.rewards.registry import RewardEnv, make_reward
 from jaxrl_mt.models.lora import save_peft
-from jaxrl_mt.rl.adapters import Trainable, lora_config
+from jaxrl_mt.rl.adapters import Trainable, lora_config, lora_forward
 from jaxrl_mt.rl.best import BestKeeper
 from jaxrl_mt.rl.data import (METHODS, ConfigError, RecipeEnv, is_supervised, load_scenarios, load_tasks,
                               reward_name, validate_config)
@@ -113,7 +113,7 @@ class Trainer:
         self.multi = spans_processes(self.mesh)  # one global mesh over several processes
         check_micro_batch(c, self.mesh, self.multi)
         lora = lora_config(c)  # LoRA: the train state holds adapters; the policy is base + adapters
-        self.trainable = Trainable(self.model.params, lora) if lora is not None else Trainable()
+        self.trainable = Trainable(self.model.params, lora, lora_forward(c)) if lora is not None else Trainable()
         self.ref_params, self.ref_cfg = reference(c, self.model, self.mesh, copy=lora is None)
         # a step's rollout has one row count (batch x G): pad it to a multiple of 8, not the next power of two
         self.sampler = Sampler.from_model(self.model, max_batch=c.rl.max_batch, mesh=self.mesh, row_multiple=8)

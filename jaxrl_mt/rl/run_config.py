@@ -131,6 +131,7 @@ class LoraSection:
     rank: int  # 0: full fine-tuning
     alpha: float  # scale alpha / rank
     targets: str  # regex over the layer keys q|k|v|o|gate|up|down
+    forward: str = "unmerged"  # the loss's forward: "unmerged" x W + s (x A) B, or "merged" x (W + s A B)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,7 +63,8 @@ def test_lora_trains_adapters_only_resumes_identically_and_exports_a_peft_adapte
 
 def test_bad_lora_settings_fail_at_start(tmp_path):
     for key, value, msg in [("rank", -1, r"lora\.rank must be >= 0"),
-                            ("targets", "qkv", r"lora\.targets 'qkv' matches none")]:
+                            ("targets", "qkv", r"lora\.targets 'qkv' matches none"),
+                            ("forward", "fused", r"lora\.forward must be 'unmerged' or 'merged'")]:
         c = tiny_config(tmp_path / "m", tmp_path / "w")
         c.lora.rank = 4
         setattr(c.lora, key, value)
