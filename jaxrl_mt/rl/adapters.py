@@ -3,8 +3,9 @@
 With ``lora.rank > 0`` the train state holds only the adapters (and their optimizer state); the
 policy is ``merge(base, adapters)``, rebuilt after each optimizer step for sampling and scoring;
 the loss differentiates the adapters through the unmerged forward x W + s (x A) B (``attach``;
-``lora.forward = "merged"``: through the merge, which holds a full-size weight gradient); the frozen reference model of the anchor
-reward, the KL term and DPO is the base itself (no second copy of the weights).
+``lora.forward = "merged"``: through the merge, which holds a full-size weight gradient); the
+frozen reference model of the anchor reward, the KL term and DPO is the base itself (no second
+copy of the weights).
 """
 
 from __future__ import annotations
