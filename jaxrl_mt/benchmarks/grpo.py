@@ -62,6 +62,36 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+class PhaseRss:
+    """Samples this process's resident memory (VmRSS) every ``period`` seconds in a thread and keeps
+    the largest value seen per phase label (``self.phase``, set by the caller around each phase)."""
+
+    def __init__(self, period: float = 0.05) -> None:
+        import threading
+
+        self.phase = "setup"
+        self.peak: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def current_mb() -> float:
+        with open("/proc/self/status", encoding="ascii") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        return kb / 1024.0
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            phase, mb = self.phase, self.current_mb()
+            self.peak[phase] = max(self.peak.get(phase, 0.0), mb)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return {k: round(v, 1) for k, v in self.peak.items()}
+
+
 def pin_cpus(n: int) -> None:
     """Restricts this process to `n` of its CPUs, so XLA's and torch's thread pools both size to `n`."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -87,6 +117,25 @@ def load_prompts(n: int) -> list[dict[str, str]]:
             if len(rows) == n:
                 return rows
     raise ValueError(f"{path}: only {len(rows)} questions, --prompts asked for {n}")
+
+
+def lengthen_prompts(prompts: Sequence[dict[str, str]], model_path: str, tokens: int) -> list[dict[str, str]]:
+    """Each prompt with earlier GSM8K questions put before it (a longer context, the question and gold
+    unchanged) until its chat prompt has at least ``tokens`` tokens (a multi-turn history's length)."""
+    from jaxrl_mt.chat import encode_prompt
+    from jaxrl_mt.models.registry import load_tokenizer
+
+    tok = load_tokenizer(model_path)
+    pool = [p["question"] for p in load_prompts(64)]
+    out = []
+    for i, p in enumerate(prompts):
+        context: list[str] = []
+        question = p["question"]
+        while len(encode_prompt(tok, [{"role": "user", "content": question}])) < tokens:
+            context.append(pool[(i + 1 + len(context)) % len(pool)])
+            question = "Earlier problems, for context:\n" + "\n".join(context) + "\n\nSolve: " + p["question"]
+        out.append({**p, "question": question})
+    return out
 
 
 def summarize(step_s: Sequence[float], cpu_s: Sequence[float]) -> dict[str, float]:
@@ -116,6 +165,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     from jaxrl_mt.rl.step import loss_fn, make_train_step
 
     t0 = time.perf_counter()
+    rss = PhaseRss()
     model = load_model(spec["model_path"])
     G, T = spec["group"], spec["new_tokens"]
     remat = spec["remat"]
@@ -139,10 +189,13 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
                                  loss=None if not rank else trainable.loss(loss_fn))
     for step in range(spec["steps"]):
         t_step, c_step = time.perf_counter(), time.process_time()
+        when = "first" if step == 0 else "steady"
+        rss.phase = f"{when} rollout"
         r = rollout(engine, trainable.policy(params), items, step)  # the trainer's rollout and reward
         if int(r.example.completion_mask.sum(1).min()) != T:
             raise RuntimeError(f"completions are shorter than {T} tokens")
         t_roll, c_roll = time.perf_counter(), time.process_time()
+        rss.phase = f"{when} update"
         params, opt_state, m = train_step(params, opt_state, trainable.batch(r.example))
         m = jax.device_get(m)
         jax.block_until_ready(params)
@@ -168,7 +221,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
             "phases_steady_cpu_s": {k: _mean_later(steps[k]) for k in ("generate_cpu_s", "score_cpu_s",
                                                                        "update_cpu_s")},
             "steps": steps, "backend": f"jax {jax.__version__} {jax.default_backend()}",
-            "peak_rss_mb": peak_rss_mb()}
+            "peak_rss_mb": peak_rss_mb(), "peak_rss_by_phase_mb": rss.stop()}
 
 
 def bench_items(prompts: Sequence[dict[str, str]]) -> list[Any]:
@@ -379,6 +432,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "compare with a second run without it (--only ours)")
     ap.add_argument("--lora-forward", choices=("unmerged", "merged"), default="unmerged",
                     help="the LoRA loss's forward: x W + s (x A) B, or x (W + s A B)")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="lengthen each prompt with earlier questions to at least this many tokens (0: as is)")
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
     ap.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
@@ -404,7 +459,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from jaxrl_mt.models.registry import resolve
 
-    spec = {"model": a.model, "model_path": str(resolve(a.model)), "prompts": load_prompts(a.prompts),
+    prompts = load_prompts(a.prompts)
+    if a.prompt_tokens:
+        prompts = lengthen_prompts(prompts, str(resolve(a.model)), a.prompt_tokens)
+    spec = {"model": a.model, "model_path": str(resolve(a.model)), "prompts": prompts,
             "group": a.group, "new_tokens": a.new_tokens, "beta": a.beta, "steps": a.steps,
             "threads": a.threads, "remat": {"auto": "auto", "on": True, "off": False}[a.remat],
             "lora_rank": a.lora_rank, "lora_forward": a.lora_forward}
@@ -415,6 +473,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{a.steps} steps, {a.threads} threads per side ({os.cpu_count()} CPUs), "
           f"gradient checkpointing: TRL {'off' if a.remat == 'off' else 'on'}, ours {a.remat}")
     print(format_table(results))
+    if "peak_rss_by_phase_mb" in results.get("ours", {}):  # sampled VmRSS, the largest per phase
+        print("ours, peak RSS by phase (MiB): " + ", ".join(f"{k} {v:.0f}"
+                                                           for k, v in results["ours"]["peak_rss_by_phase_mb"].items()))
     print(f"load before: {load_before}\nload after:  {load_after}")
     if a.json:
         out = {"config": {k: v for k, v in spec.items() if k != "prompts"},

@@ -58,8 +58,30 @@ def runs_per_task(records: list[dict[str, Any]], kind: str, keep: Any) -> int:
     return max(counts.values(), default=0)
 
 
-def summarize(out: Path, families: dict[str, str], temps: list[float]) -> dict[str, Any]:
-    """Per temperature, family and scenario: strict and lenient accuracy of the last reply.
+def cut_shares(records: list[dict[str, Any]], kind: str, keep: Any, budgets: list[int]) -> dict[str, Any] | None:
+    """The last replies of ``kind``: how many, their median length in new tokens, the share the run's
+    reply budget cut (``finish_reason == "length"``) and, for each smaller budget B, the share of at
+    least B tokens (the share B would cut; exact for greedy replies, whose first B tokens do not
+    depend on the budget). None when no reply records its length."""
+    lengths, cut = [], []
+    for r in records:
+        if r["kind"] != kind or not keep(r["task_id"]) or not r["turns"]:
+            continue
+        last = r["turns"][-1]
+        if last.get("new_tokens") is None:
+            continue
+        lengths.append(int(last["new_tokens"]))
+        cut.append(last.get("finish_reason") == "length")
+    if not lengths:
+        return None
+    n = len(lengths)
+    return {"n": n, "median_tokens": float(sorted(lengths)[n // 2]), "cut": sum(cut) / n,
+            "cut_at": {str(b): sum(x >= b for x in lengths) / n for b in budgets}}
+
+
+def summarize(out: Path, families: dict[str, str], temps: list[float], budgets: list[int] = ()) -> dict[str, Any]:
+    """Per temperature, family and scenario: strict and lenient accuracy of the last reply, and the
+    reply budget's cut share (`cut_shares`, ``<kind>_cut``; at each of ``budgets`` too).
 
     With several runs per problem (sampled temperatures), also ``<kind>_strict_any`` (share of
     problems with at least one correct run: pass@k, k = ``runs``) and ``full_gt_<kind>`` (share of
@@ -81,6 +103,8 @@ def summarize(out: Path, families: dict[str, str], temps: list[float]) -> dict[s
                     if mode == "strict":
                         strict[kind] = s
                         row[f"{kind}_strict_any"] = bootstrap_mean(any_correct(s)) if s else None
+            for kind in SCENARIOS:
+                row[f"{kind}_cut"] = cut_shares(recs, kind, tids.__contains__, list(budgets))
             for kind in SCENARIOS[1:]:
                 both = strict["full"] and strict[kind]
                 row[f"full_gt_{kind}"] = bootstrap_mean(more_correct(strict["full"], strict[kind])) if both else None
@@ -124,6 +148,21 @@ def markdown(summary: dict[str, Any], command: str) -> str:
                          + " | ".join(_ci(row.get(k)) for k in ("full_strict_any", "sharded_strict_any",
                                                                   "mt_refine_strict_any", "full_gt_sharded",
                                                                   "full_gt_mt_refine")) + " |")
+    cuts = [(key, kind, row[f"{kind}_cut"]) for key, row in summary["table"].items() for kind in SCENARIOS
+            if row.get(f"{kind}_cut")]
+    budgets = list(cuts[0][2]["cut_at"]) if cuts else []
+    cut_lines: list[str] = []
+    if cuts:
+        cut_lines += ["Last replies: median length (new tokens), share cut by the run's budget, and share of at least "
+                  "B tokens (what budget B would cut; exact for greedy replies), in %.", "",
+                  "| T | family | scenario | n | median tokens | cut | " + " | ".join(f"≥ {b}" for b in budgets)
+                  + " |", "|---|---|---|---:|---:|---:|" + "---:|" * len(budgets)]
+        for key, kind, c in cuts:
+            temp, label = key.split("/", 1)
+            cut_lines.append(f"| {temp[1:]} | {label} | {kind} | {c['n']} | {c['median_tokens']:.0f} | "
+                         f"{100 * c['cut']:.1f} | " + " | ".join(f"{100 * c['cut_at'][b]:.1f}" for b in budgets)
+                         + " |")
+        cut_lines.append("")
     src = ", ".join(f"`{k}` = `{v}`" for k, v in summary["families"].items())
     parts = ["Strict accuracy of the last reply in %, 95% bootstrap CI over problems in brackets (lenient "
              "in parentheses); with several runs, the mean over a problem's runs.", "", *lines, ""]
@@ -133,7 +172,7 @@ def markdown(summary: dict[str, Any], command: str) -> str:
                   "MT-Refine's (the latent-capability filter's keep rule).", "",
                   "| T | family | n | k | FULL pass@k | MT-Add pass@k | MT-Refine pass@k | FULL > MT-Add | "
                   "FULL > MT-Refine |", "|---|---|---:|---:|---:|---:|---:|---:|---:|", *multi, ""]
-    return "\n".join([*parts, f"Families: {src}.", "", f"Command: `{command}`", ""])
+    return "\n".join([*parts, *cut_lines, f"Families: {src}.", "", f"Command: `{command}`", ""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--runs", type=int, default=1,
                     help="conversations per problem and scenario at T > 0 (T = 0 always 1): pass@k, k = runs")
+    ap.add_argument("--budgets", default="",
+                    help="comma-separated smaller reply budgets whose cut share to report (from the reply lengths)")
     ap.add_argument("--recompute", action="store_true", help="only rebuild the summary from the transcripts")
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -166,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                               system_prompt=a.system, max_batch=a.max_batch, workdir=str(out / f"T{temp:g}"),
                               plots=False, bootstrap=200, reuse_cache=False)  # caches of all rows: GBs
             evaluate(cfg, model=model)
-    summary = summarize(out, families, temps)
+    budgets = [int(b) for b in a.budgets.split(",") if b.strip()]
+    summary = summarize(out, families, temps, budgets)
     summary["settings"] = {f"T{t:g}": stored_settings(out / f"T{t:g}") or {
         "model": a.model, "max_new_tokens": a.max_new_tokens, "system_prompt": a.system} for t in temps}
     write_json(out / "calibration.json", summary)

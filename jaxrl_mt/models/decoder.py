@@ -26,10 +26,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_mt.models.attention import MaskSpec, attend, causal_spec, einsum_attention, resolve
 from jaxrl_mt.models.config import ModelConfig, ModelError
 
+PROJ = "proj"  # checkpoint name of a weight projection's output (`dense`, `remat_layer`)
 attention = einsum_attention  # the dense-mask attention (`models.attention.einsum_attention`)
 
 Params = dict[str, Any]
@@ -172,11 +174,12 @@ def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, cache
 
 def dense(h: jax.Array, lp: Params, key: str, dt: Any) -> jax.Array:
     """``h @ lp[key]``, plus the unmerged LoRA term ``(h @ A') @ B`` where `models.lora.attach` put
-    ``<key>_lora_a`` (A' = scale A) and ``<key>_lora_b`` beside the weight."""
+    ``<key>_lora_a`` (A' = scale A) and ``<key>_lora_b`` beside the weight. The sum is named
+    ``PROJ``: what ``remat="dots"`` keeps (one [.., out] tensor per projection, adapted or not)."""
     y = h @ lp[key].astype(dt)
     if key + "_lora_a" in lp:
         y = y + (h @ lp[key + "_lora_a"].astype(dt)) @ lp[key + "_lora_b"].astype(dt)
-    return y
+    return checkpoint_name(y, PROJ)
 
 
 def layer_qkv(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array
@@ -187,7 +190,7 @@ def layer_qkv(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: j
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
     if "qkv" in lp:  # fused layout of `decode_params`: one dot instead of three
         hq, hkv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        qkv = h @ lp["qkv"].astype(dt)  # [B, T, Hq*K + 2*Hkv*K]
+        qkv = checkpoint_name(h @ lp["qkv"].astype(dt), PROJ)  # [B, T, Hq*K + 2*Hkv*K]
         if cfg.attention_bias:
             qkv = qkv + lp["qkv_bias"].astype(dt)
         q, k, v = qkv[..., :hq], qkv[..., hq:hq + hkv], qkv[..., hq + hkv:]
@@ -211,7 +214,7 @@ def layer_out(cfg: ModelConfig, lp: Params, x: jax.Array, att: jax.Array) -> jax
     x = x + dense(att.reshape(b, t, -1), lp, "o", dt)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     if "gate_up" in lp:
-        gu = h @ lp["gate_up"].astype(dt)  # [B, T, 2F]
+        gu = checkpoint_name(h @ lp["gate_up"].astype(dt), PROJ)  # [B, T, 2F]
         f = gu.shape[-1] // 2
         mlp = jax.nn.silu(gu[..., :f]) * gu[..., f:]
     else:
@@ -259,8 +262,9 @@ def remat_layer(body: Any, remat: bool | str) -> Any:
     """A scanned layer `body` wrapped for the backward pass: True keeps only the layer inputs,
     "dots" also the outputs of the weight matmuls (norms, RoPE, attention and activations are
     recomputed), False keeps everything."""
-    if remat == "dots":
-        return jax.checkpoint(body, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    if remat == "dots":  # the weight projections' outputs by name (`dense`): with LoRA's unmerged term,
+        # JAX's dots_with_no_batch_dims_saveable would also keep (x A) B, a second [.., out] per projection
+        return jax.checkpoint(body, policy=jax.checkpoint_policies.save_only_these_names(PROJ))
     if remat not in (True, False):
         raise ValueError(f"remat must be True, False or 'dots', got {remat!r}")
     return jax.checkpoint(body) if remat else body

@@ -71,3 +71,20 @@ def test_recompute_builds_pass_at_k_tables_from_transcripts(tmp_path: Path, caps
 def test_runs_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--runs must be >= 1"):
         main(["--out", str(tmp_path), "--runs", "0", "--recompute"])
+
+
+def test_cut_shares_at_the_run_budget_and_smaller_ones(tmp_path: Path) -> None:
+    """FULL replies of 10, 40, 64 (cut) and 64 (cut) tokens at a 64-token budget: 50% cut; a 40-token
+    budget would cut 3 of 4, a 50-token one 2 of 4, 8 tokens all; median length 64 (upper median)."""
+    from jaxrl_mt.experiments.calibrate import cut_shares
+
+    recs = []
+    for i, (n, reason) in enumerate([(10, "stop"), (40, "stop"), (64, "length"), (64, "length")]):
+        r = _record(f"t{i}", "full", 0, "x", "1")
+        r["turns"][0].update(new_tokens=n, finish_reason=reason)
+        recs.append(r)
+    recs.append(_record("t9", "full", 0, "no length recorded", "1"))  # skipped
+    c = cut_shares(recs, "full", lambda t: True, [8, 40, 50])
+    assert c == {"n": 4, "median_tokens": 64.0, "cut": 0.5, "cut_at": {"8": 1.0, "40": 0.75, "50": 0.5}}
+    assert cut_shares(recs, "sharded", lambda t: True, [8]) is None
+    assert cut_shares(recs, "full", lambda t: t == "t0", [8])["cut"] == 0.0

@@ -70,3 +70,68 @@ def test_bad_lora_settings_fail_at_start(tmp_path):
         setattr(c.lora, key, value)
         with pytest.raises(ConfigError, match=msg):
             validate_config(c)
+
+
+@pytest.mark.slow
+def test_a_trained_adapter_serves_and_evaluates_as_the_in_process_policy(tiny_chat_model_dir, tmp_path):
+    """The PEFT adapter of a LoRA run, given as `BASE+lora:DIR` to `serve` and to `evaluate` (both
+    subprocesses), replies greedily as the run's own policy in this process (`load_policy`, which
+    merges the checkpoint's adapters), and not as the base model."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import openai
+
+    from jaxrl_mt.chat import encode_prompt
+    from jaxrl_mt.evaluate import evaluate
+    from jaxrl_mt.rl.policy_io import load_policy
+    from tests.eval.test_evaluate_cli import tiny_config as eval_config
+
+    c = _config(tiny_chat_model_dir, tmp_path / "run", steps=2)
+    c.rl.lr = 5e-2  # a visible change of the greedy replies after two steps
+    Trainer(c).run()
+    spec = f"{tiny_chat_model_dir}+lora:{tmp_path / 'run' / 'adapter'}"
+    policy, base = load_policy(tmp_path / "run"), load_model(str(tiny_chat_model_dir))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+
+    # serve
+    messages = [{"role": "user", "content": "What is 3 + 4?"}]
+    proc = subprocess.Popen([sys.executable, "-m", "jaxrl_mt.serve", "--model", spec, "--served-model-name", "m",
+                             "--port", "0", "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving 'm' on http://127.0.0.1:"), line + proc.stderr.read()
+        client = openai.OpenAI(base_url=line.split(" on ")[1].split(" ")[0], api_key="unused", max_retries=0,
+                               timeout=300)
+        reply = client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=10)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    sc = SamplingConfig(max_new_tokens=10, temperature=0.0)
+    want = Sampler.from_model(policy).generate_ids([encode_prompt(policy.tokenizer, messages)], sc).texts[0]
+    from_base = Sampler.from_model(base).generate_ids([encode_prompt(base.tokenizer, messages)], sc).texts[0]
+    assert reply.choices[0].message.content == want != from_base
+
+    # evaluate: the CLI on the spec against the in-process evaluation of the run's policy
+    def replies(workdir: Path) -> list[str]:
+        recs = [json.loads(x) for x in (workdir / "transcripts.jsonl").read_text().splitlines() if x.strip()]
+        return [t["assistant"] for r in sorted(recs, key=lambda r: r["conv_id"]) for t in r["turns"]]
+
+    args = dict(dataset=("synthetic:1",), runs=1, temperature=0.0, max_new_tokens=6, scenarios=("full", "sharded"))
+    evaluate(eval_config(tmp_path / "ev_policy", **args), model=policy, log=lambda s: None)
+    evaluate(eval_config(tmp_path / "ev_base", **args), model=base, log=lambda s: None)
+    cli = [sys.executable, "-m", "jaxrl_mt.evaluate", "--config", f"{root / 'configs' / 'eval_lic.py'}:cpu",
+           f"--config.model={spec}", "--config.dataset=synthetic:1", "--config.runs=1", "--config.temperature=0",
+           "--config.max_new_tokens=6", "--config.scenarios=full,sharded", f"--config.workdir={tmp_path / 'ev_cli'}",
+           f"--config.system_prompt={eval_config(tmp_path).system_prompt}", "--config.bootstrap=50",
+           "--config.plots=False"]
+    r = subprocess.run(cli, capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = replies(tmp_path / "ev_cli")
+    assert got and got == replies(tmp_path / "ev_policy") != replies(tmp_path / "ev_base")
+    assert proc.returncode in (0, -signal.SIGTERM)
