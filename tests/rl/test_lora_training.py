@@ -135,3 +135,41 @@ def test_a_trained_adapter_serves_and_evaluates_as_the_in_process_policy(tiny_ch
     got = replies(tmp_path / "ev_cli")
     assert got and got == replies(tmp_path / "ev_policy") != replies(tmp_path / "ev_base")
     assert proc.returncode in (0, -signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_a_lora_run_killed_with_sigkill_resumes_with_identical_metrics(tiny_chat_model_dir, tmp_path):
+    """A real kill -9 of the training process after its second checkpoint, then a resume: the
+    metrics of every step equal those of an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    script = ("import sys; from pathlib import Path; from tests.rl.test_lora_training import _config; "
+              "from jaxrl_mt.rl.loop import Trainer; Trainer(_config(Path(sys.argv[1]), Path(sys.argv[2]), 4)).run()")
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+
+    def train(wd: Path) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", script, str(tiny_chat_model_dir), str(wd)], cwd=root, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    assert train(tmp_path / "full").wait(600) == 0
+    proc = train(tmp_path / "killed")
+    deadline = time.monotonic() + 600
+    while not (tmp_path / "killed" / "checkpoints" / "2").is_dir():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(60) == -signal.SIGKILL
+    assert not (tmp_path / "killed" / "adapter").exists()  # it died before the end
+    assert train(tmp_path / "killed").wait(600) == 0
+    a, b = train_rows(tmp_path / "full"), train_rows(tmp_path / "killed")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        for k, v in a[step].items():
+            if not k.startswith("perf/") and isinstance(v, float):
+                assert math.isclose(v, b[step][k], rel_tol=1e-6, abs_tol=1e-6), (step, k)
+    assert (tmp_path / "killed" / "adapter" / "adapter_model.safetensors").is_file()
