@@ -223,7 +223,7 @@ def _program(cfg: ModelConfig, program: str, remat: bool | str):
         return -jnp.sum(lp) / jnp.maximum(jnp.sum(mask), 1)
 
     def prefill(p, tok, mask, cache):  # the sampler's prefill into an empty cache
-        logits, _, cache = forward(p, cfg, tok, positions_from_mask(mask), mask, cache, logits="last")
+        logits, _, cache = forward(p, cfg, tok, positions_from_mask(mask), mask, cache, logits="last", fresh=True)
         return logits, cache
 
     return {"score": score, "train": jax.value_and_grad(loss), "prefill": prefill}[program]

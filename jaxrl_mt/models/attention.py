@@ -48,6 +48,7 @@ AUTO_EINSUM_MAX = 1024 * 1024  # T x S entries per head below which `auto` keeps
 DEFAULT_BLOCK = 512  # keys per block of the blockwise implementation
 _NEG = float(jnp.finfo(jnp.float32).min)  # score of a masked key (the einsum's value)
 _LOGGED: set[tuple[str, str]] = set()
+CUDNN_MASK_VAR = "JAXRL_MT_CUDNN_MASK"  # "bias" (default) or "rolled" (`_cudnn_rolled`)
 
 
 class MaskSpec(NamedTuple):
@@ -315,11 +316,36 @@ def _pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, 
 def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, implementation: str = "cudnn"
                      ) -> jax.Array:
     """cuDNN flash attention (causal self-attention; pad queries see every earlier key: no empty
-    rows). `implementation="xla"`: the same call through XLA (CPU tests)."""
+    rows). `implementation="xla"`: the same call through XLA (CPU tests). The padding goes in as
+    a [B, 1, T, T] additive bias; with the environment variable JAXRL_MT_CUDNN_MASK=rolled, as
+    sequence lengths of rows rolled to start at their first real token (`_cudnn_rolled`)."""
+    if os.environ.get(CUDNN_MASK_VAR, "bias") == "rolled":
+        return _cudnn_rolled(q, k, v, spec, implementation=implementation)
     valid = spec.kv_valid
     mask = valid[:, None, None, :] | ~valid[:, None, :, None]  # [B, 1, T, T], with is_causal
     return jax.nn.dot_product_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask=mask, is_causal=True,
                                         implementation=implementation)
+
+
+def _cudnn_rolled(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, implementation: str = "cudnn"
+                  ) -> jax.Array:
+    """cuDNN attention with the padding as sequence lengths (no T x T bias): each row is rolled
+    so that its first real token comes first, attended with cuDNN's causal-padding mask over its
+    count of real tokens, and rolled back. Exact for rows whose real tokens form one contiguous
+    run (left and/or right padding: the scorer's and the train step's rows); outputs of pad
+    queries are cuDNN's (zeros). Experimental: chosen by JAXRL_MT_CUDNN_MASK=rolled."""
+    t = q.shape[1]
+    valid = spec.kv_valid
+    start = jnp.argmax(valid, axis=1).astype(jnp.int32)  # [B] first real token
+    n = jnp.sum(valid, axis=1).astype(jnp.int32)  # [B]
+    idx = (jnp.arange(t, dtype=jnp.int32)[None] + start[:, None]) % t  # rolled slot -> original slot
+    roll_q = jnp.take_along_axis(q, idx[:, :, None, None], axis=1)
+    roll_k = jnp.take_along_axis(k, idx[:, None, :, None], axis=2).swapaxes(1, 2)
+    roll_v = jnp.take_along_axis(v, idx[:, None, :, None], axis=2).swapaxes(1, 2)
+    out = jax.nn.dot_product_attention(roll_q, roll_k, roll_v, is_causal=True, query_seq_lengths=n,
+                                       key_value_seq_lengths=n, implementation=implementation)
+    back = (jnp.arange(t, dtype=jnp.int32)[None] - start[:, None]) % t  # original slot -> rolled slot
+    return jnp.take_along_axis(out, back[:, :, None, None], axis=1)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, impl: str = "auto",

@@ -272,7 +272,7 @@ def remat_layer(body: Any, remat: bool | str) -> Any:
 
 def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
             token_mask: jax.Array, cache: KVCache | None = None, *, logits: str = "all",
-            remat: bool | str = False) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
+            remat: bool | str = False, fresh: bool = False) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
     """Runs the decoder.
 
     Args:
@@ -286,6 +286,10 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
       logits: "all" for [B, T, V] logits, "last" for [B, 1, V] of the last position, "none".
       remat: rematerialise each layer in the backward pass (saves activation memory): True, "dots"
         or False (`remat_layer`).
+      fresh: the cache is empty (the prefill of `init_cache`'s cache: index 0, no valid slot), so
+        the new tokens attend only themselves -- causal self-attention over T keys instead of
+        S + T, which the attention kernels can serve -- and their keys/values are written at
+        slot 0. Same result as `fresh=False` on an empty cache (static; the caller vouches).
 
     Returns:
       (logits fp32 or None, final hidden states [B, T, D] after the final norm, updated cache).
@@ -297,7 +301,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
     causal = jnp.tril(jnp.ones((t, t), bool))
     layers = params["layers"]
 
-    if cache is None:
+    if cache is None or fresh:
         impl = attention_impl(cfg, t, t, self_attn=True)
         if impl == "einsum":
             mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
@@ -307,15 +311,14 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
             attn = lambda q, k, v: spec_attention(cfg, impl, q, k, v, spec)  # noqa: E731
 
         def body(x, lp):
-            x, _, _ = _layer(cfg, lp, x, cos, sin, attn)
-            return x, None
+            x, k, v = _layer(cfg, lp, x, cos, sin, attn)
+            return x, ((k, v) if cache is not None else None)
 
-        x, _ = jax.lax.scan(remat_layer(body, remat), x, layers)
-        new_cache = None
+        x, kv = jax.lax.scan(remat_layer(body, remat), x, layers)
+        new_cache = None if cache is None else _write_new(cache, token_mask, *kv)
     else:
         s = cache.k.shape[3]
         idx = cache.index
-        valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, idx))  # [B, S]
         slot = jnp.arange(s)[None, :]  # [1, S]
         seen = (slot < idx) & cache.valid  # [B, S]: earlier writes
         impl = attention_impl(cfg, t, s + t, self_attn=False)
@@ -339,16 +342,24 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         # Only the T new keys/values leave the scan; one in-place update writes them for all
         # layers (writing inside the scan would copy a layer's cache per layer).
         x, (nk, nv) = jax.lax.scan(body, x, (layers, jnp.arange(cfg.num_layers)))  # nk: [L, B, T, Hkv, K]
-        nk, nv = nk.swapaxes(2, 3), nv.swapaxes(2, 3)  # [L, B, Hkv, T, K]
-        kc = jax.lax.dynamic_update_slice(cache.k, nk.astype(cache.k.dtype), (0, 0, 0, idx, 0))
-        vc = jax.lax.dynamic_update_slice(cache.v, nv.astype(cache.v.dtype), (0, 0, 0, idx, 0))
-        new_cache = KVCache(kc, vc, valid, idx + t)
+        new_cache = _write_new(cache, token_mask, nk, nv)
 
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     if logits == "none":
         return None, hidden, new_cache
     h = hidden[:, -1:] if logits == "last" else hidden
     return lm_head(params, cfg, h), hidden, new_cache
+
+
+def _write_new(cache: KVCache, token_mask: jax.Array, nk: jax.Array, nv: jax.Array) -> KVCache:
+    """The cache with T new tokens' keys/values nk, nv [L, B, T, Hkv, K] (from the layer scan) and
+    their validity written at slots index..index+T-1, in one in-place update for all layers."""
+    idx = cache.index
+    valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, idx))  # [B, S]
+    nk, nv = nk.swapaxes(2, 3), nv.swapaxes(2, 3)  # [L, B, Hkv, T, K]
+    kc = jax.lax.dynamic_update_slice(cache.k, nk.astype(cache.k.dtype), (0, 0, 0, idx, 0))
+    vc = jax.lax.dynamic_update_slice(cache.v, nv.astype(cache.v.dtype), (0, 0, 0, idx, 0))
+    return KVCache(kc, vc, valid, idx + token_mask.shape[1])
 
 
 def lm_head(params: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:

@@ -225,7 +225,7 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
     if row_source is None:
         cache = _constrain(cache, mesh)
     logits, _, cache = forward(params, cfg, tokens, positions_from_mask(token_mask), token_mask, cache,
-                               logits="last")  # logits [U, 1, V]
+                               logits="last", fresh=True)  # logits [U, 1, V]; the empty cache: self-attention
     prompt_len = jnp.sum(token_mask, axis=-1).astype(jnp.int32)  # [U]
     if row_source is not None:  # [U] prompts -> [B] rows
         cache = _constrain(KVCache(cache.k[:, row_source], cache.v[:, row_source], cache.valid[row_source],

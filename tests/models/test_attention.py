@@ -220,3 +220,65 @@ def test_kernel_wrappers_masks_on_cpu(kernel):
     want = A.einsum_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), jnp.asarray(_causal_mask(valid)))
     assert np.all(np.isfinite(np.asarray(out)))
     np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(want)[valid], atol=1e-5, rtol=0)
+
+
+def test_cudnn_rolled_rows_equal_einsum_on_cpu(monkeypatch):
+    """The rolled cuDNN variant (padding as sequence lengths of rows rolled to their first real
+    token), through dot_product_attention's XLA twin: real query rows equal the einsum for left,
+    right and both-sided padding; its gradients too."""
+    monkeypatch.setenv(A.CUDNN_MASK_VAR, "rolled")
+    rng = np.random.default_rng(5)
+    t = 41
+    q, k, v = _qkv(rng, 3, t, t, 8, 2)
+    ar = np.arange(t)[None]
+    valid = (ar >= np.array([[0], [9], [4]])) & (ar < np.array([[t], [t], [30]]))  # none, left, both
+    spec = A.causal_spec(jnp.asarray(valid))
+    real = jnp.asarray(valid)[:, :, None, None]
+    w = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+
+    def f(fn, q, k, v):
+        out = fn(q, k, v)
+        return jnp.sum(jnp.where(real, out * w, 0.0)), out
+
+    rolled = lambda q, k, v: A._cudnn_attention(q, k, v, spec, implementation="xla")  # noqa: E731
+    dense = lambda q, k, v: A.einsum_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2),  # noqa: E731
+                                               jnp.asarray(_causal_mask(valid)))
+    (_, out), g = jax.value_and_grad(lambda *x: f(rolled, *x), argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    (_, want), g_want = jax.value_and_grad(lambda *x: f(dense, *x), argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    assert np.all(np.isfinite(np.asarray(out)))
+    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(want)[valid], atol=1e-5, rtol=0)
+    for a, b in zip(g, g_want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "blockwise"])
+def test_fresh_prefill_equals_the_general_cached_path(impl):
+    """`forward(..., fresh=True)` (self-attention over the new tokens only) into an empty cache
+    gives the general path's logits, cache keys/values, validity and index (left padding), and the
+    compiled fresh program has no [T, S + T] attention: its temp bytes are smaller at 96 tokens."""
+    from jaxrl_mt.models.decoder import init_cache
+
+    cfg = LLAMA.replace(attention=impl, attention_block=16)
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    t = 96
+    valid = jnp.asarray(np.arange(t)[None] >= np.array([[0], [23]]))
+    tokens = jnp.asarray(np.random.default_rng(1).integers(3, cfg.vocab_size, (2, t)), jnp.int32)
+
+    def run(fresh):
+        def f(p, tok, m):
+            cache = init_cache(cfg, 2, t + 8)
+            return forward(p, cfg, tok, positions_from_mask(m), m, cache, logits="all", fresh=fresh)
+        return jax.jit(f)
+
+    outs = [run(fr)(params, tokens, valid) for fr in (False, True)]
+    (lg0, _, c0), (lg1, _, c1) = outs
+    real = np.asarray(valid)
+    np.testing.assert_allclose(np.asarray(lg1)[real], np.asarray(lg0)[real], atol=2e-5, rtol=0)
+    for a, b in ((c1.k, c0.k), (c1.v, c0.v)):
+        a, b = (np.moveaxis(np.asarray(x), 3, 2)[:, :, :t] for x in (a, b))  # [L, B, T, Hkv, K]
+        np.testing.assert_allclose(a[:, real], b[:, real], atol=2e-5, rtol=0)
+    np.testing.assert_array_equal(np.asarray(c1.valid), np.asarray(c0.valid))
+    assert int(c1.index) == int(c0.index) == t
+    temps = [run(fr).lower(params, tokens, valid).compile().memory_analysis().temp_size_in_bytes
+             for fr in (False, True)]
+    assert temps[1] < temps[0], temps
