@@ -11,7 +11,9 @@ PY=${PYTHON:-python3}; LEN=${LEN:-8192}; S1=${S1:-qwen2.5-1.5b}; S2=${S2:-qwen2.
   $PY -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
   date -u; } > "$O/env.txt" 2>&1; cat "$O/env.txt"
 B="$PY -m jaxrl_mt.benchmarks attention --dtype bfloat16 --length $LEN --remat"
-timeout ${T1:-230} $B --shape "$S1" --programs score,prefill,extend,train --impls einsum,blockwise,cudnn $PEAK --parity \
+timeout ${T0:-45} $B --shape tiny --length 256 --programs score --impls einsum $PEAK --parity --repeats 1 \
+  > "$O/parity.log" 2>&1; echo "parity rc=$?"; cat "$O/parity.log"
+timeout ${T1:-240} $B --shape "$S1" --programs score,prefill,extend,train --impls einsum,cudnn,blockwise \
   --json "$O/s1.json" > "$O/s1.log" 2>&1; echo "s1 rc=$?"; cat "$O/s1.log"
 JAXRL_MT_CUDNN_MASK=rolled timeout ${T2:-80} $B --shape "$S1" --programs score,prefill,train --impls cudnn \
   --json "$O/s1_rolled.json" > "$O/s1_rolled.log" 2>&1; echo "s1 rolled rc=$?"; cat "$O/s1_rolled.log"
