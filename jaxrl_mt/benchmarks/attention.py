@@ -156,8 +156,9 @@ def parity(seed: int = 0) -> list[dict]:
     """Every kernel implementation against the einsum on random GQA inputs on this backend.
 
     Inputs bf16 on accelerators (the kernels' dtype), fp32 on the CPU; the reference is the fp32
-    einsum of the same (rounded) inputs. Cases: causal with left padding, right padding, none.
-    Returns one row per (impl, case): max abs error of the output, and the relative error
+    einsum of the same (rounded) inputs. Cases: causal with left padding, right padding, none,
+    and a row with a gap (`hole`). Returns one row per (impl, case): max abs error of the output,
+    and the relative error
     ||g - g_ref|| / ||g_ref|| of the gradients of sum(out * w) wrt q, k, v.
     """
     import jax
@@ -176,8 +177,10 @@ def parity(seed: int = 0) -> list[dict]:
     v = jax.random.normal(ks[2], (b, hkv, t, kd)).astype(dt)
     w = jax.random.normal(ks[3], (b, t, hq, kd), jnp.float32)
     ar = np.arange(t)
+    hole = np.ones((b, t), bool)
+    hole[1, 500:520] = False  # not one run of real tokens: the cuDNN wrapper's blockwise branch
     cases = {"none": np.ones((b, t), bool), "left": ar[None] >= np.array([[0], [300]]),
-             "right": ar[None] < np.array([[t], [700]])}
+             "right": ar[None] < np.array([[t], [700]]), "hole": hole}
     rows = []
     for case, m in cases.items():
         spec = causal_spec(jnp.asarray(m))

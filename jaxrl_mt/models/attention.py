@@ -20,7 +20,9 @@ Implementations (`IMPLS`):
     from the saved output and the softmax statistics (max, sum) -- activation memory O(T) per
     layer. Pure JAX: runs on every backend and is the fallback of the kernels.
   * `pallas`: the TPU flash-attention kernel JAX ships (`jax.experimental.pallas.ops.tpu`).
-  * `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` on GPU.
+  * `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` on GPU, the padding as
+    sequence lengths of rows rolled to their first real token (`_cudnn_attention`); a batch
+    whose rows are not one contiguous run of real tokens each runs blockwise (decided at run time).
   * `auto`: einsum while T x S < `AUTO_EINSUM_MAX` (today's speed at short lengths), else the
     backend's kernel, else blockwise.
 
@@ -48,7 +50,6 @@ AUTO_EINSUM_MAX = 1024 * 1024  # T x S entries per head below which `auto` keeps
 DEFAULT_BLOCK = 512  # keys per block of the blockwise implementation
 _NEG = float(jnp.finfo(jnp.float32).min)  # score of a masked key (the einsum's value)
 _LOGGED: set[tuple[str, str]] = set()
-CUDNN_MASK_VAR = "JAXRL_MT_CUDNN_MASK"  # "bias" (default) or "rolled" (`_cudnn_rolled`)
 
 
 class MaskSpec(NamedTuple):
@@ -313,39 +314,46 @@ def _pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, 
     return out.transpose(0, 2, 1, 3)
 
 
-def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, implementation: str = "cudnn"
-                     ) -> jax.Array:
-    """cuDNN flash attention (causal self-attention; pad queries see every earlier key: no empty
-    rows). `implementation="xla"`: the same call through XLA (CPU tests). The padding goes in as
-    a [B, 1, T, T] additive bias; with the environment variable JAXRL_MT_CUDNN_MASK=rolled, as
-    sequence lengths of rows rolled to start at their first real token (`_cudnn_rolled`)."""
-    if os.environ.get(CUDNN_MASK_VAR, "bias") == "rolled":
-        return _cudnn_rolled(q, k, v, spec, implementation=implementation)
-    valid = spec.kv_valid
-    mask = valid[:, None, None, :] | ~valid[:, None, :, None]  # [B, 1, T, T], with is_causal
-    return jax.nn.dot_product_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask=mask, is_causal=True,
-                                        implementation=implementation)
+def one_run(valid: jax.Array) -> jax.Array:
+    """True (a scalar) when every row of `valid` [B, T] holds its real tokens as one contiguous
+    run (left and/or right padding; an empty row counts)."""
+    t = valid.shape[1]
+    start = jnp.argmax(valid, axis=1)[:, None]
+    ar = jnp.arange(t)[None]
+    return jnp.all(valid == ((ar >= start) & (ar < start + jnp.sum(valid, axis=1, keepdims=True))))
 
 
-def _cudnn_rolled(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, implementation: str = "cudnn"
-                  ) -> jax.Array:
-    """cuDNN attention with the padding as sequence lengths (no T x T bias): each row is rolled
-    so that its first real token comes first, attended with cuDNN's causal-padding mask over its
-    count of real tokens, and rolled back. Exact for rows whose real tokens form one contiguous
-    run (left and/or right padding: the scorer's and the train step's rows); outputs of pad
-    queries are cuDNN's (zeros). Experimental: chosen by JAXRL_MT_CUDNN_MASK=rolled."""
+def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, implementation: str = "cudnn",
+                     block_k: int = DEFAULT_BLOCK) -> jax.Array:
+    """cuDNN flash attention of causal self-attention, the padding passed as sequence lengths.
+
+    Rows whose real tokens form one contiguous run (`one_run`: the scorer's, the train step's and
+    the prefill's rows) are rolled so that the first real token comes first, attended with cuDNN's
+    causal-padding mask over their count of real tokens -- no T x T mask or bias -- and rolled
+    back; pad queries' outputs are zeros. A batch with any other layout runs `blockwise_attention`
+    instead, chosen at run time (`lax.cond`), so no layout gives a wrong answer.
+    `implementation="xla"`: the same call through XLA (CPU tests).
+    """
     t = q.shape[1]
     valid = spec.kv_valid
-    start = jnp.argmax(valid, axis=1).astype(jnp.int32)  # [B] first real token
-    n = jnp.sum(valid, axis=1).astype(jnp.int32)  # [B]
-    idx = (jnp.arange(t, dtype=jnp.int32)[None] + start[:, None]) % t  # rolled slot -> original slot
-    roll_q = jnp.take_along_axis(q, idx[:, :, None, None], axis=1)
-    roll_k = jnp.take_along_axis(k, idx[:, None, :, None], axis=2).swapaxes(1, 2)
-    roll_v = jnp.take_along_axis(v, idx[:, None, :, None], axis=2).swapaxes(1, 2)
-    out = jax.nn.dot_product_attention(roll_q, roll_k, roll_v, is_causal=True, query_seq_lengths=n,
-                                       key_value_seq_lengths=n, implementation=implementation)
-    back = (jnp.arange(t, dtype=jnp.int32)[None] - start[:, None]) % t  # original slot -> rolled slot
-    return jnp.take_along_axis(out, back[:, :, None, None], axis=1)
+
+    def rolled(q, k, v):
+        start = jnp.argmax(valid, axis=1).astype(jnp.int32)  # [B] first real token
+        n = jnp.maximum(jnp.sum(valid, axis=1), 1).astype(jnp.int32)  # an empty row: one (pad) key
+        ar = jnp.arange(t, dtype=jnp.int32)[None]
+        idx = (ar + start[:, None]) % t  # rolled slot -> original slot
+        roll_q = jnp.take_along_axis(q, idx[:, :, None, None], axis=1)
+        roll_k = jnp.take_along_axis(k, idx[:, None, :, None], axis=2).swapaxes(1, 2)
+        roll_v = jnp.take_along_axis(v, idx[:, None, :, None], axis=2).swapaxes(1, 2)
+        out = jax.nn.dot_product_attention(roll_q, roll_k, roll_v, is_causal=True, query_seq_lengths=n,
+                                           key_value_seq_lengths=n, implementation=implementation)
+        out = jnp.take_along_axis(out, ((ar - start[:, None]) % t)[:, :, None, None], axis=1)
+        return jnp.where(valid[:, :, None, None], out, 0).astype(v.dtype)
+
+    def fallback(q, k, v):
+        return blockwise_attention(q, k, v, spec, block_k=block_k)
+
+    return jax.lax.cond(one_run(valid), rolled, fallback, q, k, v)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, impl: str = "auto",
@@ -369,8 +377,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, impl: st
         return einsum_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), dense_mask(spec))
     if chosen in ("pallas", "cudnn"):
         try:
-            fn = _pallas_attention if chosen == "pallas" else _cudnn_attention
-            return fn(q, k, v, spec).astype(v.dtype)
+            if chosen == "pallas":
+                return _pallas_attention(q, k, v, spec).astype(v.dtype)
+            return _cudnn_attention(q, k, v, spec, block_k=block_k)
         except Exception as e:  # the kernel refused this shape / dtype at trace time
             log_once(chosen, f"falls back to blockwise: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return blockwise_attention(q, k, v, spec, block_k=block_k)

@@ -10,6 +10,7 @@ largest reference entry.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import jax
@@ -222,33 +223,38 @@ def test_kernel_wrappers_masks_on_cpu(kernel):
     np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(want)[valid], atol=1e-5, rtol=0)
 
 
-def test_cudnn_rolled_rows_equal_einsum_on_cpu(monkeypatch):
-    """The rolled cuDNN variant (padding as sequence lengths of rows rolled to their first real
-    token), through dot_product_attention's XLA twin: real query rows equal the einsum for left,
-    right and both-sided padding; its gradients too."""
-    monkeypatch.setenv(A.CUDNN_MASK_VAR, "rolled")
+def test_cudnn_rolled_rows_and_the_blockwise_branch_equal_einsum_on_cpu():
+    """The cuDNN wrapper through dot_product_attention's XLA twin: rows with left, right and
+    both-sided padding (the rolled branch) and a batch with a hole (the blockwise branch) give the
+    einsum's real query rows and gradients; pad queries' outputs are zeros in the rolled branch."""
     rng = np.random.default_rng(5)
     t = 41
     q, k, v = _qkv(rng, 3, t, t, 8, 2)
     ar = np.arange(t)[None]
-    valid = (ar >= np.array([[0], [9], [4]])) & (ar < np.array([[t], [t], [30]]))  # none, left, both
-    spec = A.causal_spec(jnp.asarray(valid))
-    real = jnp.asarray(valid)[:, :, None, None]
     w = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    one = (ar >= np.array([[0], [9], [4]])) & (ar < np.array([[t], [t], [30]]))  # none, left, both
+    holed = one.copy()
+    holed[0, 20] = False
+    for valid, contiguous in ((one, True), (holed, False)):
+        assert bool(A.one_run(jnp.asarray(valid))) is contiguous
+        spec = A.causal_spec(jnp.asarray(valid))
+        real = jnp.asarray(valid)[:, :, None, None]
 
-    def f(fn, q, k, v):
-        out = fn(q, k, v)
-        return jnp.sum(jnp.where(real, out * w, 0.0)), out
+        def f(fn, q, k, v, real=real):
+            out = fn(q, k, v)
+            return jnp.sum(jnp.where(real, out * w, 0.0)), out
 
-    rolled = lambda q, k, v: A._cudnn_attention(q, k, v, spec, implementation="xla")  # noqa: E731
-    dense = lambda q, k, v: A.einsum_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2),  # noqa: E731
-                                               jnp.asarray(_causal_mask(valid)))
-    (_, out), g = jax.value_and_grad(lambda *x: f(rolled, *x), argnums=(0, 1, 2), has_aux=True)(q, k, v)
-    (_, want), g_want = jax.value_and_grad(lambda *x: f(dense, *x), argnums=(0, 1, 2), has_aux=True)(q, k, v)
-    assert np.all(np.isfinite(np.asarray(out)))
-    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(want)[valid], atol=1e-5, rtol=0)
-    for a, b in zip(g, g_want):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+        kernel = lambda q, k, v, spec=spec: A._cudnn_attention(q, k, v, spec, implementation="xla")  # noqa: E731
+        dense = lambda q, k, v, m=valid: A.einsum_attention(  # noqa: E731
+            q, k.swapaxes(1, 2), v.swapaxes(1, 2), jnp.asarray(_causal_mask(m)))
+        (_, out), g = jax.value_and_grad(functools.partial(f, kernel), argnums=(0, 1, 2), has_aux=True)(q, k, v)
+        (_, want), g_want = jax.value_and_grad(functools.partial(f, dense), argnums=(0, 1, 2), has_aux=True)(q, k, v)
+        assert np.all(np.isfinite(np.asarray(out)))
+        np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(want)[valid], atol=1e-5, rtol=0)
+        if contiguous:
+            assert np.all(np.asarray(out)[~valid] == 0)
+        for a, b in zip(g, g_want):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("impl", ["einsum", "blockwise"])
