@@ -186,3 +186,39 @@ def test_dots_remat_keeps_one_output_per_adapted_projection():
                                                          t > -1, logits="none", remat=r)[1])))(a)
          for r in (False, "dots")]
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5), *g)  # |g| to ~20
+
+
+@pytest.mark.slow
+def test_embedded_model_adapters_match_peft_both_ways(tmp_path, embedded_model):
+    """SmolLM2-135M-Instruct (its own HF folder): our adapter exported and loaded by peft, and a
+    peft-made adapter imported by us, each give our logits within 1e-4 (unmerged and merged)."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    m = embedded_model
+    tokens = np.asarray([m.tokenizer.encode("The answer to 12 + 30 is 42, because")], np.int32)
+    base = lambda: AutoModelForCausalLM.from_pretrained(str(m.path), dtype=torch.float32).eval()  # noqa: E731
+    lc = LoraConfig(rank=8, alpha=16.0)
+    ad = _random_b(init_adapters(m.params, lc, jax.random.key(1)), jax.random.key(2), scale=0.02)
+    save_peft(tmp_path / "ours", ad, lc, base_model=str(m.path))
+    with torch.no_grad():
+        theirs = peft.PeftModel.from_pretrained(base(), str(tmp_path / "ours")).eval()(
+            torch.tensor(tokens.astype(np.int64))).logits.numpy()
+    ours = np.asarray(_logits(attach(m.params, ad, lc.scale), m.cfg, tokens))
+    assert np.abs(ours - np.asarray(_logits(m.params, m.cfg, tokens))).max() > 1e-2
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(_logits(merge(m.params, ad, lc.scale), m.cfg, tokens)), theirs, atol=1e-4)
+    # a peft-made adapter, imported
+    model = peft.get_peft_model(base(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["k_proj", "down_proj"],
+                                                        lora_dropout=0.0))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02)
+        theirs = model.eval()(torch.tensor(tokens.astype(np.int64))).logits.numpy()
+    model.save_pretrained(str(tmp_path / "theirs"))
+    ad2, lc2 = load_peft(tmp_path / "theirs", m.cfg)
+    np.testing.assert_allclose(np.asarray(_logits(attach(m.params, ad2, lc2.scale), m.cfg, tokens)), theirs,
+                               atol=1e-4)
