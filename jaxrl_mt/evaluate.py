@@ -26,7 +26,7 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from jaxrl_mt.cli_errors import check_writable_dir, config_value, one_line, pars
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError, ShardedTask
 from jaxrl_mt.eval.http_assistant import check_http_config, http_backend_kw, is_http
+from jaxrl_mt.eval.eval_config import EvalConfig, typed_eval_config
 from jaxrl_mt.eval.report import build_report, write_report
 from jaxrl_mt.eval.simulator import (
     PROTOCOLS,
@@ -89,44 +90,49 @@ def _backend_spec(value: str, field: str, default: str) -> str:
     return value
 
 
-def normalize_config(cfg: Any) -> dict[str, Any]:
-    """Checks a config (ConfigDict or mapping) and returns it as a plain dict.
+def normalize_config(cfg: Any) -> EvalConfig:
+    """Checks a config once and returns it typed, with the task selection resolved.
+
+    Args:
+      cfg: a ConfigDict or mapping (configs/eval_lic.py's fields; those added later may be absent
+        and take their defaults), or an :class:`EvalConfig` (one already resolved keeps its
+        ``tasks`` and ``sources``; its values are checked again).
+
+    Returns:
+      The frozen config with ``tasks`` and ``sources`` (task -> source specs) set, ``task`` and
+      ``dataset`` as loaded (what ``eval_config.json`` keeps) and ``scenarios`` canonical.
 
     Raises:
-      EvalError: ``config field 'name': ...`` for the first bad value.
+      EvalError: an unknown, missing or mistyped field (:func:`typed_eval_config`), or
+        ``config field 'name': ...`` for the first bad value.
     """
-    c = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-    c["scenarios"] = canonical_scenarios(_tuple(c["scenarios"], "scenarios"))
-    c["tasks"] = parse_tasks(c["task"], str(c["judge"]))
-    c["sources"] = resolve_sources(c["tasks"], c.get("dataset"), c.get("datasets"))
-    c["task"] = ",".join(c["tasks"])
-    c["dataset"] = tuple(s for specs in c["sources"].values() for s in specs)  # as loaded (eval_config.json)
-    if c["protocol"] not in PROTOCOLS:
-        raise EvalError(f"config field 'protocol': unknown {c['protocol']!r}; valid: {', '.join(PROTOCOLS)}")
-    if c["verifier_mode"] not in MODES:
-        raise EvalError(f"config field 'verifier_mode': unknown {c['verifier_mode']!r}; valid: {', '.join(MODES)}")
-    checks = (("runs", c["runs"] >= 1), ("max_new_tokens", c["max_new_tokens"] >= 1),
-              ("max_batch", c["max_batch"] >= 1), ("max_chunk_cells", c["max_chunk_cells"] >= 1),
-              ("temperature", c["temperature"] >= 0),
-              ("top_p", 0 < c["top_p"] <= 1), ("limit", c["limit"] >= 0), ("bootstrap", c["bootstrap"] >= 1))
+    c = typed_eval_config(cfg)
+    if not c.tasks:
+        tasks = parse_tasks(c.task, c.judge)
+        sources = resolve_sources(tasks, c.dataset, c.datasets)
+        c = c.replace(tasks=tuple(tasks), sources=sources, task=",".join(tasks),
+                      dataset=tuple(s for specs in sources.values() for s in specs))  # as loaded
+    c = c.replace(scenarios=canonical_scenarios(_tuple(c.scenarios, "scenarios")))
+    if c.protocol not in PROTOCOLS:
+        raise EvalError(f"config field 'protocol': unknown {c.protocol!r}; valid: {', '.join(PROTOCOLS)}")
+    if c.verifier_mode not in MODES:
+        raise EvalError(f"config field 'verifier_mode': unknown {c.verifier_mode!r}; valid: {', '.join(MODES)}")
+    checks = (("runs", c.runs >= 1), ("max_new_tokens", c.max_new_tokens >= 1),
+              ("max_batch", c.max_batch >= 1), ("max_chunk_cells", c.max_chunk_cells >= 1),
+              ("temperature", c.temperature >= 0),
+              ("top_p", 0 < c.top_p <= 1), ("limit", c.limit >= 0), ("bootstrap", c.bootstrap >= 1))
     for name, ok in checks:
         if not ok:
-            raise EvalError(f"config field '{name}': bad value {c[name]!r}")
-    if c.setdefault("attention", "auto") not in ATTENTION_IMPLS:
+            raise EvalError(f"config field '{name}': bad value {getattr(c, name)!r}")
+    if c.attention not in ATTENTION_IMPLS:
         raise EvalError(f"config field 'attention': expected one of {', '.join(ATTENTION_IMPLS)}, "
-                        f"got {c['attention']!r}")
-    if c.setdefault("enable_thinking", None) not in (None, True, False):
-        raise EvalError(f"config field 'enable_thinking': expected true, false or none, got {c['enable_thinking']!r}")
-    if not isinstance(c.setdefault("abstain", False), bool):
-        raise EvalError(f"config field 'abstain': expected true or false, got {c['abstain']!r}")
-    if not isinstance(c.setdefault("reuse_cache", True), bool):
-        raise EvalError(f"config field 'reuse_cache': expected true or false, got {c['reuse_cache']!r}")
-    _mesh(c.setdefault("mesh_shape", "auto"))
+                        f"got {c.attention!r}")
+    _mesh(c.mesh_shape)
     check_http_config(c)
-    _backend_spec(c["judge"], "judge", "rule")
-    _backend_spec(c["user_simulator"], "user_simulator", "fixed")
-    check_strategy(c["strategy"])
-    if not str(c["workdir"]).strip():
+    _backend_spec(c.judge, "judge", "rule")
+    _backend_spec(c.user_simulator, "user_simulator", "fixed")
+    check_strategy(c.strategy)
+    if not c.workdir.strip():
         raise EvalError("config field 'workdir': empty")
     return c
 
@@ -204,9 +210,9 @@ def load_eval_model(spec: str, *, dtype: str = "float32", attention: str = "auto
     return load_model(spec, param_dtype=dtype, dtype=dtype, attention=attention)
 
 
-def _check_workdir(workdir: Path, c: Mapping[str, Any]) -> None:
+def _check_workdir(workdir: Path, c: EvalConfig) -> None:
     """Refuses to resume transcripts written under different results-defining fields."""
-    want = json.loads(json.dumps({k: c[k] for k in RESULT_FIELDS}))
+    want = json.loads(json.dumps({k: getattr(c, k) for k in RESULT_FIELDS}))
     path = workdir / RUN_CONFIG
     if path.exists() and (workdir / TRANSCRIPTS).exists():
         have = json.loads(path.read_text(encoding="utf-8"))
@@ -218,7 +224,7 @@ def _check_workdir(workdir: Path, c: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(want, indent=2) + "\n", encoding="utf-8")
 
 
-def _run_todo(c: dict[str, Any], todo: list[Any], store: TranscriptStore | None, plugins: dict[str, Any], *,
+def _run_todo(c: EvalConfig, todo: list[Any], store: TranscriptStore | None, plugins: dict[str, Any], *,
               model: Any, sampler: Any, log: Callable[[str], None]) -> dict[str, Any]:
     """Simulates the conversations not yet in ``store`` (appending each as it finishes; None: keeps
     nothing, a process other than 0 of a multi-process run) and returns
@@ -228,26 +234,26 @@ def _run_todo(c: dict[str, Any], todo: list[Any], store: TranscriptStore | None,
     from jaxrl_mt.sampling import SamplingConfig
 
     if model is None and sampler is None:
-        if is_http(c["model"]):
+        if is_http(c.model):
             from jaxrl_mt.eval.http_assistant import remote_sampler
 
             sampler = remote_sampler(c)
         else:
-            model = load_eval_model(c["model"], dtype=c["dtype"], attention=c["attention"])
-    if model is not None and c["enable_thinking"] is not None:  # Qwen3's thinking / no-think renderings
+            model = load_eval_model(c.model, dtype=c.dtype, attention=c.attention)
+    if model is not None and c.enable_thinking is not None:  # Qwen3's thinking / no-think renderings
         try:
-            tok = with_template_options(model.tokenizer, enable_thinking=c["enable_thinking"])
+            tok = with_template_options(model.tokenizer, enable_thinking=c.enable_thinking)
         except ChatError as e:
             raise EvalError(f"config field 'enable_thinking': {e}") from None
         model = dataclasses.replace(model, tokenizer=tok)
-    sampler = sampler if sampler is not None else make_sampler(model, c["mesh_shape"], c["max_batch"])
-    judge = make_judge(c["judge"], model=model, max_new_tokens=c["judge_max_new_tokens"],
-                       **http_backend_kw(c["judge"], c))
+    sampler = sampler if sampler is not None else make_sampler(model, c.mesh_shape, c.max_batch)
+    judge = make_judge(c.judge, model=model, max_new_tokens=c.judge_max_new_tokens,
+                       **http_backend_kw(c.judge, c))
     for plug in plugins.values():
         plug.backend = judge.backend
-    user = make_user(c["user_simulator"], model=model, max_new_tokens=c["user_max_new_tokens"],
-                     temperature=c["user_temperature"], **http_backend_kw(c["user_simulator"], c))
-    sampling = SamplingConfig(max_new_tokens=c["max_new_tokens"], temperature=c["temperature"], top_p=c["top_p"])
+    user = make_user(c.user_simulator, model=model, max_new_tokens=c.user_max_new_tokens,
+                     temperature=c.user_temperature, **http_backend_kw(c.user_simulator, c))
+    sampling = SamplingConfig(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p)
     written = [0]
 
     def sink(recs: list[dict[str, Any]]) -> None:
@@ -262,14 +268,14 @@ def _run_todo(c: dict[str, Any], todo: list[Any], store: TranscriptStore | None,
     if hasattr(sampler, "generate_messages"):  # a model behind an endpoint
         from jaxrl_mt.eval.http_assistant import simulate_remote
 
-        recs = simulate_remote(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
-                               verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], sink=sink,
+        recs = simulate_remote(sampler, todo, sampling, judge=judge, protocol=c.protocol,
+                               verifier_mode=c.verifier_mode, user=user, seed=c.seed, sink=sink,
                                progress=progress, tasks=plugins or None)
     else:
-        recs = simulate(sampler, todo, sampling, judge=judge, protocol=c["protocol"],
-                        verifier_mode=c["verifier_mode"], user=user, seed=c["seed"], strategy=c["strategy"],
-                        sink=sink, progress=progress, max_chunk_cells=c["max_chunk_cells"],
-                        reuse_cache=c["reuse_cache"], tasks=plugins or None)
+        recs = simulate(sampler, todo, sampling, judge=judge, protocol=c.protocol,
+                        verifier_mode=c.verifier_mode, user=user, seed=c.seed, strategy=c.strategy,
+                        sink=sink, progress=progress, max_chunk_cells=c.max_chunk_cells,
+                        reuse_cache=c.reuse_cache, tasks=plugins or None)
     stats: dict[str, Any] = {"new_tokens": int(sum(t["new_tokens"] for r in recs for t in r["turns"])),
                              "judge": dict(judge.stats)}
     if plugins:
@@ -302,19 +308,19 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     main = is_main_process()  # (replicated rows on the global mesh); process 0 alone writes the workdir
     c = normalize_config(cfg)
     seen: dict[str, str] = {}
-    tasks = [t for name, specs in c["sources"].items()
-             for t in load_tasks(specs, task=name, limit=c["limit"], seen=seen)]
-    plugins = judged_plugins(c["tasks"], max_new_tokens=c["judge_max_new_tokens"])  # backend set below
+    tasks = [t for name, specs in c.sources.items()
+             for t in load_tasks(specs, task=name, limit=c.limit, seen=seen)]
+    plugins = judged_plugins(c.tasks, max_new_tokens=c.judge_max_new_tokens)  # backend set below
 
     def system(t: ShardedTask) -> str | None:
-        s = conversation_system(t, c["system_prompt"] or None, plugins)
-        return with_abstain(s) if c["abstain"] else s  # "+ Abstain": the same instruction for every task
+        s = conversation_system(t, c.system_prompt or None, plugins)
+        return with_abstain(s) if c.abstain else s  # "+ Abstain": the same instruction for every task
 
-    runs, skipped = plan_runs(tasks, c["scenarios"], c["runs"], seed=c["seed"], system=system,
-                              shuffle=c["shuffle_shards"])
+    runs, skipped = plan_runs(tasks, c.scenarios, c.runs, seed=c.seed, system=system,
+                              shuffle=c.shuffle_shards)
     for s in skipped:
         log(f"skipping {s['kind']} for {s['task_id']}: {s['reason']}")
-    workdir = Path(c["workdir"])
+    workdir = Path(c.workdir)
     if main:
         _check_workdir(workdir, c)
     store = TranscriptStore(workdir / TRANSCRIPTS)
@@ -322,7 +328,7 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     if multi:  # the same conversations on every process (process 0's store decides)
         done = set(broadcast_json(sorted(done)))
     todo = [r for r in runs if r.conv_id not in done]
-    log(f"{len(tasks)} instructions, {len(c['scenarios'])} scenarios, {len(runs)} conversations "
+    log(f"{len(tasks)} instructions, {len(c.scenarios)} scenarios, {len(runs)} conversations "
         f"({len(runs) - len(todo)} already in {store.path})")
     t0 = time.perf_counter()
     stats: dict[str, Any] = {}
@@ -338,11 +344,11 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     if missing:
         raise EvalError(f"{store.path}: {len(missing)} planned conversations have no transcript, "
                         f"e.g. {sorted(missing)[0]!r}")
-    extra = {"model": c["model"], "config": c, "skipped": skipped,
+    extra = {"model": c.model, "config": c.to_dict(), "skipped": skipped,
              "this_invocation": {"n_generated": len(todo), "seconds": seconds, **stats}}
-    report = build_report(records, scenarios=c["scenarios"], protocol=c["protocol"], n_boot=c["bootstrap"],
-                          seed=c["seed"], extra=extra)
-    files = write_report(report, workdir, plots=c["plots"], records=records)
+    report = build_report(records, scenarios=c.scenarios, protocol=c.protocol, n_boot=c.bootstrap,
+                          seed=c.seed, extra=extra)
+    files = write_report(report, workdir, plots=c.plots, records=records)
     for w in report["warnings"]:
         log(f"WARNING: {w}")
     log(f"wrote {', '.join(str(p) for p in files.values())}")

@@ -23,7 +23,7 @@ PKG = ROOT / "jaxrl_mt"
 # layer of each top-level name under jaxrl_mt (a module or a subpackage); lower layers know nothing of higher ones
 LAYERS: dict[str, int] = {
     # 0: models and foundations (no engine, no method)
-    "models": 0, "checkpointing": 0, "runtime": 0, "cli_errors": 0, "registry": 0,
+    "models": 0, "checkpointing": 0, "runtime": 0, "cli_errors": 0, "registry": 0, "typed_config": 0,
     # 1: the engine: generation, scoring, the multi-turn runner and what they are built on
     "batching": 1, "chat": 1, "parallel": 1, "sampling": 1, "scoring": 1, "conversations": 1,
     "strategies": 1, "backends": 1, "local_backend": 1, "remote": 1,

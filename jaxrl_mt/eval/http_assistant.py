@@ -2,7 +2,7 @@
 
 The conversations are planned, judged, scored and written exactly as for a local model; only the
 assistant's replies come from the endpoint (``jaxrl_mt.remote.RemoteSampler``: one batch of
-concurrent requests per turn). The endpoint settings are config fields (:data:`HTTP_FIELDS`),
+concurrent requests per turn). The endpoint settings are config fields (``http_*``, ``api_key_env``),
 shared by an ``http:`` judge and user simulator; the API key is read from the environment
 variable named by ``api_key_env`` and is never stored (configs keep the variable's name only).
 """
@@ -14,15 +14,12 @@ from typing import Any
 
 from jaxrl_mt.backends import make_backend
 from jaxrl_mt.conversations import ConversationRun, FixedOrderUser, UserPolicy, run_conversations
+from jaxrl_mt.eval.eval_config import EvalConfig
 from jaxrl_mt.eval.simulator import EvalError, Judge, TurnScorer, run_scored
 from jaxrl_mt.remote import RemoteSampler
 from jaxrl_mt.sampling import SamplingConfig
 
-__all__ = ["HTTP_FIELDS", "check_http_config", "http_backend_kw", "is_http", "remote_sampler", "simulate_remote"]
-
-# Config fields of HTTP endpoints and their defaults (for configs written before they existed).
-HTTP_FIELDS: dict[str, Any] = {"http_concurrency": 8, "http_timeout": 60.0, "http_retries": 3, "http_backoff": 0.5,
-                               "http_deadline": 1800.0, "api_key_env": "OPENAI_API_KEY"}
+__all__ = ["check_http_config", "http_backend_kw", "is_http", "remote_sampler", "simulate_remote"]
 
 
 def is_http(spec: Any) -> bool:
@@ -30,44 +27,41 @@ def is_http(spec: Any) -> bool:
     return isinstance(spec, str) and spec.startswith("http:")
 
 
-def check_http_config(c: dict[str, Any]) -> None:
-    """Fills missing HTTP fields with defaults and checks them (and an ``http:`` model spec).
+def check_http_config(c: EvalConfig) -> None:
+    """Checks the HTTP fields of a typed config (their types are checked when it is built) and an
+    ``http:`` model spec.
 
     Raises:
       EvalError: ``config field 'name': ...`` for the first bad value.
     """
-    for name, default in HTTP_FIELDS.items():
-        c.setdefault(name, default)
-    checks = (("http_concurrency", isinstance(c["http_concurrency"], int) and c["http_concurrency"] >= 1),
-              ("http_timeout", c["http_timeout"] > 0), ("http_retries", c["http_retries"] >= 0),
-              ("http_backoff", c["http_backoff"] >= 0), ("http_deadline", c["http_deadline"] >= 0),
-              ("api_key_env", isinstance(c["api_key_env"], str)))
+    checks = (("http_concurrency", c.http_concurrency >= 1), ("http_timeout", c.http_timeout > 0),
+              ("http_retries", c.http_retries >= 0), ("http_backoff", c.http_backoff >= 0),
+              ("http_deadline", c.http_deadline >= 0))
     for name, ok in checks:
         if not ok:
-            raise EvalError(f"config field '{name}': bad value {c[name]!r}")
-    if not is_http(c["model"]):
+            raise EvalError(f"config field '{name}': bad value {getattr(c, name)!r}")
+    if not is_http(c.model):
         return
-    url, _, name = c["model"][len("http:"):].partition("#")
+    url, _, name = c.model[len("http:"):].partition("#")
     if not url.startswith(("http://", "https://")) or not name:
-        raise EvalError(f"config field 'model': {c['model']!r}: expected 'http:URL#MODEL', e.g. "
+        raise EvalError(f"config field 'model': {c.model!r}: expected 'http:URL#MODEL', e.g. "
                         "'http:http://127.0.0.1:8000/v1#my-model'")
-    if c["strategy"] != "plain":
-        raise EvalError(f"config field 'strategy': {c['strategy']!r} needs the model's weights; a model behind "
+    if c.strategy != "plain":
+        raise EvalError(f"config field 'strategy': {c.strategy!r} needs the model's weights; a model behind "
                         "an endpoint can only be evaluated with 'plain'")
 
 
-def http_backend_kw(spec: str, c: Mapping[str, Any]) -> dict[str, Any]:
-    """``HTTPBackend`` keyword arguments from the config for an ``http:`` spec ({} otherwise)."""
+def http_backend_kw(spec: str, c: EvalConfig) -> dict[str, Any]:
+    """``HTTPBackend`` keyword arguments from the typed config for an ``http:`` spec ({} otherwise)."""
     if not is_http(spec):
         return {}
-    return {"max_workers": c["http_concurrency"], "timeout": float(c["http_timeout"]),
-            "max_retries": c["http_retries"], "backoff": float(c["http_backoff"]),
-            "deadline": float(c["http_deadline"]) or None, "api_key_env": c["api_key_env"]}
+    return {"max_workers": c.http_concurrency, "timeout": c.http_timeout, "max_retries": c.http_retries,
+            "backoff": c.http_backoff, "deadline": c.http_deadline or None, "api_key_env": c.api_key_env}
 
 
-def remote_sampler(c: Mapping[str, Any]) -> RemoteSampler:
+def remote_sampler(c: EvalConfig) -> RemoteSampler:
     """The evaluated assistant of an ``http:URL#MODEL`` config."""
-    return RemoteSampler(make_backend(c["model"], **http_backend_kw(c["model"], c)))
+    return RemoteSampler(make_backend(c.model, **http_backend_kw(c.model, c)))
 
 
 def simulate_remote(sampler: RemoteSampler, runs: Sequence[ConversationRun], sampling: SamplingConfig, *,

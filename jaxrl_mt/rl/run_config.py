@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
-from typing import Any, Mapping, Union
+from typing import Any, Union
 
 from jaxrl_mt.rl.data import ConfigError
+from jaxrl_mt.typed_config import build
 
 __all__ = ["TrainConfig", "typed_config"]
 
@@ -182,47 +181,6 @@ class TrainConfig:
         return json.dumps(self.to_dict())
 
 
-def _check_value(path: str, value: Any, tp: Any) -> Any:
-    """``value`` as field type ``tp`` (an int where a float is declared becomes a float)."""
-    options = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
-    for t in options:
-        if t is type(None) and value is None:
-            return None
-        if t is bool and isinstance(value, bool):
-            return value
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if t is str and isinstance(value, str):
-            return value
-    names = " or ".join(getattr(t, "__name__", str(t)) for t in options)
-    raise ConfigError(f"config field {path} must be {names}, got {value!r} ({type(value).__name__})")
-
-
-def _section(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown config field(s) {', '.join(prefix + k for k in unknown)}")
-    out = {}
-    for name, f in fields.items():
-        path, tp = prefix + name, hints[name]
-        if name not in raw:
-            if f.default is dataclasses.MISSING:
-                raise ConfigError(f"config has no field {path}")
-            continue
-        sub = next((t for t in typing.get_args(tp) or (tp,) if dataclasses.is_dataclass(t)), None)
-        if sub is not None:
-            if not isinstance(raw[name], Mapping):
-                raise ConfigError(f"config field {path} must be a section, got {raw[name]!r}")
-            out[name] = _section(sub, raw[name], path + ".")
-        else:
-            out[name] = _check_value(path, raw[name], tp)
-    return cls(**out)
-
-
 def typed_config(c: Any) -> TrainConfig:
     """The typed, frozen config of a ConfigDict, a dict or a TrainConfig (returned as is).
 
@@ -233,4 +191,4 @@ def typed_config(c: Any) -> TrainConfig:
     if isinstance(c, TrainConfig):
         return c
     raw = json.loads(c.to_json()) if hasattr(c, "to_json") else dict(c)
-    return _section(TrainConfig, raw, "")
+    return build(TrainConfig, raw, "", ConfigError)

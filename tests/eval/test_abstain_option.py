@@ -37,7 +37,7 @@ def test_an_older_workdir_without_the_field_resumes_as_without_abstain(tmp_path,
     with pytest.raises(EvalError, match=r"field 'abstain': .* False, this run has True"):
         evaluate(cfg, model=tiny_model, sampler=counting_sampler(tiny_model), log=lambda s: None)
     bad = {**cfg.to_dict(), "abstain": "yes"}  # a plain dict (the locked ConfigDict refuses the type itself)
-    with pytest.raises(EvalError, match=r"config field 'abstain': expected true or false, got 'yes'"):
+    with pytest.raises(EvalError, match=r"config field abstain must be bool, got 'yes'"):
         evaluate(bad, model=tiny_model, log=lambda s: None)
 
 

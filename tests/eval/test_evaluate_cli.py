@@ -189,7 +189,7 @@ def test_bad_config_values(tmp_path):
         normalize_config(tiny_config(tmp_path, runs=0))
     with pytest.raises(AttributeError, match="runz"):  # the config is locked: a misspelt key fails
         tiny_config(tmp_path, runz=3)
-    assert normalize_config(tiny_config(tmp_path, scenarios=("full,mt_add",)))["scenarios"] == ("full", "sharded")
+    assert normalize_config(tiny_config(tmp_path, scenarios=("full,mt_add",))).scenarios == ("full", "sharded")
 
 
 def test_bad_data_is_named(tmp_path):

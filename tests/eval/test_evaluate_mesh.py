@@ -38,7 +38,7 @@ def worker(out: Path, model_dir: str) -> None:
     from jaxrl_mt import scoring
     from jaxrl_mt.evaluate import evaluate
     from jaxrl_mt.models.registry import load_model
-    from jaxrl_mt.sampling import session
+    from jaxrl_mt.sampling import engine  # DecodeSession's chunks decode through DecodeEngine.continue_
 
     seen: dict[str, list] = {"score": [], "cache": []}
 
@@ -48,7 +48,7 @@ def worker(out: Path, model_dir: str) -> None:
         spec = [list(a) if isinstance(a, tuple) else a for a in getattr(sh, "spec", ())]
         return {"rows": int(x.shape[0]), "spec": spec, "replicated": sh is None or bool(sh.is_fully_replicated)}
 
-    real_score, real_continue = scoring.score_batch, session.continue_tokens
+    real_score, real_continue = scoring.score_batch, engine.continue_tokens
 
     def score_batch(params, cfg, tokens, *a, **kw):
         seen["score"].append(placed(tokens))
@@ -58,7 +58,7 @@ def worker(out: Path, model_dir: str) -> None:
         seen["cache"].append(placed(cache.k))
         return real_continue(params, cfg, cache, *a, **kw)
 
-    scoring.score_batch, session.continue_tokens = score_batch, continue_tokens
+    scoring.score_batch, engine.continue_tokens = score_batch, continue_tokens
     model = load_model(model_dir)
     result: dict = {"devices": jax.device_count()}
     for name, mesh_shape in (("one", "none"), ("mesh", "8,1,1")):
@@ -80,7 +80,7 @@ def test_mesh_shape_is_checked_at_start(tmp_path):
     with pytest.raises(EvalError, match=r"config field 'mesh_shape': mesh_shape '8,1,1': .* needs 8 devices"):
         normalize_config(c)
     del c["mesh_shape"]
-    assert normalize_config(c)["mesh_shape"] == "auto"  # configs written before the field: all devices
+    assert normalize_config(c).mesh_shape == "auto"  # configs written before the field: all devices
 
 
 @pytest.mark.slow

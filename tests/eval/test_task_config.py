@@ -87,12 +87,12 @@ def test_sources_per_task_and_their_checks():
 
 def test_presets_and_normalized_fields(tmp_path):
     cpu = normalize_config(get_config("cpu", workdir=str(tmp_path)))
-    assert (cpu["task"], cpu["dataset"]) == ("math", ("synthetic:2:0", "lic:@"))  # as before the task list
+    assert (cpu.task, cpu.dataset) == ("math", ("synthetic:2:0", "lic:@"))  # as before the task list
     every = normalize_config(get_config("cpu_all", workdir=str(tmp_path)))
-    assert every["tasks"] == ("math", "code", "database", "actions")
-    assert every["scenarios"] == ("full", "sharded") and every["runs"] == 2
+    assert every.tasks == ("math", "code", "database", "actions")
+    assert every.scenarios == ("full", "sharded") and every.runs == 2
     lic = normalize_config(get_config("lic", workdir=str(tmp_path)))
-    assert lic["sources"]["code"] == ("humaneval:@",) and lic["task"] == "math,code,database,actions"
+    assert lic.sources["code"] == ("humaneval:@",) and lic.task == "math,code,database,actions"
     with pytest.raises(EvalError, match=r"config field 'task': unknown task 'sumary'"):
         normalize_config(get_config("cpu", task="sumary"))
     with pytest.raises(ValueError, match=r"unknown preset 'gpu'; valid: cpu, cpu_all, lic"):
