@@ -1,7 +1,7 @@
 """Greedy decode, ours against tunix (the JAX peer), same model, prompts and host, one process at a time.
 
     python -m jaxrl_mt.benchmarks tunix [--steps 3] [--batch 8] [--new-tokens 128] [--prompt-len 64]
-                                        [--venv .venv-tunix] [--grpo] [--json OUT]
+                                        [--venv .venv-tunix] [--grpo [--lora-rank R]] [--json OUT]
 
 tunix (`google-tunix` 0.1.7) lives in its own venv, made by ``jaxrl_mt/benchmarks/tunix_env.sh``
 (its pins are not ours). Each of ``--steps`` rounds runs our side (this module, ``--side ours``, in
@@ -11,7 +11,9 @@ last positions, and times a greedy decode of exactly N new tokens and a 1-token 
 apart: they compile). Reported: the medians over rounds of tokens/s and of the decode loop alone
 (N-token minus 1-token call), their ratio, both against the weight-read roofline and the two-roof
 limit of `benchmarks sampling` (`engine.two_roofs`), the greedy agreement (first divergence per row)
-and the max logit difference. ``--grpo`` adds GRPO steps of both sides (`tunix_grpo`).
+and the max logit difference. ``--grpo`` adds GRPO steps of both sides (`tunix_grpo`); with
+``--lora-rank R`` both train LoRA adapters of rank R (alpha 2R, all seven projections, the base as
+the reference) instead of every weight.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--json", metavar="OUT", default=None, help="also write the numbers to this file")
     ap.add_argument("--grpo", action="store_true", help="also one GRPO step per side (4 x G 4, beta 1e-4, AdamW)")
     ap.add_argument("--grpo-steps", type=int, default=3, help="GRPO steps per process; steady = steps 2.. (3)")
+    ap.add_argument("--lora-rank", type=int, default=0,
+                    help="with --grpo: both sides train LoRA adapters of this rank (alpha 2R) on q, k, v, o, gate, "
+                         "up, down, the base weights as the reference (tunix: qwix); 0, the default: full fine-tuning")
     ap.add_argument("--side", choices=("ours",), default=None, help=argparse.SUPPRESS)
     ap.add_argument("--job", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -65,6 +70,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("steps", "repeats", "batch", "new_tokens", "prompt_len", "grpo_steps"):
         if getattr(a, name) <= 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(a, name)}")
+    if a.lora_rank < 0:
+        ap.error(f"--lora-rank must be >= 0, got {a.lora_rank}")
+    if a.lora_rank and not a.grpo:
+        ap.error("--lora-rank applies to the GRPO step: add --grpo")
     return a
 
 
@@ -198,7 +207,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if a.grpo:
         from jaxrl_mt.benchmarks.tunix_grpo import run_grpo
 
-        out["grpo"] = run_grpo(py, run_side, model=a.model, rounds=a.steps, steps=max(a.grpo_steps, 2), new_tokens=n)
+        out["grpo"] = run_grpo(py, run_side, model=a.model, rounds=a.steps, steps=max(a.grpo_steps, 2), new_tokens=n,
+                               lora_rank=a.lora_rank)
     return out
 
 
