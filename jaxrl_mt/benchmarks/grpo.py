@@ -39,64 +39,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
+
+from jaxrl_mt.benchmarks.grpo_common import LR, MAX_GRAD_NORM, PhaseRss, mean_later, peak_rss_mb, pin_cpus, summarize
 
 SIDES = ("ours", "trl")
-LR = 1e-6
-MAX_GRAD_NORM = 1.0
 HEAD_CHUNK = 32  # time chunk of the loss's vocabulary projection: 16 x 32 x 49152 fp32 logits at a time
-
-
-# ----------------------------------------------------------------------------- shared helpers
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MiB (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-class PhaseRss:
-    """Samples this process's resident memory (VmRSS) every ``period`` seconds in a thread and keeps
-    the largest value seen per phase label (``self.phase``, set by the caller around each phase)."""
-
-    def __init__(self, period: float = 0.05) -> None:
-        import threading
-
-        self.phase = "setup"
-        self.peak: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def current_mb() -> float:
-        with open("/proc/self/status", encoding="ascii") as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        return kb / 1024.0
-
-    def _run(self, period: float) -> None:
-        while not self._stop.wait(period):
-            phase, mb = self.phase, self.current_mb()
-            self.peak[phase] = max(self.peak.get(phase, 0.0), mb)
-
-    def stop(self) -> dict[str, float]:
-        self._stop.set()
-        self._thread.join()
-        return {k: round(v, 1) for k, v in self.peak.items()}
-
-
-def pin_cpus(n: int) -> None:
-    """Restricts this process to `n` of its CPUs, so XLA's and torch's thread pools both size to `n`."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if n < len(cpus):
-        os.sched_setaffinity(0, cpus[:n])
 
 
 def load_prompts(n: int) -> list[dict[str, str]]:
@@ -136,20 +89,6 @@ def lengthen_prompts(prompts: Sequence[dict[str, str]], model_path: str, tokens:
             question = "Earlier problems, for context:\n" + "\n".join(context) + "\n\nSolve: " + p["question"]
         out.append({**p, "question": question})
     return out
-
-
-def summarize(step_s: Sequence[float], cpu_s: Sequence[float]) -> dict[str, float]:
-    """First step and mean of the later steps (NaN with a single step), wall and CPU seconds."""
-    return {"first_step_s": float(step_s[0]), "steady_step_s": _mean_later(step_s),
-            "first_step_cpu_s": float(cpu_s[0]), "steady_step_cpu_s": _mean_later(cpu_s)}
-
-
-def _mean_later(xs: Sequence[float]) -> float:
-    later = list(xs[1:])
-    return float(sum(later) / len(later)) if later else float("nan")
-
-
-# ----------------------------------------------------------------------------- our stack
 
 
 def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
@@ -216,9 +155,9 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
             "completion_tokens": T, "rss_after_load_mb": rss_loaded, "remat": remat, "lora_rank": rank,
             "lora_forward": spec.get("lora_forward", "unmerged") if rank else None,
             **summarize(steps["step_s"], steps["cpu_s"]),
-            "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
+            "phases_steady_s": {k: mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
             "phases_first_s": {k: steps[k][0] for k in ("generate_s", "score_s", "update_s")},
-            "phases_steady_cpu_s": {k: _mean_later(steps[k]) for k in ("generate_cpu_s", "score_cpu_s",
+            "phases_steady_cpu_s": {k: mean_later(steps[k]) for k in ("generate_cpu_s", "score_cpu_s",
                                                                        "update_cpu_s")},
             "steps": steps, "backend": f"jax {jax.__version__} {jax.default_backend()}",
             "peak_rss_mb": peak_rss_mb(), "peak_rss_by_phase_mb": rss.stop()}
@@ -268,98 +207,6 @@ def choose_remat(model: Any, items: Sequence[dict[str, str]], group: int, new_to
 
     longest = max(len(encode_prompt(model.tokenizer, [{"role": "user", "content": p["question"]}])) for p in items)
     return choose(model.cfg, len(items), group, bucket(longest, 32), bucket(new_tokens, 16), chunk=HEAD_CHUNK)
-
-
-# ----------------------------------------------------------------------------- TRL
-
-
-def _timed(fn: Callable[..., Any], sink: list[float]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            sink.append(time.perf_counter() - t0)
-
-    return wrapper
-
-
-def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
-    """Times `spec["steps"]` steps of TRL's GRPOTrainer; returns times, rewards and peak RSS."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    import trl
-    from trl import GRPOConfig, GRPOTrainer
-
-    from jaxrl_mt.rewards.verifier import verify
-
-    torch.set_num_threads(spec["threads"])
-    torch.manual_seed(0)
-    G, T = spec["group"], spec["new_tokens"]
-    n_rows = len(spec["prompts"]) * G
-    t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(spec["model_path"])
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": p["question"]}], "gold": p["gold"]}
-                              for p in spec["prompts"]])
-
-    def verifier_reward(prompts: list, completions: list, gold: list[str], **_: Any) -> list[float]:
-        return [verify(c[0]["content"] if isinstance(c, list) else c, g, "lenient") for c, g in zip(completions, gold)]
-
-    out_dir = tempfile.mkdtemp(prefix="bench_grpo_trl_")
-    args = GRPOConfig(
-        output_dir=out_dir, per_device_train_batch_size=n_rows, gradient_accumulation_steps=1, num_generations=G,
-        max_completion_length=T, generation_kwargs={"min_new_tokens": T}, beta=spec["beta"], temperature=1.0,
-        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=MAX_GRAD_NORM, loss_type="grpo",
-        num_iterations=1, use_vllm=False, report_to=[], logging_steps=1, max_steps=spec["steps"], bf16=False,
-        fp16=False, gradient_checkpointing=spec["remat"] is not False, use_cpu=True, save_strategy="no",
-        shuffle_dataset=False,
-        seed=0, dataloader_num_workers=0, model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True,
-    )
-    step_s: list[float] = []
-    cpu_s: list[float] = []
-
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
-            self.t0, self.c0 = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
-            step_s.append(time.perf_counter() - self.t0)
-            cpu_s.append(time.process_time() - self.c0)
-            print(f"[trl] step {len(step_s)}: {step_s[-1]:.1f}s", file=sys.stderr, flush=True)
-
-    trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=verifier_reward, args=args, train_dataset=data,
-                          processing_class=tok, callbacks=[StepTimer()])
-    gen_s: list[float] = []
-    gen_score_s: list[float] = []
-    trainer._generate = _timed(trainer._generate, gen_s)
-    trainer._generate_and_score_completions = _timed(trainer._generate_and_score_completions, gen_score_s)
-    setup_s = time.perf_counter() - t0
-    rss_loaded = peak_rss_mb()
-    try:
-        trainer.train()
-    finally:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    logs = [h for h in trainer.state.log_history if "loss" in h]
-    if len(step_s) != spec["steps"] or len(gen_s) != spec["steps"]:
-        raise RuntimeError(f"TRL ran {len(step_s)} steps / {len(gen_s)} generations, expected {spec['steps']}")
-    lengths = [h.get("completions/mean_length") for h in logs]
-    if any(L is not None and abs(L - T) > 1e-6 for L in lengths):
-        raise RuntimeError(f"TRL completions were not {T} tokens long: mean lengths {lengths}")
-    score_s = [a - b for a, b in zip(gen_score_s, gen_s)]
-    update_s = [a - b for a, b in zip(step_s, gen_score_s)]
-    steps = {"step_s": step_s, "cpu_s": cpu_s, "generate_s": gen_s, "score_s": score_s, "update_s": update_s,
-             "reward": [h.get("reward") for h in logs], "loss": [h.get("loss") for h in logs]}
-    return {"side": "trl", "setup_s": setup_s, "completion_tokens": T, "rss_after_load_mb": rss_loaded,
-            **summarize(step_s, cpu_s),
-            "phases_steady_s": {k: _mean_later(steps[k]) for k in ("generate_s", "score_s", "update_s")},
-            "phases_first_s": {k: steps[k][0] for k in ("generate_s", "score_s", "update_s")},
-            "steps": steps, "completion_mean_length": lengths,
-            "backend": f"trl {trl.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads",
-            "peak_rss_mb": peak_rss_mb()}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -454,7 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.worker:
         spec = json.loads(Path(a.spec).read_text())
         pin_cpus(spec["threads"])  # before jax / torch start their thread pools
-        res = run_ours(spec) if a.worker == "ours" else run_trl(spec)
+        if a.worker == "ours":
+            res = run_ours(spec)
+        else:
+            from jaxrl_mt.benchmarks.grpo_trl import run_trl
+
+            res = run_trl(spec)
         Path(a.result).write_text(json.dumps(res))
         return 0
     from jaxrl_mt.models.registry import resolve
