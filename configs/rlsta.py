@@ -179,7 +179,7 @@ def _experiment(c: ConfigDict) -> None:
     Training problems: one- and two-step addition/subtraction from the `train` template set
     (jaxrl_mt/data/families.py), each as MT-Add and MT-Refine; the held-out probe reads problems of
     the disjoint `heldout` set (build docs/results/heldout.jsonl with
-    `python -m jaxrl_mt.experiments.heldout --out docs/results/heldout.jsonl --seed 0`).
+    `python -m experiments.heldout --out docs/results/heldout.jsonl --seed 0`).
     """
     c.workdir = "runs/rlsta_exp"
     # the measured setting (docs/results/calibration.md): 64 tokens per reply, the chat template's default

@@ -31,7 +31,7 @@ LAYERS: dict[str, int] = {
     "data": 2, "rewards": 2, "rl": 2, "eval": 2, "sedt": 2, "tasks": 2, "serving": 2,
     # 3: entry points
     "train": 3, "evaluate": 3, "generate": 3, "export": 3, "serve": 3, "benchmarks": 3,
-    "experiments": 3, "memory_table": 3, "__init__": 3,
+    "memory_table": 3, "__init__": 3,
 }
 LAYER_NAMES = ("models", "engine", "methods", "entry points")
 
@@ -175,3 +175,20 @@ def test_docs_name_the_same_layers(doc, start, stop):
         if name != "__init__":
             want.setdefault(lay, set()).add(name)
     assert got == want
+
+
+def test_the_package_imports_no_lab_code_and_reads_no_tests():
+    """The installed package never imports the repository's `experiments/` (the lab code of the
+    CPU experiments, outside the package) or `tests`, nor opens a path under tests/."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            lab = [n for n in names if n.split(".")[0] in ("experiments", "tests")]
+            bad += [f"{path.relative_to(ROOT)}: imports {n}" for n in lab]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("tests/"):
+                bad.append(f"{path.relative_to(ROOT)}: path {node.value!r}")
+    assert not bad, "\n".join(bad)
+    assert not (PKG / "experiments").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from jaxrl_mt.experiments import analysis as A
+from experiments import analysis as A
 
 
 def rec(task: str, kind: str, gold: str, replies: list[str], labels: list[str] | None = None, run: int = 0) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jaxrl_mt.data.loaders import load_source
-from jaxrl_mt.experiments.calibrate import any_correct, main, more_correct, runs_per_task
+from experiments.calibrate import any_correct, main, more_correct, runs_per_task
 
 
 def test_any_correct_and_more_correct() -> None:
@@ -76,7 +76,7 @@ def test_runs_must_be_positive(tmp_path: Path) -> None:
 def test_cut_shares_at_the_run_budget_and_smaller_ones(tmp_path: Path) -> None:
     """FULL replies of 10, 40, 64 (cut) and 64 (cut) tokens at a 64-token budget: 50% cut; a 40-token
     budget would cut 3 of 4, a 50-token one 2 of 4, 8 tokens all; median length 64 (upper median)."""
-    from jaxrl_mt.experiments.calibrate import cut_shares
+    from experiments.calibrate import cut_shares
 
     recs = []
     for i, (n, reason) in enumerate([(10, "stop"), (40, "stop"), (64, "length"), (64, "length")]):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxrl_mt.experiments.compare import evaluation_jobs, greedy_only, main
+from experiments.compare import evaluation_jobs, greedy_only, main
 
 
 def _args(lic_runs: int = 4, only: str = "") -> argparse.Namespace:

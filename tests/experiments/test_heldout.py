@@ -11,7 +11,7 @@ from configs.icpo import get_config as icpo_config
 from configs.rlsta import get_config as rlsta_config
 from jaxrl_mt.data import build_scenario, load_tasks_jsonl
 from jaxrl_mt.data.families import family_tasks
-from jaxrl_mt.experiments.heldout import OverlapError, build_heldout, check_disjoint, main, normalise
+from experiments.heldout import OverlapError, build_heldout, check_disjoint, main, normalise
 from jaxrl_mt.rl.loop import load_tasks
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxrl_mt.experiments import compare
+from experiments import compare
 from jaxrl_mt.runtime import load_config_file
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

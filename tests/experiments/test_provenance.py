@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from jaxrl_mt.experiments.provenance import code_version
+from experiments.provenance import code_version
 
 
 def _git(root: Path, *args: str) -> str:
@@ -20,7 +20,8 @@ def test_commit_and_changed_code_files(tmp_path: Path) -> None:
     _git(tmp_path, "config", "user.name", "t")
     (tmp_path / "jaxrl_mt").mkdir()
     (tmp_path / "configs").mkdir()
-    for f in ("jaxrl_mt/a.py", "configs/c.py", "README.md"):
+    (tmp_path / "experiments").mkdir()
+    for f in ("jaxrl_mt/a.py", "configs/c.py", "experiments/e.py", "README.md"):
         (tmp_path / f).write_text("x = 1\n")
     _git(tmp_path, "add", ".")
     _git(tmp_path, "commit", "-qm", "one")
@@ -28,12 +29,13 @@ def test_commit_and_changed_code_files(tmp_path: Path) -> None:
     assert code_version(tmp_path) == {"commit": sha, "dirty": []}
     (tmp_path / "jaxrl_mt" / "a.py").write_text("x = 2\n")
     (tmp_path / "configs" / "c.py").write_text("y = 2\n")
+    (tmp_path / "experiments" / "e.py").write_text("z = 2\n")
     (tmp_path / "README.md").write_text("docs only\n")  # not code: not listed
-    assert code_version(tmp_path) == {"commit": sha, "dirty": ["configs/c.py", "jaxrl_mt/a.py"]}
+    assert code_version(tmp_path) == {"commit": sha, "dirty": ["configs/c.py", "experiments/e.py", "jaxrl_mt/a.py"]}
 
 
 def test_the_report_names_the_commit_each_run_trained_on() -> None:
-    from jaxrl_mt.experiments.markdown import _runs
+    from experiments.markdown import _runs
 
     code = {"commit": "0123456789abcdef0123", "dirty": ["configs/x.py"]}
     runs = {"rlsta_exp": {"config": {"method": "rlsta"}, "curves": {}, "info": {"wall_s": 60.0, "code": code}},
@@ -56,7 +58,7 @@ def _checkout(root: Path) -> str:
 
 
 def test_a_resumed_evaluation_keeps_one_entry_per_invocation(tmp_path: Path) -> None:
-    from jaxrl_mt.experiments.provenance import read_evaluation_code, record_evaluation
+    from experiments.provenance import read_evaluation_code, record_evaluation
 
     repo, wd = tmp_path / "repo", tmp_path / "eval"
     repo.mkdir()
@@ -81,7 +83,7 @@ def test_a_resumed_evaluation_keeps_one_entry_per_invocation(tmp_path: Path) -> 
 def test_a_damaged_code_file_is_named(tmp_path: Path) -> None:
     import pytest
 
-    from jaxrl_mt.experiments.provenance import read_evaluation_code
+    from experiments.provenance import read_evaluation_code
 
     (tmp_path / "code.json").write_text('{"commit": "abc"}')
     with pytest.raises(ValueError, match=r"code\.json: expected a list"):
@@ -92,7 +94,7 @@ def test_a_damaged_code_file_is_named(tmp_path: Path) -> None:
 
 
 def test_the_report_names_the_code_of_each_evaluation() -> None:
-    from jaxrl_mt.experiments.markdown import _evaluated_on
+    from experiments.markdown import _evaluated_on
 
     a, b = {"commit": "a" * 40, "dirty": []}, {"commit": "b" * 40, "dirty": ["jaxrl_mt/x.py"]}
     report = {"manifest": {"greedy_only": ["abl"]},

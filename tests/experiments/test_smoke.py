@@ -12,8 +12,8 @@ import pytest
 
 from configs.grpo import get_config as grpo_config
 from configs.rlsta import get_config as rlsta_config
-from jaxrl_mt.experiments import compare, heldout
-from jaxrl_mt.experiments.analysis import restates_user
+from experiments import compare, heldout
+from experiments.analysis import restates_user
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.loop import Trainer
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxrl_mt.experiments.calibrate import parse_families
-from jaxrl_mt.experiments.train_arm import workdir_of
+from experiments.calibrate import parse_families
+from experiments.train_arm import workdir_of
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,7 @@
 ``PYTHONPATH=. python tests/rewards/judge_real/build_heldout4.py --compare docs/results/rlsta_cpu \\
     --model base --n 320 --out /tmp/heldout4_unlabelled.jsonl``
 
-The replies are the embedded model's own, in the issue-15 comparison (``jaxrl_mt.experiments.compare``,
+The replies are the embedded model's own, in the issue-15 comparison (``experiments.compare``,
 model ``base``): the held-out problems of ``docs/results/heldout.jsonl`` (templates kept out of
 training and of every tuning file), FULL / MT-Add / MT-Refine greedy (T = 0) and FULL / SHARDED at
 T = 1 (the LiC runs), 64 new tokens, no system prompt. This script was written, and the round-4

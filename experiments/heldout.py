@@ -1,6 +1,6 @@
 """The held-out evaluation set of the RLSTA experiment, and its disjointness check against training.
 
-    python -m jaxrl_mt.experiments.heldout --out docs/results/heldout.jsonl --seed 0
+    python -m experiments.heldout --out docs/results/heldout.jsonl --seed 0
 
 Builds problems from sources whose surface templates are kept out of training: the ``heldout``
 template set of ``jaxrl_mt.data.families`` (one- and two-step addition/subtraction; the training

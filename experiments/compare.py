@@ -1,6 +1,6 @@
 """Compare models on the held-out set and write the report with plots.
 
-    python -m jaxrl_mt.experiments.compare --models base,runs/grpo_exp,runs/rlsta_exp,runs/icpo_exp \\
+    python -m experiments.compare --models base,runs/grpo_exp,runs/rlsta_exp,runs/icpo_exp \\
         --heldout docs/results/heldout.jsonl --out docs/results/rlsta_cpu.md
 
 ``--models``: comma-separated; ``base`` is ``--base`` (default the embedded model), a training
@@ -14,7 +14,7 @@ model spec. Each model is evaluated with the same seeds through ``jaxrl_mt.evalu
 
 Everything goes under ``OUT`` (the markdown path without ``.md``): per-model transcripts, a copy
 of each run's small files (metrics, config, run info, filter statistics), ``manifest.json``,
-``report.json`` and PNG plots (see ``jaxrl_mt.experiments.report``). ``--recompute`` rebuilds the
+``report.json`` and PNG plots (see ``experiments.report``). ``--recompute`` rebuilds the
 report from those files alone; a rerun resumes the evaluations already on disk.
 """
 
@@ -26,9 +26,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jaxrl_mt.experiments.common import compress_transcripts, eval_config, write_json
-from jaxrl_mt.experiments.provenance import code_version, record_evaluation
-from jaxrl_mt.experiments.report import RUN_FILES, build, write
+from experiments.common import compress_transcripts, eval_config, write_json
+from experiments.provenance import code_version, record_evaluation
+from experiments.report import RUN_FILES, build, write
 
 __all__ = ["evaluation_jobs", "greedy_only", "main", "resolve_models"]
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{[m['name'] for m in models]}")
         out.mkdir(parents=True, exist_ok=True)
         greedy, lic, tasks = _subset(Path(a.heldout), out, a.limit, a.lic_every)
-        from jaxrl_mt.experiments.analysis import family_of
+        from experiments.analysis import family_of
 
         manifest = {"models": models, "heldout": a.heldout, "n_problems": len(tasks),
                     "families": sorted({family_of(t.task_id) for t in tasks}),
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                     "greedy_only": greedy_only(a),
                     "max_new_tokens": a.max_new_tokens, "system": a.system, "seed": a.seed, "bootstrap": a.bootstrap,
                     **({"abstain": True} if a.abstain else {}), "code": code_version(),
-                    "command": "python -m jaxrl_mt.experiments.compare " + " ".join(argv if argv is not None
+                    "command": "python -m experiments.compare " + " ".join(argv if argv is not None
                                                                                       else sys.argv[1:])}
         write_json(out / "manifest.json", manifest)
         for m in models:

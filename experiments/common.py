@@ -11,7 +11,7 @@ from typing import Any
 
 from jaxrl_mt.eval.simulator import EvalError, TranscriptStore
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 EVAL_CONFIG = ROOT / "configs" / "eval_lic.py"
 GREEDY_KINDS = ("full", "sharded", "mt_refine")
 KIND_NAMES = {"full": "FULL", "sharded": "MT-Add", "mt_refine": "MT-Refine", "multi": "multi-turn"}

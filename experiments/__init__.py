@@ -1,6 +1,6 @@
 """The RLSTA CPU experiment (issue 15): calibration, held-out set, model comparison and its report.
 
-Entry points (each ``python -m jaxrl_mt.experiments.<name> --help``):
+Entry points (each ``python -m experiments.<name> --help``):
 
   calibrate  single- vs multi-turn strict accuracy of candidate problem families (base model)
   heldout    builds the held-out multi-turn evaluation set (templates kept out of training)

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jaxrl_mt.experiments.analysis import ECHO_SHARE
-from jaxrl_mt.experiments.common import GREEDY_KINDS, KIND_NAMES, ROOT
+from experiments.analysis import ECHO_SHARE
+from experiments.common import GREEDY_KINDS, KIND_NAMES, ROOT
 
 __all__ = ["render"]
 
@@ -270,7 +270,7 @@ def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
         *_evaluated_on(report),
         "",
         "Every number below is recomputed from the files under "
-        f"`{rel}/` by `python -m jaxrl_mt.experiments.compare --recompute --out {_md_arg(out_dir)}`.",
+        f"`{rel}/` by `python -m experiments.compare --recompute --out {_md_arg(out_dir)}`.",
         "",
     ]
     lines += _accuracy(report) + ["", img("accuracy.png"), ""] + _pairs(report) + [""] + _lic(report) + [""]

@@ -1,6 +1,6 @@
 """Run one training arm and record its wall time, peak memory and the machine load.
 
-    python -m jaxrl_mt.experiments.train_arm --config configs/rlsta.py:experiment [--config.rl.steps=2 ...]
+    python -m experiments.train_arm --config configs/rlsta.py:experiment [--config.rl.steps=2 ...]
 
 Runs ``python -m jaxrl_mt.train`` with the same arguments in a child process and writes
 ``<workdir>/run_info.json``: wall seconds, the child's peak resident memory (``getrusage``
@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from jaxrl_mt.experiments.provenance import code_version
+from experiments.provenance import code_version
 
 __all__ = ["main", "workdir_of"]
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
     info = {"wall_s": round(wall, 1), "peak_rss_gb": round(peak_kb / 2**20, 3), "exit_status": rc,
             "load_avg_mean": round(sum(loads) / len(loads), 2) if loads else None, "cpu_count": os.cpu_count(),
-            "command": " ".join(["python -m jaxrl_mt.experiments.train_arm", *args]), "code": code,
+            "command": " ".join(["python -m experiments.train_arm", *args]), "code": code,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
     wd.mkdir(parents=True, exist_ok=True)
     prev = wd / "run_info.json"

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_mt.experiments.common import CURVE_KEYS, KIND_NAMES
+from experiments.common import CURVE_KEYS, KIND_NAMES
 
 __all__ = ["make_plots"]
 

@@ -1,6 +1,6 @@
 """Calibration: single-turn (FULL) vs multi-turn (MT-Add, MT-Refine) strict accuracy of problem families.
 
-    python -m jaxrl_mt.experiments.calibrate --out /tmp/calib \\
+    python -m experiments.calibrate --out /tmp/calib \\
         --families train1=family:train:48:1,heldout1=family:heldout:48:1 --temps 0,1 --max-new-tokens 64
 
 Each family is a LABEL=SOURCE_SPEC pair (``jaxrl_mt.data.load_source``). For every temperature the
@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jaxrl_mt.experiments.analysis import bootstrap_mean, last_reply_scores
-from jaxrl_mt.experiments.common import eval_config, load_records, write_json
+from experiments.analysis import bootstrap_mean, last_reply_scores
+from experiments.common import eval_config, load_records, write_json
 
 SCENARIOS = ("full", "sharded", "mt_refine")
 
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["settings"] = {f"T{t:g}": stored_settings(out / f"T{t:g}") or {
         "model": a.model, "max_new_tokens": a.max_new_tokens, "system_prompt": a.system} for t in temps}
     write_json(out / "calibration.json", summary)
-    md = markdown(summary, "python -m jaxrl_mt.experiments.calibrate " + " ".join(
+    md = markdown(summary, "python -m experiments.calibrate " + " ".join(
         f"'{x}'" if " " in x else x for x in (argv if argv is not None else sys.argv[1:])))
     (out / "calibration.md").write_text(md, encoding="utf-8")
     print(md)

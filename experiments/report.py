@@ -21,9 +21,9 @@ from typing import Any
 
 from jaxrl_mt.eval.metrics import first_answer_turn_stats
 from jaxrl_mt.eval.report import build_report
-from jaxrl_mt.experiments import analysis as A
-from jaxrl_mt.experiments.common import CURVE_KEYS, GREEDY_KINDS, load_records, write_json
-from jaxrl_mt.experiments.provenance import read_evaluation_code
+from experiments import analysis as A
+from experiments.common import CURVE_KEYS, GREEDY_KINDS, load_records, write_json
+from experiments.provenance import read_evaluation_code
 
 __all__ = ["CURVE_KEYS", "GREEDY_KINDS", "build", "read_curves", "write"]
 
@@ -172,8 +172,8 @@ def build(out_dir: str | Path) -> dict[str, Any]:
 
 def write(report: dict[str, Any], out_dir: str | Path, md_path: str | Path) -> list[Path]:
     """Writes ``report.json``, the PNG plots and the markdown report; returns the paths."""
-    from jaxrl_mt.experiments.markdown import render
-    from jaxrl_mt.experiments.plots import make_plots
+    from experiments.markdown import render
+    from experiments.plots import make_plots
 
     out = Path(out_dir)
     paths = [write_json(out / "report.json", report)]
