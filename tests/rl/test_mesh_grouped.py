@@ -34,6 +34,8 @@ def test_grouped_layout_under_every_mesh_matches_one_device(tiny_chat_model_dir:
         assert rep[spec]["grouped"] and rep[spec]["groups"] == [2, 2], spec  # each prompt once for its 2 rows
         rows = rep[spec]["rows"]
         for step in ("1", "2"):
-            for k in KEYS:
-                assert abs(rows[step][k] - one[step][k]) <= 1e-5, (spec, step, k, rows[step][k], one[step][k])
+            for k in KEYS:  # 1e-5, relative above magnitude 1 (the entropy, ~6.9: fp32 sums over the
+                # vocabulary in another order per mesh differ by ~3e-6 relative)
+                tol = 1e-5 * max(1.0, abs(one[step][k]))
+                assert abs(rows[step][k] - one[step][k]) <= tol, (spec, step, k, rows[step][k], one[step][k])
     assert one["1"]["train/kl"] >= 0 and one["2"]["train/kl"] > 0  # the policy moved: a real KL term
