@@ -42,18 +42,22 @@ PROGRAMS = ("score", "prefill", "extend", "train")
 PREFILL_NEW = 64  # decode slots after the prompt in the prefill's cache
 
 
+def _shapes() -> dict:
+    """`--shape` names -> configs: the accelerator benchmark's shapes and memory_table's Qwen2.5 ones."""
+    from jaxrl_mt.benchmarks.accel import SHAPES
+    from jaxrl_mt.memory_table import QWEN25
+
+    return {**SHAPES, **{k.lower(): v for k, v in QWEN25.items()}}
+
+
 def _config(a: argparse.Namespace):
     """(config, params) of `--shape` (random weights) or `--model`."""
     import jax
 
-    from jaxrl_mt.benchmarks.accel import SHAPES
-    from jaxrl_mt.memory_table import QWEN25
-
     if a.shape:
         from jaxrl_mt.models.decoder import init_params
 
-        shapes = {**SHAPES, **{k.lower(): v for k, v in QWEN25.items()}}
-        cfg = shapes[a.shape].replace(param_dtype=a.dtype, dtype=a.dtype, attention=a.child, attention_block=a.block)
+        cfg = _shapes()[a.shape].replace(param_dtype=a.dtype, dtype=a.dtype, attention=a.child, attention_block=a.block)
         return cfg, init_params(cfg, jax.random.PRNGKey(0))
     from jaxrl_mt.models.registry import load_model
 
@@ -223,8 +227,8 @@ def matmul_peak(n: int = 8192, repeats: int = 10) -> float:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jaxrl_mt.benchmarks attention", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="builtin:smollm2-135m-instruct", help="model spec (load_model)")
-    ap.add_argument("--shape", default="", help="random weights of a published config instead of --model: "
-                    "qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, tiny")
+    ap.add_argument("--shape", default="", help="random weights of a published config instead of --model "
+                    "(benchmarks.accel.SHAPES and memory_table.QWEN25, lower-cased: qwen2.5-7b, ...)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="params and compute dtype")
     ap.add_argument("--length", type=int, default=4096, help="tokens per row")
     ap.add_argument("--batch", type=int, default=1, help="rows")
@@ -249,7 +253,7 @@ def _check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     bad = [i for i in a.impls.split(",") if i not in IMPLS]
     if bad:
         ap.error(f"--impls: unknown {bad}; choose from {', '.join(IMPLS)}")
-    shapes = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "tiny")
+    shapes = sorted(_shapes())
     if a.shape and a.shape not in shapes:
         ap.error(f"--shape: unknown {a.shape!r}; choose from {', '.join(shapes)}")
     for name, v in (("--length", a.length), ("--batch", a.batch), ("--repeats", a.repeats), ("--block", a.block)):
