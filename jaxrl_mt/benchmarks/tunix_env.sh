@@ -18,4 +18,4 @@ TUNIX_PINS=${TUNIX_PINS:-"google-tunix==0.1.7 jax==0.10.2 jaxlib==0.10.2 flax==0
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pip install -q $TUNIX_PINS
 "$VENV/bin/python" -c "import tunix, jax, flax; print('tunix', getattr(tunix, '__version__', '?'), 'jax', jax.__version__, 'flax', flax.__version__)"
-echo "tunix installed in $(pwd)/$VENV"
+echo "tunix installed in $(cd "$VENV" && pwd)"

@@ -4,7 +4,8 @@ adapters' parameter count and the check of what tunix trained, and (slow, only w
 exists) both sides agreeing on greedy tokens and on logits within 1e-4, and a LoRA GRPO round of
 both sides on a tiny random model where tunix's optimizer trains exactly the adapters.
 
-CI never depends on tunix's venv: the slow test skips without it.
+CI builds tunix's venv (`.ci/run`: a cold install took 64 s) and runs the smoke test of the whole command
+on a tiny model; without the venv (the README's test command alone) the tests that need it skip.
 """
 
 from __future__ import annotations
@@ -215,3 +216,23 @@ def test_lora_grpo_round_trains_exactly_the_adapters_on_both_sides(tiny_chat_mod
     assert r["lora_rank"] == r["ours"]["lora_rank"] == r["tunix"]["lora_rank"] == 4
     assert r["ours"]["steady_step_s"] > 0 and r["tunix"]["steady_step_s"] > 0
     assert "LoRA rank 4, alpha 8" in format_grpo(r)
+
+
+@pytest.mark.skipif(not (VENV / "bin" / "python").exists(), reason="no tunix venv (jaxrl_mt/benchmarks/tunix_env.sh)")
+def test_smoke_whole_command_on_a_tiny_model(tiny_chat_model_dir, tmp_path):
+    """CI's form of the benchmark (.ci/run builds tunix's venv): the whole command on a tiny random model,
+    one round, a full-fine-tuning GRPO round of 2 steps per side; the JSON's fields are there and agree."""
+    out = tmp_path / "bench.json"
+    subprocess.run([sys.executable, "-m", "jaxrl_mt.benchmarks", "tunix", "--model", str(tiny_chat_model_dir),
+                    "--steps", "1", "--batch", "2", "--new-tokens", "4", "--prompt-len", "8", "--grpo",
+                    "--grpo-steps", "2", "--json", str(out)], cwd=ROOT, check=True)
+    r = json.loads(out.read_text())
+    assert (r["batch"], r["new_tokens"], r["steps"]) == (2, 4, 1)
+    for side in ("ours", "tunix"):
+        assert r[side]["tokens_per_s"] > 0 and r[side]["decode_tokens_per_s"] > 0 and r[side]["lengths"] == [4, 4]
+        assert r["grpo"][side]["steady_step_s"] > 0 and r["grpo"][side]["peak_rss_mb"] > 0
+    assert r["agree_rows"] == 2 and r["first_divergence"] == [None, None] and r["max_abs_logit_diff"] < 1e-4
+    assert r["ratio_tokens_per_s"] == pytest.approx(r["ours"]["tokens_per_s"] / r["tunix"]["tokens_per_s"])
+    g = r["grpo"]
+    assert g["tunix"]["trainable_params"] == g["tunix"]["params"] and not g["tunix"]["base_unchanged"]  # full FT
+    assert g["ratio_step"] == pytest.approx(g["tunix"]["steady_step_s"] / g["ours"]["steady_step_s"])
