@@ -3,7 +3,8 @@ wrong multi-turn response on the same history (jaxrl_mt/rl/supervised.py), TRL's
 
 The paper: lr 5e-7, batch 16, 1 epoch; beta 0.1 (TRL's default). `rl.steps` counts optimizer steps:
 one epoch is rows / 16 (the run logs how many epochs its steps make). The reference is the frozen
-initial policy (or `ref_model`). Presets: `paper`, `cpu` (embedded SmolLM2-135M, minutes on 2 cores).
+initial policy (or `ref_model`). Presets: `paper`, `cpu` (embedded SmolLM2-135M, minutes on 2 cores),
+`experiment2` (issue 35's DPO arm).
 Use: python -m jaxrl_mt.train --config configs/dpo.py:cpu
 """
 
@@ -15,8 +16,8 @@ from jaxrl_mt.runtime import load_config_file
 
 
 def get_config(preset: str = "paper") -> ConfigDict:
-    if preset not in ("paper", "cpu"):
-        raise ValueError(f"unknown preset {preset!r}; expected 'paper' or 'cpu'")
+    if preset not in ("paper", "cpu", "experiment2"):
+        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'cpu' or 'experiment2'")
     c = load_config_file(Path(__file__).with_name("rlsta.py"), preset)
     c.method = "dpo"
     c.reward = ""  # no reward: preference pairs
@@ -32,6 +33,11 @@ def get_config(preset: str = "paper") -> ConfigDict:
         c.rl.batch_size = 16
         c.rl.steps = 40  # about 1 epoch of ~640 pairs; set it to rows / 16 for the data at hand
         c.eval.every = 10
+    elif preset == "experiment2":  # rlsta:experiment2's items (filtered), budgets, LoRA, lr and probe
+        c.rl.batch_size = 4
+        c.rl.steps = 20  # the paper's 1 epoch of ~80 pairs at batch 4 (the run logs the epochs its steps make)
+        c.eval.every = 5
+        c.checkpoint.every = 10
     else:
         c.filter.enabled = False
         c.filter.k = 4

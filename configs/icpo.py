@@ -28,8 +28,8 @@ def get_config(preset: str = "paper") -> ConfigDict:
         c.rl.lr = 1e-6
         c.rl.batch_size = 64
         c.rl.group_size = 8
-    elif preset == "experiment":  # the ICPO arm of issue 15: same problems, budget and probe as rlsta:experiment
-        c.workdir = "runs/icpo_exp"
+    elif preset in ("experiment", "experiment2"):  # ICPO's arm (issues 15, 35): rlsta's problems, budget, probe
+        c.workdir = "runs/icpo_exp" if preset == "experiment" else "runs/exp2/icpo"
         c.data.add_source = "family:train:96:1,family:train:32:2"
         c.data.heldout = 0
     elif preset == "cpu":

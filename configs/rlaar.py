@@ -6,7 +6,9 @@ solvable one (jaxrl_mt/rewards/abstain.py). The curriculum (jaxrl_mt/rl/rlaar.py
 code runs it): start at 1 shard, a 10-step window, threshold 0.8 x the first full window's mean
 reward, one more shard when the window mean exceeds it and >= 10 steps passed, a random count in
 [1, max_shards] once max_shards is reached. The system prompt tells the model how to abstain (our
-wording: the paper's is not published). Presets: `paper` (RLSTA's GRPO settings), `cpu`.
+wording: the paper's is not published). Presets: `paper` (RLSTA's GRPO settings), `cpu`, `experiment2` (issue
+35's RLAAR arm: rlsta:experiment2's problems, budgets, LoRA, lr and probe; its system prompt is the chosen one
+with the abstain instruction appended).
 Use: python -m jaxrl_mt.train --config configs/rlaar.py:cpu
 """
 
@@ -14,14 +16,15 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from jaxrl_mt.rewards.abstain import ABSTAIN_INSTRUCTION
+from jaxrl_mt.rewards.abstain import ABSTAIN_INSTRUCTION, with_abstain
 from jaxrl_mt.runtime import load_config_file
 
 
 def get_config(preset: str = "paper") -> ConfigDict:
-    if preset not in ("paper", "cpu"):
-        raise ValueError(f"unknown preset {preset!r}; expected 'paper' or 'cpu'")
+    if preset not in ("paper", "cpu", "experiment2"):
+        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'cpu' or 'experiment2'")
     c = load_config_file(Path(__file__).with_name("rlsta.py"), preset)
+    chosen_system = c.system_prompt
     c.method = "rlaar"
     c.reward = "rlaar"
     c.workdir = c.workdir.replace("rlsta", "rlaar")
@@ -39,5 +42,10 @@ def get_config(preset: str = "paper") -> ConfigDict:
         c.data.heldout = 2
         c.rlaar.max_shards = 3
         c.rl.steps = 6
+        c.eval.every = 0
+    elif preset == "experiment2":
+        c.system_prompt = with_abstain(chosen_system)
+        c.data.add_source = "family:train:96:1,family:train:32:2"  # = rlsta's problems, as RLAAR samples
+        c.rlaar.max_shards = 4  # the families' problems have 3-4 shards (the question + 2-3 facts)
         c.eval.every = 0
     return c

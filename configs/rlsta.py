@@ -3,12 +3,22 @@
 Presets: `paper` (the published recipe as the official code runs it), `paper_described` (the same recipe as
 the paper text describes it; the differences are listed in docs/training.md), `cpu` (embedded SmolLM2-135M,
 <= 15 min on 2 cores) and `experiment` (issue 15's held-out experiment, <= 45 min on 2 cores; see
-docs/results/experiment_presets.md); `no_verifier` / `no_verifier_cpu`: RLSTA without a verifier (the anchor
+docs/results/experiment_presets.md), `experiment2` (issue 35's comparison: docs/results/experiment2_plan.md);
+`no_verifier` / `no_verifier_cpu`: RLSTA without a verifier (the anchor
 reward alone) on `paper` / `cpu`.
 Use: python -m jaxrl_mt.train --config configs/rlsta.py:cpu --config.rl.steps=4
 """
 
 from ml_collections import ConfigDict, FieldReference
+
+# Issue 35's comparison: the reply budget and system prompt chosen by the rule fixed before any run
+# (docs/results/experiment2_plan.md), `python -m experiments.budget` -> docs/results/exp2/budget/budget.md.
+# No candidate got under 10% cut replies at 192 tokens (a tenth of the replies loop to any budget); the rule's
+# fallback, the smallest cut share at 128 tokens: S2 (12.5% cut at 128; FULL strict 14.6% at 256).
+EXP2_BUDGET = 128
+EXP2_SYSTEM = ("You are a helpful assistant. Solve the problem briefly, in at most three short sentences, and end "
+               "with: The answer is N.")
+EXP2_LORA_LR = 1e-4  # 10x the full fine-tuning lr (1e-5), the usual ratio for LoRA (Schulman et al. 2025)
 
 
 def get_config(preset: str = "paper") -> ConfigDict:
@@ -136,9 +146,11 @@ def get_config(preset: str = "paper") -> ConfigDict:
         c.checkpoint.every = 3
     elif preset == "experiment":
         _experiment(c)
+    elif preset == "experiment2":
+        _experiment2(c)
     else:
         raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'paper_described', 'cpu', 'experiment', "
-                         "'no_verifier' or 'no_verifier_cpu'")
+                         "'experiment2', 'no_verifier' or 'no_verifier_cpu'")
     return c
 
 
@@ -216,3 +228,20 @@ def _experiment(c: ConfigDict) -> None:
     c.checkpoint.every = 12
     c.checkpoint.keep = 1
     c.export = False
+
+
+def _experiment2(c: ConfigDict) -> None:
+    """Issue 35's recipe, shared by every training arm (docs/results/experiment2_plan.md).
+
+    `experiment`'s problems, filter, steps and probe, with the budget and system prompt the plan's
+    rule chose (`EXP2_BUDGET`, `EXP2_SYSTEM`) at every stage (histories, filter, rollouts, probe),
+    and LoRA rank 16, alpha 32 on the seven projections at `EXP2_LORA_LR`. The seed is `seed`
+    (`--config.seed=1`); the arms' workdirs are `runs/exp2/<arm>` (`python -m experiments.exp2`).
+    """
+    _experiment(c)
+    c.workdir = "runs/exp2/rlsta"
+    c.system_prompt = EXP2_SYSTEM
+    c.history.max_new_tokens = c.rl.max_new_tokens = c.eval.max_new_tokens = EXP2_BUDGET
+    c.lora.rank, c.lora.alpha = 16, 32.0
+    c.rl.lr = EXP2_LORA_LR
+    c.export = True  # the adapter (PEFT folder, <workdir>/adapter) is what the comparison evaluates

@@ -5,7 +5,7 @@ policy's first correct response to the full single-turn prompt among `filter.k` 
 target (jaxrl_mt/rl/supervised.py). The paper: lr 1e-6, batch 32, 5 epochs, the checkpoint with the
 lowest validation loss (kept in <workdir>/best and exported). `rl.steps` counts optimizer steps:
 5 epochs are 5 * rows / 32 steps (the run logs how many epochs its steps make).
-Presets: `paper`, `cpu` (embedded SmolLM2-135M, minutes on 2 cores).
+Presets: `paper`, `cpu` (embedded SmolLM2-135M, minutes on 2 cores), `experiment2` (issue 35's SFT arm).
 Use: python -m jaxrl_mt.train --config configs/sft.py:cpu
 """
 
@@ -17,8 +17,8 @@ from jaxrl_mt.runtime import load_config_file
 
 
 def get_config(preset: str = "paper") -> ConfigDict:
-    if preset not in ("paper", "cpu"):
-        raise ValueError(f"unknown preset {preset!r}; expected 'paper' or 'cpu'")
+    if preset not in ("paper", "cpu", "experiment2"):
+        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'cpu' or 'experiment2'")
     c = load_config_file(Path(__file__).with_name("rlsta.py"), preset)
     c.method = "sft"
     c.reward = ""  # no reward: fixed targets
@@ -32,6 +32,11 @@ def get_config(preset: str = "paper") -> ConfigDict:
         c.rl.batch_size = 32
         c.rl.steps = 100  # about 5 epochs of ~640 rows; set it to 5 * rows / 32 for the data at hand
         c.eval.every = 10  # validation loss (and the kept checkpoint) every N steps
+    elif preset == "experiment2":  # rlsta:experiment2's items (filtered), budgets, LoRA, lr and probe
+        c.rl.batch_size = 4
+        c.rl.steps = 100  # the paper's 5 epochs of ~80 rows at batch 4 (the run logs the epochs its steps make)
+        c.eval.every = 10
+        c.checkpoint.every = 50
     else:
         c.filter.enabled = False  # the 135M model is rarely better single-turn than multi-turn on these
         c.filter.k = 4

@@ -28,7 +28,7 @@ from safetensors.numpy import load_file, save_file
 from jaxrl_mt.models.config import ModelConfig, ModelError
 from jaxrl_mt.models.decoder import Params
 
-__all__ = ["LoraConfig", "TARGETS", "attach", "init_adapters", "load_peft", "merge", "save_peft"]
+__all__ = ["LoraConfig", "TARGETS", "attach", "copy_peft", "init_adapters", "load_peft", "merge", "save_peft"]
 
 # our layer key -> PEFT/transformers module path under model.layers.{i}.
 TARGETS = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -142,3 +142,29 @@ def load_peft(folder: str | os.PathLike, cfg: ModelConfig) -> tuple[Params, Lora
     rank = int(conf["r"])
     lc = LoraConfig(rank=rank, alpha=float(conf.get("lora_alpha", rank)), targets="|".join(adapters))
     return {"layers": adapters}, lc
+
+
+def copy_peft(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "float32") -> Path:
+    """A copy of the PEFT LoRA folder ``src`` at ``dst`` with every tensor stored as ``dtype``.
+
+    ``"bfloat16"`` halves an fp32 adapter (rank 16 on the embedded model: 19.6 -> 9.8 MB) at
+    bfloat16's rounding (8 significant bits, fp32's range); ``load_peft`` reads it back as fp32, so
+    the model evaluated from the copy is the copy's, not the original's.
+
+    Raises:
+      ModelError: ``src`` is not a PEFT adapter folder, or an unknown ``dtype``.
+    """
+    import ml_dtypes
+
+    types = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+    if dtype not in types:
+        raise ModelError(f"copy_peft: dtype must be one of {sorted(types)}, got {dtype!r}")
+    src, dst = Path(src), Path(dst)
+    cpath, wpath = src / "adapter_config.json", src / "adapter_model.safetensors"
+    if not cpath.is_file() or not wpath.is_file():
+        raise ModelError(f"{src}: not a PEFT adapter (adapter_config.json and adapter_model.safetensors)")
+    dst.mkdir(parents=True, exist_ok=True)
+    tensors = {k: np.ascontiguousarray(v.astype(types[dtype])) for k, v in load_file(str(wpath)).items()}
+    save_file(tensors, str(dst / "adapter_model.safetensors"))
+    (dst / "adapter_config.json").write_bytes(cpath.read_bytes())
+    return dst

@@ -44,3 +44,40 @@ def test_one_measured_setting_for_training_probe_and_comparison() -> None:
     assert c["system_prompt"] == compare.SYSTEM == ""
     assert c["filter.temperature"] == c["rl.temperature"] == 0.5  # calibration.md: T = 1 samples rarely solve
     assert c["eval.probe_every"] and c["rl.steps"] % c["eval.probe_every"] == 0  # the last probe is the final one
+
+
+def _preset2(name: str) -> dict:
+    return _flat(load_config_file(CONFIGS / f"{name}.py", "experiment2").to_dict())
+
+
+def test_experiment2_budget_and_prompt_are_the_rules_choice() -> None:
+    """configs/rlsta.py's EXP2_* constants are what experiments.budget chose from the committed transcripts."""
+    import json
+
+    from experiments import budget
+
+    out = CONFIGS.parent / "docs" / "results" / "exp2" / "budget"
+    committed = json.loads((out / "budget.json").read_text())
+    assert budget.summarize(out) == committed  # the committed choice is recomputed from the transcripts
+    choice = committed["choice"]
+    c = _preset2("rlsta")
+    assert c["system_prompt"] == budget.PROMPTS[choice["prompt"]]
+    assert {c["history.max_new_tokens"], c["rl.max_new_tokens"], c["eval.max_new_tokens"]} == {choice["budget"]}
+
+
+def test_experiment2_arms_differ_only_in_the_compared_thing() -> None:
+    rlsta = _preset2("rlsta")
+    grpo = _preset2("grpo")
+    assert {k for k in rlsta.keys() | grpo.keys() if rlsta.get(k) != grpo.get(k)} == {"method", "reward", "rl.alpha",
+                                                                                      "workdir"}
+    shared = ["model", "seed", "data.add_source", "rl.lr", "rl.max_new_tokens", "history.max_new_tokens",
+              "eval.max_new_tokens", "eval.probe_source", "eval.probe_limit", "eval.probe_kinds", "lora.rank",
+              "lora.alpha", "lora.targets", "filter.k", "filter.temperature"]
+    for name in ("sft", "dpo", "icpo", "rlaar"):
+        c = _preset2(name)
+        assert {k: c[k] for k in shared} == {k: rlsta[k] for k in shared}, name
+    for name in ("sft", "dpo", "icpo"):
+        assert _preset2(name)["system_prompt"] == rlsta["system_prompt"]
+    rlaar = _preset2("rlaar")["system_prompt"]
+    assert rlaar.startswith(rlsta["system_prompt"] + "\n\n") and "abstain" in rlaar  # + the compared instruction
+    assert rlsta["lora.rank"] == 16 and rlsta["rl.lr"] == 1e-4 and rlsta["export"]

@@ -15,7 +15,7 @@ from jaxrl_mt.models.config import ModelConfig, ModelError
 from jaxrl_mt.models.decoder import forward, init_params, positions_from_mask
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.models.grouped import forward_grouped
-from jaxrl_mt.models.lora import LoraConfig, attach, init_adapters, load_peft, merge, save_peft
+from jaxrl_mt.models.lora import LoraConfig, attach, copy_peft, init_adapters, load_peft, merge, save_peft
 
 CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                   head_dim=8, max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=1,
@@ -155,6 +155,35 @@ def test_a_folder_that_is_not_an_adapter_is_named(tmp_path):
     save_peft(tmp_path / "a", {"layers": {}}, LoraConfig(rank=2))
     with pytest.raises(ModelError, match="no LoRA weights of a known projection"):
         load_peft(tmp_path / "a", CFG)
+
+
+def test_a_bfloat16_copy_loads_as_the_rounded_adapter_at_half_the_size(tmp_path):
+    import ml_dtypes
+
+    lc = LoraConfig(rank=4, alpha=8.0)
+    ad = _random_b(init_adapters(init_params(CFG, jax.random.PRNGKey(0)), lc, jax.random.PRNGKey(1)),
+                   jax.random.PRNGKey(2))
+    save_peft(tmp_path / "fp32", ad, lc)
+    copy_peft(tmp_path / "fp32", tmp_path / "bf16", dtype="bfloat16")
+    back, lc2 = load_peft(tmp_path / "bf16", CFG)
+    assert lc2 == lc
+    for k, ab in ad["layers"].items():
+        for m in ("a", "b"):
+            want = np.asarray(ab[m], np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+            np.testing.assert_array_equal(back["layers"][k][m], want)  # exactly bf16 rounding, read back as fp32
+            assert np.max(np.abs(back["layers"][k][m] - np.asarray(ab[m]))) > 0  # and not the fp32 values
+    def data_bytes(d):  # a safetensors file: 8-byte header length, the JSON header, then the tensors' bytes
+        raw = (tmp_path / d / "adapter_model.safetensors").read_bytes()
+        return len(raw) - 8 - int.from_bytes(raw[:8], "little")
+
+    n = sum(ab[m].size for ab in ad["layers"].values() for m in ("a", "b"))
+    assert (data_bytes("fp32"), data_bytes("bf16")) == (4 * n, 2 * n)
+    config = [(tmp_path / d / "adapter_config.json").read_bytes() for d in ("fp32", "bf16")]
+    assert config[0] == config[1]
+    with pytest.raises(ModelError, match="dtype must be one of"):
+        copy_peft(tmp_path / "fp32", tmp_path / "x", dtype="int8")
+    with pytest.raises(ModelError, match="not a PEFT adapter"):
+        copy_peft(tmp_path / "nothing", tmp_path / "y")
 
 
 def test_dots_remat_keeps_one_output_per_adapted_projection():

@@ -1,0 +1,148 @@
+"""Issue 35's comparison, one command per stage: train the arms (resumable), keep their small files.
+
+    python -m experiments.exp2 list                      # the arms, their commands and what is done
+    python -m experiments.exp2 train [--arms a,b,...]    # train the arms not finished yet, in ARMS order
+
+The arm table (``ARMS``) and the seeds are the plan's (``docs/results/experiment2_plan.md``), fixed
+before any run. ``rlsta_s0`` runs the data stage (histories and the latent-capability filter at the
+chosen budget and system prompt); every arm that trains on histories starts from copies of its
+``histories.jsonl*`` and ``train_items.jsonl*``, so all of them train on the same filtered items.
+Each arm trains through ``experiments.train_arm`` (wall time, peak RSS and load in
+``run_info.json``) in ``runs/exp2/<arm>``; a killed arm resumes from its last checkpoint when the
+command is run again. A finished arm's small files (``RUN_FILES``) and its LoRA adapter, stored in
+bfloat16 (about 9.8 MB at rank 16), are copied to ``docs/results/exp2/runs/<arm>/`` for commit: the
+comparison evaluates the committed adapter, so anyone can evaluate the same model again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from experiments.common import ROOT
+from experiments.report import RUN_FILES
+
+__all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "finished", "main"]
+
+RUNS = Path("runs/exp2")
+RESULTS = Path("docs/results/exp2/runs")
+DATA_ARM = "rlsta_s0"
+SHARED = ("histories.jsonl", "train_items.jsonl")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One training run: a config preset, a seed, overrides, and whether it trains on the shared items."""
+
+    config: str
+    seed: int
+    overrides: tuple[str, ...] = ()
+    shares_items: bool = True
+
+
+ARMS: dict[str, Arm] = {
+    "rlsta_s0": Arm("configs/rlsta.py:experiment2", 0),
+    "grpo_s0": Arm("configs/grpo.py:experiment2", 0),
+    # the LoRA comparison: GRPO seed 0 fully fine-tuned at the full fine-tuning lr of `experiment`
+    "grpo_full_s0": Arm("configs/grpo.py:experiment2", 0, ("--config.lora.rank=0", "--config.rl.lr=1e-05")),
+    "rlsta_nv_s0": Arm("configs/rlsta.py:experiment2", 0, ("--config.rl.verifier_weight=0.0",)),
+    "sft_s0": Arm("configs/sft.py:experiment2", 0),
+    "dpo_s0": Arm("configs/dpo.py:experiment2", 0),
+    "icpo_s0": Arm("configs/icpo.py:experiment2", 0, shares_items=False),
+    "rlaar_s0": Arm("configs/rlaar.py:experiment2", 0, shares_items=False),
+    "grpo_s1": Arm("configs/grpo.py:experiment2", 1),
+    "rlsta_s1": Arm("configs/rlsta.py:experiment2", 1),
+    "grpo_s2": Arm("configs/grpo.py:experiment2", 2),
+    "rlsta_s2": Arm("configs/rlsta.py:experiment2", 2),
+}
+
+
+def arm_command(name: str, runs: Path = RUNS) -> list[str]:
+    """The ``experiments.train_arm`` arguments of arm ``name``."""
+    a = ARMS[name]
+    return ["--config", a.config, f"--config.seed={a.seed}", f"--config.workdir={runs / name}", *a.overrides]
+
+
+def finished(workdir: Path) -> bool:
+    """The arm's training ended with exit status 0 (its last ``train_arm`` invocation)."""
+    path = workdir / "run_info.json"
+    if not path.is_file():
+        return False
+    info = json.loads(path.read_text())
+    return (info.get("invocations") or [info])[-1].get("exit_status") == 0
+
+
+def copy_shared_items(src: Path, dst: Path) -> list[Path]:
+    """Copies the data arm's histories and filtered items (and their sidecar files) into ``dst``.
+
+    Raises:
+      SystemExit: the data arm has not written them yet.
+    """
+    files = sorted(p for p in src.glob("*.jsonl*") if p.name.startswith(SHARED))
+    if not any(p.name == "train_items.jsonl" for p in files):
+        raise SystemExit(f"{src}/train_items.jsonl: not there; train {DATA_ARM} first (it runs the data stage)")
+    dst.mkdir(parents=True, exist_ok=True)
+    out = []
+    for p in files:
+        if not (dst / p.name).exists():
+            shutil.copyfile(p, dst / p.name)
+            out.append(dst / p.name)
+    return out
+
+
+def keep_small_files(workdir: Path, dst: Path) -> list[Path]:
+    """Copies the run's small files and its adapter (bfloat16 PEFT folder) to ``dst`` (for commit)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    out = []
+    for f in RUN_FILES:
+        if (workdir / f).is_file():
+            out.append(Path(shutil.copyfile(workdir / f, dst / f)))
+    if (workdir / "adapter" / "adapter_config.json").is_file():
+        from jaxrl_mt.models.lora import copy_peft
+
+        out.append(copy_peft(workdir / "adapter", dst / "adapter", dtype="bfloat16"))
+    return out
+
+
+def train(names: list[str], runs: Path, results: Path) -> int:
+    """Trains ``names`` in order (finished ones skipped); returns the first non-zero exit status."""
+    for name in names:
+        wd = runs / name
+        if not finished(wd):
+            if ARMS[name].shares_items and name != DATA_ARM:
+                copy_shared_items(runs / DATA_ARM, wd)
+            print(f"exp2: training {name}", file=sys.stderr, flush=True)
+            rc = subprocess.call([sys.executable, "-m", "experiments.train_arm", *arm_command(name, runs)], cwd=ROOT)
+            if rc != 0:
+                return rc
+        keep_small_files(wd, results / name)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stage", choices=("list", "train"))
+    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (default: all, in order)")
+    ap.add_argument("--runs", default=str(RUNS), help="the arms' workdirs go under this folder")
+    ap.add_argument("--results", default=str(RESULTS), help="the arms' small files are copied under this folder")
+    a = ap.parse_args(argv)
+    names = [n.strip() for n in a.arms.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise SystemExit(f"--arms: unknown {unknown}; expected names among {list(ARMS)}")
+    runs, results = Path(a.runs), Path(a.results)
+    if a.stage == "list":
+        for n in names:
+            state = "finished" if finished(runs / n) else "to train"
+            print(f"{n:14s} {state:9s} python -m experiments.train_arm {' '.join(arm_command(n, runs))}")
+        return 0
+    return train(names, runs, results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""experiments.exp2: the arm table is the plan's, commands, resumability and the files kept for commit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import exp2
+from jaxrl_mt.runtime import load_config_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_arm_table_is_the_plans_seeds_and_presets() -> None:
+    seeds: dict[str, list[int]] = {}
+    for name, arm in exp2.ARMS.items():
+        assert name.endswith(f"_s{arm.seed}")
+        seeds.setdefault(name.rsplit("_s", 1)[0], []).append(arm.seed)
+    assert seeds == {"rlsta": [0, 1, 2], "grpo": [0, 1, 2], "grpo_full": [0], "rlsta_nv": [0], "sft": [0],
+                     "dpo": [0], "icpo": [0], "rlaar": [0]}
+    assert list(exp2.ARMS)[0] == exp2.DATA_ARM  # the data stage runs first
+    for arm in exp2.ARMS.values():
+        file, preset = arm.config.split(":")
+        c = load_config_file(ROOT / file, preset)
+        assert c.lora.rank == 16 and c.seed == 0  # the seed comes from the command line
+    assert not exp2.ARMS["icpo_s0"].shares_items and not exp2.ARMS["rlaar_s0"].shares_items
+
+
+def test_commands_name_seed_workdir_and_overrides() -> None:
+    cmd = exp2.arm_command("grpo_full_s0", Path("r"))
+    assert cmd == ["--config", "configs/grpo.py:experiment2", "--config.seed=0", "--config.workdir=r/grpo_full_s0",
+                   "--config.lora.rank=0", "--config.rl.lr=1e-05"]
+    assert exp2.arm_command("rlsta_s2", Path("r"))[2:4] == ["--config.seed=2", "--config.workdir=r/rlsta_s2"]
+
+
+def test_finished_reads_the_last_invocation(tmp_path: Path) -> None:
+    assert not exp2.finished(tmp_path)
+    (tmp_path / "run_info.json").write_text(json.dumps({"exit_status": 0}))
+    assert exp2.finished(tmp_path)
+    (tmp_path / "run_info.json").write_text(json.dumps({"exit_status": 0, "invocations": [
+        {"exit_status": 0}, {"exit_status": 137}]}))
+    assert not exp2.finished(tmp_path)  # killed on its last invocation: train again (it resumes)
+
+
+def test_shared_items_are_copied_not_overwritten(tmp_path: Path) -> None:
+    src, dst = tmp_path / "data", tmp_path / "arm"
+    with pytest.raises(SystemExit, match="train rlsta_s0 first"):
+        exp2.copy_shared_items(src, dst)
+    src.mkdir()
+    for f in ("histories.jsonl", "histories.jsonl.meta.json", "train_items.jsonl", "train_items.jsonl.stats.json",
+              "metrics.jsonl"):
+        (src / f).write_text(f)
+    dst.mkdir()
+    (dst / "histories.jsonl").write_text("mine")
+    copied = exp2.copy_shared_items(src, dst)
+    assert sorted(p.name for p in copied) == ["histories.jsonl.meta.json", "train_items.jsonl",
+                                              "train_items.jsonl.stats.json"]
+    assert (dst / "histories.jsonl").read_text() == "mine" and not (dst / "metrics.jsonl").exists()
+
+
+def test_list_names_every_arm_and_refuses_unknown(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    assert exp2.main(["list", "--runs", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [x.split()[0] for x in lines] == list(exp2.ARMS) and all("to train" in x for x in lines)
+    with pytest.raises(SystemExit, match="unknown"):
+        exp2.main(["list", "--arms", "rlsta_s0,nope"])
