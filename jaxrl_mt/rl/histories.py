@@ -74,12 +74,15 @@ def build_histories(sampler: Sampler, scenarios: Sequence[Scenario], sampling: S
 
 def single_and_multi_texts(sampler: Sampler, items: Sequence[TrainItem], sampling: SamplingConfig, *, k: int,
                            seed: int, system: str | None = None) -> tuple[list[str], list[str]]:
-    """k samples per item on the full single-turn prompt and on history + last turn (one call)."""
+    """k samples per item on the full single-turn prompt and on history + last turn (one call).
+
+    The k samples of a prompt are one group of `generate_ids` (the prompt prefilled once for its k
+    rows): the rows and their seeds are those of passing each prompt k times.
+    """
     tok = sampler.tokenizer
     st = [encode_prompt(tok, [{"role": "user", "content": it.anchor_prompt}], system=system) for it in items]
     mt = [encode_prompt(tok, it.messages, system=system) for it in items]
-    prompts = [p for p in st for _ in range(k)] + [p for p in mt for _ in range(k)]
-    texts = sampler.generate_ids(prompts, sampling, seed=seed).texts
+    texts = sampler.generate_ids(st + mt, sampling, seed=seed, group_size=k).texts
     n = len(items) * k
     return texts[:n], texts[n:]
 
