@@ -31,6 +31,7 @@ __all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "finished", "main"]
 
 RUNS = Path("runs/exp2")
 RESULTS = Path("docs/results/exp2/runs")
+DATA = Path("docs/results/exp2/data")  # the data stage's files, committed: a new checkout skips that stage
 DATA_ARM = "rlsta_s0"
 SHARED = ("histories.jsonl", "train_items.jsonl")
 
@@ -109,15 +110,23 @@ def keep_small_files(workdir: Path, dst: Path) -> list[Path]:
     return out
 
 
-def train(names: list[str], runs: Path, results: Path) -> int:
-    """Trains ``names`` in order (finished ones skipped); returns the first non-zero exit status."""
+def train(names: list[str], runs: Path, results: Path, data: Path = DATA) -> int:
+    """Trains ``names`` in order (finished ones skipped); returns the first non-zero exit status.
+
+    The data stage's files are kept in ``data`` once written, and copied from there into the data
+    arm's workdir when it lacks them (a fresh checkout resumes after the data stage).
+    """
     for name in names:
         wd = runs / name
         if not finished(wd):
+            if name == DATA_ARM and (data / "train_items.jsonl").is_file():
+                copy_shared_items(data, wd)
             if ARMS[name].shares_items and name != DATA_ARM:
                 copy_shared_items(runs / DATA_ARM, wd)
             print(f"exp2: training {name}", file=sys.stderr, flush=True)
             rc = subprocess.call([sys.executable, "-m", "experiments.train_arm", *arm_command(name, runs)], cwd=ROOT)
+            if name == DATA_ARM and (wd / "train_items.jsonl").is_file():
+                copy_shared_items(wd, data)
             if rc != 0:
                 return rc
         keep_small_files(wd, results / name)
@@ -130,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (default: all, in order)")
     ap.add_argument("--runs", default=str(RUNS), help="the arms' workdirs go under this folder")
     ap.add_argument("--results", default=str(RESULTS), help="the arms' small files are copied under this folder")
+    ap.add_argument("--data", default=str(DATA), help="the data stage's files are kept in (and restored from) here")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.arms.split(",") if n.strip()]
     unknown = [n for n in names if n not in ARMS]
@@ -141,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             state = "finished" if finished(runs / n) else "to train"
             print(f"{n:14s} {state:9s} python -m experiments.train_arm {' '.join(arm_command(n, runs))}")
         return 0
-    return train(names, runs, results)
+    return train(names, runs, results, Path(a.data))
 
 
 if __name__ == "__main__":

@@ -66,3 +66,31 @@ def test_list_names_every_arm_and_refuses_unknown(capsys: pytest.CaptureFixture,
     assert [x.split()[0] for x in lines] == list(exp2.ARMS) and all("to train" in x for x in lines)
     with pytest.raises(SystemExit, match="unknown"):
         exp2.main(["list", "--arms", "rlsta_s0,nope"])
+
+
+def test_data_stage_files_are_kept_and_restored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's bookkeeping around each training (the training itself replaced by one that writes the data
+    stage's files and a run_info.json, as `train_arm` does)."""
+    trained = []
+
+    def fake_train_arm(cmd: list[str], cwd: Path) -> int:
+        wd = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("--config.workdir=")))
+        trained.append((wd.name, sorted(p.name for p in wd.glob("*.jsonl"))))
+        for f in ("histories.jsonl", "train_items.jsonl"):
+            if not (wd / f).exists():
+                (wd / f).write_text(f"{f} of {wd.name}")
+        (wd / "run_info.json").write_text(json.dumps({"exit_status": 0}))
+        return 0
+
+    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    runs, results, data = tmp_path / "runs", tmp_path / "results", tmp_path / "data"
+    (runs / "rlsta_s0").mkdir(parents=True)
+    assert exp2.train(["rlsta_s0", "grpo_s0"], runs, results, data) == 0
+    assert trained == [("rlsta_s0", []), ("grpo_s0", ["histories.jsonl", "train_items.jsonl"])]  # grpo: the copies
+    assert (data / "train_items.jsonl").read_text() == "train_items.jsonl of rlsta_s0"  # kept for commit
+    assert (results / "grpo_s0" / "run_info.json").is_file()
+    # a fresh checkout: no runs/, the committed data -> the data arm starts from them (its data stage is skipped)
+    trained.clear()
+    assert exp2.train(["rlsta_s0"], tmp_path / "fresh", results, data) == 0
+    assert trained == [("rlsta_s0", ["histories.jsonl", "train_items.jsonl"])]
+    assert exp2.train(["rlsta_s0"], tmp_path / "fresh", results, data) == 0 and len(trained) == 1  # finished: skipped
