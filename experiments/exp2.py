@@ -78,14 +78,14 @@ def finished(workdir: Path) -> bool:
     return (info.get("invocations") or [info])[-1].get("exit_status") == 0
 
 
-def copy_shared_items(src: Path, dst: Path) -> list[Path]:
+def copy_shared_items(src: Path, dst: Path, *, require_items: bool = True) -> list[Path]:
     """Copies the data arm's histories and filtered items (and their sidecar files) into ``dst``.
 
     Raises:
-      SystemExit: the data arm has not written them yet.
+      SystemExit: ``require_items`` and the data arm has not written its filtered items yet.
     """
     files = sorted(p for p in src.glob("*.jsonl*") if p.name.startswith(SHARED))
-    if not any(p.name == "train_items.jsonl" for p in files):
+    if require_items and not any(p.name == "train_items.jsonl" for p in files):
         raise SystemExit(f"{src}/train_items.jsonl: not there; train {DATA_ARM} first (it runs the data stage)")
     dst.mkdir(parents=True, exist_ok=True)
     out = []
@@ -119,14 +119,14 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA) -> int
     for name in names:
         wd = runs / name
         if not finished(wd):
-            if name == DATA_ARM and (data / "train_items.jsonl").is_file():
-                copy_shared_items(data, wd)
+            if name == DATA_ARM and data.is_dir():  # what the stage kept: histories, and items once filtered
+                copy_shared_items(data, wd, require_items=False)
             if ARMS[name].shares_items and name != DATA_ARM:
                 copy_shared_items(runs / DATA_ARM, wd)
             print(f"exp2: training {name}", file=sys.stderr, flush=True)
             rc = subprocess.call([sys.executable, "-m", "experiments.train_arm", *arm_command(name, runs)], cwd=ROOT)
-            if name == DATA_ARM and (wd / "train_items.jsonl").is_file():
-                copy_shared_items(wd, data)
+            if name == DATA_ARM:
+                copy_shared_items(wd, data, require_items=False)
             if rc != 0:
                 return rc
         keep_small_files(wd, results / name)

@@ -94,3 +94,10 @@ def test_data_stage_files_are_kept_and_restored(tmp_path: Path, monkeypatch: pyt
     assert exp2.train(["rlsta_s0"], tmp_path / "fresh", results, data) == 0
     assert trained == [("rlsta_s0", ["histories.jsonl", "train_items.jsonl"])]
     assert exp2.train(["rlsta_s0"], tmp_path / "fresh", results, data) == 0 and len(trained) == 1  # finished: skipped
+    # histories kept from a data stage killed while filtering: restored alone
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "histories.jsonl").write_text("h")
+    trained.clear()
+    assert exp2.train(["rlsta_s0"], tmp_path / "fresh2", results, partial) == 0
+    assert trained == [("rlsta_s0", ["histories.jsonl"])]
