@@ -4,8 +4,9 @@
         --heldout docs/results/heldout.jsonl --out docs/results/rlsta_cpu.md
 
 ``--models``: comma-separated; ``base`` is ``--base`` (default the embedded model), a training
-run folder (with ``config.json`` and ``checkpoints/``) is its latest checkpoint (``workdir:PATH``), anything else a
-model spec. Each model is evaluated with the same seeds through ``jaxrl_mt.evaluate``:
+run folder (with ``config.json`` and ``checkpoints/``) is its latest checkpoint (``workdir:PATH``),
+``NAME=SPEC`` a model spec under that name (e.g. a committed adapter, ``BASE+lora:DIR``), anything
+else a model spec. Each model is evaluated with the same seeds through ``jaxrl_mt.evaluate``:
 
 1. greedy (T = 0), FULL + MT-Add + MT-Refine, one run per problem, ``final_turn`` protocol: the
    accuracy tables, paired differences, LiC score (multi / single), inertia and response types;
@@ -21,6 +22,7 @@ report from those files alone; a rerun resumes the evaluations already on disk.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -40,10 +42,17 @@ SYSTEM = ""
 
 
 def resolve_models(names: str, base: str) -> list[dict[str, Any]]:
-    """``[{"name", "spec", "run_dir"}]`` for the ``--models`` list (names must be unique)."""
+    """``[{"name", "spec", "run_dir"}]`` for the ``--models`` list (names must be unique).
+
+    An item ``NAME=SPEC`` (NAME of letters, digits, ``_ . -``) names a model spec, e.g. a committed
+    adapter ``grpo_s0=builtin:smollm2-135m-instruct+lora:docs/results/exp2/runs/grpo_s0/adapter``.
+    """
     out: list[dict[str, Any]] = []
     for item in [x.strip() for x in names.split(",") if x.strip()]:
-        if item == "base":
+        named = re.fullmatch(r"([A-Za-z0-9_.-]+)=(.+)", item)
+        if named:
+            out.append({"name": named.group(1), "spec": named.group(2), "run_dir": None})
+        elif item == "base":
             out.append({"name": "base", "spec": base, "run_dir": None})
         elif (Path(item) / "config.json").is_file() and (Path(item) / "checkpoints").is_dir():
             out.append({"name": Path(item).name, "spec": f"workdir:{item}", "run_dir": item})

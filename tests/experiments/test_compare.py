@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.compare import evaluation_jobs, greedy_only, main
+from experiments.compare import evaluation_jobs, greedy_only, main, resolve_models
 
 
 def _args(lic_runs: int = 4, only: str = "") -> argparse.Namespace:
@@ -33,3 +33,17 @@ def test_a_greedy_only_name_that_is_not_a_model_fails_before_anything_runs(tmp_p
     with pytest.raises(SystemExit, match=r"--greedy-only: \['rlsta_a5'\] are not among the --models names"):
         main(["--models", "base", "--greedy-only", "rlsta_a5", "--out", str(out)])
     assert not out.with_suffix("").exists()
+
+
+def test_named_model_specs(tmp_path: Path) -> None:
+    run = tmp_path / "grpo_exp"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    spec = "builtin:smollm2-135m-instruct+lora:docs/results/exp2/runs/grpo_s0/adapter"
+    got = resolve_models(f"base,grpo_s0={spec},{run},http:x=1", "B")
+    assert got == [{"name": "base", "spec": "B", "run_dir": None},
+                   {"name": "grpo_s0", "spec": spec, "run_dir": None},
+                   {"name": "grpo_exp", "spec": f"workdir:{run}", "run_dir": str(run)},
+                   {"name": "http_x=1", "spec": "http:x=1", "run_dir": None}]  # ':' before '=': not a name
+    with pytest.raises(SystemExit, match="duplicate"):
+        resolve_models(f"a={spec},a=base", "B")
