@@ -114,15 +114,19 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA) -> int
     """Trains ``names`` in order (finished ones skipped); returns the first non-zero exit status.
 
     The data stage's files are kept in ``data`` once written, and copied from there into the data
-    arm's workdir when it lacks them (a fresh checkout resumes after the data stage).
+    arm's workdir when it lacks them (a fresh checkout resumes after the data stage) and into every
+    arm that shares them. An arm whose committed files (``results/<arm>``) say it finished, with no
+    workdir here, is skipped: it was trained in an earlier checkout.
     """
     for name in names:
         wd = runs / name
+        if finished(results / name) and not wd.is_dir():
+            continue  # trained in an earlier checkout: its committed files are the record
         if not finished(wd):
             if name == DATA_ARM and data.is_dir():  # what the stage kept: histories, and items once filtered
                 copy_shared_items(data, wd, require_items=False)
             if ARMS[name].shares_items and name != DATA_ARM:
-                copy_shared_items(runs / DATA_ARM, wd)
+                copy_shared_items(data if (data / "train_items.jsonl").is_file() else runs / DATA_ARM, wd)
             print(f"exp2: training {name}", file=sys.stderr, flush=True)
             rc = subprocess.call([sys.executable, "-m", "experiments.train_arm", *arm_command(name, runs)], cwd=ROOT)
             if name == DATA_ARM:

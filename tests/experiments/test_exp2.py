@@ -89,15 +89,37 @@ def test_data_stage_files_are_kept_and_restored(tmp_path: Path, monkeypatch: pyt
     assert trained == [("rlsta_s0", []), ("grpo_s0", ["histories.jsonl", "train_items.jsonl"])]  # grpo: the copies
     assert (data / "train_items.jsonl").read_text() == "train_items.jsonl of rlsta_s0"  # kept for commit
     assert (results / "grpo_s0" / "run_info.json").is_file()
-    # a fresh checkout: no runs/, the committed data -> the data arm starts from them (its data stage is skipped)
+    # a fresh checkout whose data arm had not finished (no committed run_info): it starts from the committed data
     trained.clear()
-    assert exp2.train(["rlsta_s0"], tmp_path / "fresh", results, data) == 0
+    results2 = tmp_path / "results2"
+    assert exp2.train(["rlsta_s0"], tmp_path / "fresh", results2, data) == 0
     assert trained == [("rlsta_s0", ["histories.jsonl", "train_items.jsonl"])]
-    assert exp2.train(["rlsta_s0"], tmp_path / "fresh", results, data) == 0 and len(trained) == 1  # finished: skipped
+    assert exp2.train(["rlsta_s0"], tmp_path / "fresh", results2, data) == 0 and len(trained) == 1  # finished
     # histories kept from a data stage killed while filtering: restored alone
     partial = tmp_path / "partial"
     partial.mkdir()
     (partial / "histories.jsonl").write_text("h")
     trained.clear()
-    assert exp2.train(["rlsta_s0"], tmp_path / "fresh2", results, partial) == 0
+    assert exp2.train(["rlsta_s0"], tmp_path / "fresh2", tmp_path / "results3", partial) == 0
     assert trained == [("rlsta_s0", ["histories.jsonl"])]
+
+
+def test_a_fresh_checkout_skips_committed_arms_and_shares_the_committed_items(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    trained = []
+
+    def fake_train_arm(cmd: list[str], cwd: Path) -> int:
+        wd = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("--config.workdir=")))
+        trained.append((wd.name, sorted(p.name for p in wd.glob("*.jsonl"))))
+        (wd / "run_info.json").write_text(json.dumps({"exit_status": 0}))
+        return 0
+
+    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    results, data = tmp_path / "results", tmp_path / "data"
+    (results / "rlsta_s0").mkdir(parents=True)
+    (results / "rlsta_s0" / "run_info.json").write_text(json.dumps({"exit_status": 0}))
+    data.mkdir()
+    for f in ("histories.jsonl", "train_items.jsonl"):
+        (data / f).write_text(f)
+    assert exp2.train(["rlsta_s0", "grpo_s0"], tmp_path / "runs", results, data) == 0
+    assert trained == [("grpo_s0", ["histories.jsonl", "train_items.jsonl"])]  # rlsta_s0 not retrained
