@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     runs, results = Path(a.runs), Path(a.results)
     if a.stage == "list":
         for n in names:
-            state = "finished" if finished(runs / n) else "to train"
+            state = "finished" if finished(runs / n) or finished(results / n) else "to train"
             print(f"{n:14s} {state:9s} python -m experiments.train_arm {' '.join(arm_command(n, runs))}")
         return 0
     return train(names, runs, results, Path(a.data))
