@@ -61,7 +61,7 @@ def test_shared_items_are_copied_not_overwritten(tmp_path: Path) -> None:
 
 
 def test_list_names_every_arm_and_refuses_unknown(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
-    assert exp2.main(["list", "--runs", str(tmp_path)]) == 0
+    assert exp2.main(["list", "--runs", str(tmp_path), "--results", str(tmp_path / "r")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [x.split()[0] for x in lines] == list(exp2.ARMS) and all("to train" in x for x in lines)
     with pytest.raises(SystemExit, match="unknown"):
