@@ -112,16 +112,22 @@ def save_peft(out_dir: str | os.PathLike, adapters: Params, lc: LoraConfig, *, b
     return out
 
 
+def _peft_files(folder: str | os.PathLike) -> tuple[Path, Path]:
+    """A PEFT folder's ``adapter_config.json`` and ``adapter_model.safetensors``; ModelError when either is missing."""
+    folder = Path(folder)
+    cpath, wpath = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if not cpath.is_file() or not wpath.is_file():
+        raise ModelError(f"{folder}: not a PEFT adapter (adapter_config.json and adapter_model.safetensors)")
+    return cpath, wpath
+
+
 def load_peft(folder: str | os.PathLike, cfg: ModelConfig) -> tuple[Params, LoraConfig]:
     """A PEFT LoRA folder as ``(adapters, LoraConfig)`` for a base model of config ``cfg``.
 
     Raises:
       ModelError: a folder that is not a PEFT LoRA adapter of this model (naming the file and why).
     """
-    folder = Path(folder)
-    cpath, wpath = folder / "adapter_config.json", folder / "adapter_model.safetensors"
-    if not cpath.is_file() or not wpath.is_file():
-        raise ModelError(f"{folder}: not a PEFT adapter (adapter_config.json and adapter_model.safetensors)")
+    cpath, wpath = _peft_files(folder)
     conf = json.loads(cpath.read_text())
     if conf.get("peft_type") != "LORA" or conf.get("use_rslora") or conf.get("fan_in_fan_out"):
         raise ModelError(f"{cpath}: only plain LoRA adapters are supported (peft_type LORA, no rsLoRA, "
@@ -159,10 +165,8 @@ def copy_peft(src: str | os.PathLike, dst: str | os.PathLike, *, dtype: str = "f
     types = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
     if dtype not in types:
         raise ModelError(f"copy_peft: dtype must be one of {sorted(types)}, got {dtype!r}")
-    src, dst = Path(src), Path(dst)
-    cpath, wpath = src / "adapter_config.json", src / "adapter_model.safetensors"
-    if not cpath.is_file() or not wpath.is_file():
-        raise ModelError(f"{src}: not a PEFT adapter (adapter_config.json and adapter_model.safetensors)")
+    cpath, wpath = _peft_files(src)
+    dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     tensors = {k: np.ascontiguousarray(v.astype(types[dtype])) for k, v in load_file(str(wpath)).items()}
     save_file(tensors, str(dst / "adapter_model.safetensors"))
