@@ -7,6 +7,9 @@ The arm table (``ARMS``) and the seeds are the plan's (``docs/results/experiment
 before any run. ``rlsta_s0`` runs the data stage (histories and the latent-capability filter at the
 chosen budget and system prompt); every arm that trains on histories starts from copies of its
 ``histories.jsonl*`` and ``train_items.jsonl*``, so all of them train on the same filtered items.
+The filter's samples, which SFT and DPO turn into their rows, are written by the first of them and
+kept in the data stage (``filter_texts.jsonl``): the other reads them instead of sampling them again
+(under the same key: model, seed, k, budget, prompt and histories).
 Each arm trains through ``experiments.train_arm`` (wall time, peak RSS and load in
 ``run_info.json``) in ``runs/exp2/<arm>``; a killed arm resumes from its last checkpoint when the
 command is run again. A finished arm's small files (``RUN_FILES``) and its LoRA adapter, stored in
@@ -34,6 +37,7 @@ RESULTS = Path("docs/results/exp2/runs")
 DATA = Path("docs/results/exp2/data")  # the data stage's files, committed: a new checkout skips that stage
 DATA_ARM = "rlsta_s0"
 SHARED = ("histories.jsonl", "train_items.jsonl")
+FILTER_TEXTS = "filter_texts.jsonl"  # jaxrl_mt.rl.supervised.FILTER_TEXTS (not imported: no JAX in `list`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Arm:
     seed: int
     overrides: tuple[str, ...] = ()
     shares_items: bool = True
+    shares_texts: bool = False  # SFT and DPO: the filter's samples (FILTER_TEXTS), sampled once for both
 
 
 ARMS: dict[str, Arm] = {
@@ -52,8 +57,8 @@ ARMS: dict[str, Arm] = {
     # the LoRA comparison: GRPO seed 0 fully fine-tuned at the full fine-tuning lr of `experiment`
     "grpo_full_s0": Arm("configs/grpo.py:experiment2", 0, ("--config.lora.rank=0", "--config.rl.lr=1e-05")),
     "rlsta_nv_s0": Arm("configs/rlsta.py:experiment2", 0, ("--config.rl.verifier_weight=0.0",)),
-    "sft_s0": Arm("configs/sft.py:experiment2", 0),
-    "dpo_s0": Arm("configs/dpo.py:experiment2", 0),
+    "sft_s0": Arm("configs/sft.py:experiment2", 0, shares_texts=True),
+    "dpo_s0": Arm("configs/dpo.py:experiment2", 0, shares_texts=True),
     "icpo_s0": Arm("configs/icpo.py:experiment2", 0, shares_items=False),
     "rlaar_s0": Arm("configs/rlaar.py:experiment2", 0, shares_items=False),
     "grpo_s1": Arm("configs/grpo.py:experiment2", 1),
@@ -127,10 +132,14 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA) -> int
                 copy_shared_items(data, wd, require_items=False)
             if ARMS[name].shares_items and name != DATA_ARM:
                 copy_shared_items(data if (data / "train_items.jsonl").is_file() else runs / DATA_ARM, wd)
+            if ARMS[name].shares_texts and (data / FILTER_TEXTS).is_file() and not (wd / FILTER_TEXTS).exists():
+                shutil.copyfile(data / FILTER_TEXTS, wd / FILTER_TEXTS)
             print(f"exp2: training {name}", file=sys.stderr, flush=True)
             rc = subprocess.call([sys.executable, "-m", "experiments.train_arm", *arm_command(name, runs)], cwd=ROOT)
             if name == DATA_ARM:
                 copy_shared_items(wd, data, require_items=False)
+            if ARMS[name].shares_texts and (wd / FILTER_TEXTS).is_file() and not (data / FILTER_TEXTS).exists():
+                shutil.copyfile(wd / FILTER_TEXTS, data / FILTER_TEXTS)  # the next supervised arm reads it
             if rc != 0:
                 return rc
         keep_small_files(wd, results / name)

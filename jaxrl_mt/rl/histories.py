@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -145,3 +146,54 @@ def load_items(path: str | os.PathLike) -> list[TrainItem]:
                 except (json.JSONDecodeError, TypeError, KeyError) as e:
                     raise ValueError(f"{path}:{n}: bad training item ({e})") from None
     return out
+
+
+def texts_key(items: Sequence[TrainItem], **settings: Any) -> dict[str, Any]:
+    """What the filter's texts depend on: the sampling ``settings`` and a digest of the items."""
+    digest = hashlib.sha256()
+    for it in items:
+        digest.update(json.dumps(it.to_json(), sort_keys=True).encode() + b"\n")
+    return {**settings, "n_items": len(items), "items_sha256": digest.hexdigest()}
+
+
+def save_texts(path: str | os.PathLike, key: dict[str, Any], items: Sequence[TrainItem], st: Sequence[str],
+               mt: Sequence[str], *, k: int) -> None:
+    """Writes ``single_and_multi_texts``' output as JSONL (a ``{"key"}`` line, then one line per item), atomically."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"key": key}) + "\n")
+        for i, it in enumerate(items):
+            f.write(json.dumps({"item_id": it.item_id, "st": list(st[i * k:(i + 1) * k]),
+                                "mt": list(mt[i * k:(i + 1) * k])}) + "\n")
+    os.replace(tmp, p)
+
+
+def load_texts(path: str | os.PathLike, key: dict[str, Any], items: Sequence[TrainItem], *, k: int
+               ) -> tuple[list[str], list[str]] | None:
+    """The texts ``save_texts`` wrote for the same ``key`` (``None`` when the key differs: stale).
+
+    Raises:
+      ValueError: a damaged file (naming its line): bad JSON, a wrong item id or sample count.
+    """
+    lines = Path(path).read_text().splitlines()
+    try:
+        if json.loads(lines[0])["key"] != key:
+            return None
+    except (IndexError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}:1: not a filter texts header ({type(e).__name__}: {e})") from None
+    if len(lines) != len(items) + 1:
+        raise ValueError(f"{path}: {len(lines) - 1} item lines for {len(items)} items")
+    st: list[str] = []
+    mt: list[str] = []
+    for n, (line, it) in enumerate(zip(lines[1:], items), 2):
+        try:
+            d = json.loads(line)
+            ok = d["item_id"] == it.item_id and len(d["st"]) == len(d["mt"]) == k
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{n}: bad filter texts line ({type(e).__name__}: {e})") from None
+        if not ok:
+            raise ValueError(f"{path}:{n}: expected item {it.item_id!r} with {k} + {k} texts")
+        st += d["st"]
+        mt += d["mt"]
+    return st, mt

@@ -13,7 +13,8 @@ temperature; with ``filter.enabled`` only the histories the filter keeps are use
 The rows are split by problem into training and validation (``sft.val_fraction`` /
 ``dpo.val_fraction``); the validation loss is the method's held-out metric, and the trainer keeps
 the checkpoint with the lowest one (``SELECT``) and exports it. Rows are cached in the workdir
-(``train_rows.jsonl``, ``val_rows.jsonl``); the histories as RLSTA's (``histories.jsonl``).
+(``train_rows.jsonl``, ``val_rows.jsonl``), the filter's samples too (``filter_texts.jsonl``); the
+histories as RLSTA's (``histories.jsonl``).
 Single-process only for now (a multi-process run is refused at start-up).
 """
 
@@ -32,16 +33,17 @@ import numpy as np
 from jaxrl_mt.batching import bucket
 from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeEnv
 from jaxrl_mt.rl.dpo import dpo_objective, pair_logprobs, preference_batch
-from jaxrl_mt.rl.histories import TrainItem, filter_items, single_and_multi_texts
+from jaxrl_mt.rl.histories import TrainItem, filter_items, load_texts, save_texts, single_and_multi_texts, texts_key
 from jaxrl_mt.rl.multiturn import MultiTurnData
 from jaxrl_mt.rl.sft import sft_loss, sft_rows
 from jaxrl_mt.rl.sft_data import DpoPair, SftItem, dpo_pairs, encode_target, filter_samples, sft_items, \
     split_validation
 from jaxrl_mt.sampling import SamplingConfig
 
-__all__ = ["DPOData", "SFTData", "SELECT"]
+__all__ = ["DPOData", "FILTER_TEXTS", "SFTData", "SELECT"]
 
 SELECT = ("eval/val_loss", "min")  # the checkpoint kept and exported: the lowest validation loss
+FILTER_TEXTS = "filter_texts.jsonl"  # the filter's samples, cached (reused by a run with the same key)
 LENGTH_QUANTUM = 32  # row lengths are bucketed (powers of two times this) to bound recompiles
 
 
@@ -99,9 +101,7 @@ class _Supervised(MultiTurnData):
     def _rows(self, env: RecipeEnv, hist: list[TrainItem]) -> list[Any]:
         """The filter's samples of every history, the filter applied when enabled, the method's rows."""
         c = env.config
-        sampling = SamplingConfig(max_new_tokens=c.rl.max_new_tokens, temperature=c.filter.temperature)
-        st, mt = single_and_multi_texts(env.sampler, hist, sampling, k=c.filter.k, seed=c.seed + 2,
-                                        system=env.system)
+        st, mt = self._filter_texts(env, hist)
         samples = filter_samples(hist, st, mt, k=c.filter.k, mode=c.rl.verifier_mode)
         if c.filter.enabled:
             st_acc = np.array([np.mean(s.st_correct) for s in samples])
@@ -110,6 +110,30 @@ class _Supervised(MultiTurnData):
             ids = {it.item_id for it in kept}
             samples = [s for s in samples if s.item.item_id in ids]
         return self.make_rows(samples)
+
+    def _filter_texts(self, env: RecipeEnv, hist: list[TrainItem]) -> tuple[list[str], list[str]]:
+        """The filter's samples (``single_and_multi_texts``), cached in ``<workdir>/filter_texts.jsonl``.
+
+        The cache is read only when its key (model, seed, k, temperature, budget, system prompt and
+        the histories' digest) is this run's; another run's file copied in (SFT's, for DPO) is
+        reused the same way, so the two arms train on the same draws without sampling them twice.
+        """
+        c = env.config
+        seed, k = c.seed + 2, c.filter.k
+        sampling = SamplingConfig(max_new_tokens=c.rl.max_new_tokens, temperature=c.filter.temperature)
+        key = texts_key(hist, model=c.model, seed=seed, k=k, temperature=sampling.temperature,
+                        max_new_tokens=sampling.max_new_tokens, system=env.system)
+        path = env.workdir / FILTER_TEXTS
+        cached = load_texts(path, key, hist, k=k) if path.is_file() else None
+        if cached is not None:
+            env.log(f"data: the filter's samples from {path}")
+            return cached
+        if path.is_file():
+            env.log(f"data: {path} was written with other settings; sampling again")
+        st, mt = single_and_multi_texts(env.sampler, hist, sampling, k=k, seed=seed, system=env.system)
+        if env.is_main:
+            save_texts(path, key, hist, st, mt, k=k)
+        return st, mt
 
     def make_rows(self, samples: Sequence[Any]) -> list[Any]:
         raise NotImplementedError

@@ -123,3 +123,29 @@ def test_a_fresh_checkout_skips_committed_arms_and_shares_the_committed_items(tm
         (data / f).write_text(f)
     assert exp2.train(["rlsta_s0", "grpo_s0"], tmp_path / "runs", results, data) == 0
     assert trained == [("grpo_s0", ["histories.jsonl", "train_items.jsonl"])]  # rlsta_s0 not retrained
+
+
+def test_the_filter_samples_of_the_first_supervised_arm_go_to_the_next(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+
+    def fake_train_arm(cmd: list[str], cwd: Path) -> int:
+        wd = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("--config.workdir=")))
+        texts = wd / exp2.FILTER_TEXTS
+        seen.append((wd.name, texts.read_text() if texts.exists() else None))
+        if wd.name == "sft_s0":
+            texts.write_text("sampled by sft_s0")
+        (wd / "run_info.json").write_text(json.dumps({"exit_status": 0}))
+        return 0
+
+    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in ("histories.jsonl", "train_items.jsonl"):
+        (data / f).write_text(f)
+    assert exp2.train(["grpo_s0", "sft_s0", "dpo_s0"], tmp_path / "runs", tmp_path / "results", data) == 0
+    assert seen == [("grpo_s0", None), ("sft_s0", None), ("dpo_s0", "sampled by sft_s0")]
+    assert (data / exp2.FILTER_TEXTS).read_text() == "sampled by sft_s0"  # kept with the data stage (commit)
+    from jaxrl_mt.rl.supervised import FILTER_TEXTS
+
+    assert exp2.FILTER_TEXTS == FILTER_TEXTS

@@ -1,12 +1,19 @@
 """The filter's samples (`rl.histories.single_and_multi_texts`): each prompt is one group of k rows, and the
-rows are the draws of passing each prompt k times (same rows, same seeds), on the tiny chat model."""
+rows are the draws of passing each prompt k times (same rows, same seeds), on the tiny chat model; their
+cache (`save_texts` / `load_texts`), read by SFT and DPO only under the same key."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
 
 import pytest
 
 from jaxrl_mt.chat import encode_prompt
-from jaxrl_mt.rl.histories import TrainItem, single_and_multi_texts
+from jaxrl_mt.rl.data import RecipeEnv
+from jaxrl_mt.rl.histories import TrainItem, load_texts, save_texts, single_and_multi_texts, texts_key
+from jaxrl_mt.rl.supervised import DPOData, FILTER_TEXTS, SFTData
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 
 
@@ -38,3 +45,44 @@ def test_grouped_samples_are_the_repeated_prompts_draws(tiny_model, max_batch: i
     repeated = gen([p for p in prompts for _ in range(k)], sampling, seed=7).texts
     assert st + mt == repeated
     assert len(set(st[:k])) > 1  # k different draws of one prompt at T = 1
+
+
+def test_saved_texts_round_trip_and_stale_or_damaged_files_are_told(tmp_path) -> None:
+    items, k = _items(3), 2
+    st = [f"s{i}" for i in range(6)]
+    mt = [f"m{i}" for i in range(6)]
+    key = texts_key(items, seed=2, k=k, temperature=0.5)
+    p = tmp_path / "filter_texts.jsonl"
+    save_texts(p, key, items, st, mt, k=k)
+    assert load_texts(p, key, items, k=k) == (st, mt)
+    assert load_texts(p, texts_key(items, seed=3, k=k, temperature=0.5), items, k=k) is None  # another seed
+    other = [dataclasses.replace(items[0], history=(("user", "Tom has 9 apples."), ("assistant", "OK.")))] + items[1:]
+    assert texts_key(other, seed=2, k=k, temperature=0.5) != key  # other histories: other digest
+    lines = p.read_text().splitlines()
+    p.write_text("\n".join(lines[:2] + [lines[3], lines[2]]) + "\n")  # two items swapped
+    with pytest.raises(ValueError, match=r"filter_texts\.jsonl:3: expected item 'p1\|sharded\|0'"):
+        load_texts(p, key, items, k=k)
+    p.write_text("\n".join(lines[:2] + ["{not json"] + lines[3:]) + "\n")
+    with pytest.raises(ValueError, match=r"filter_texts\.jsonl:3: bad filter texts line"):
+        load_texts(p, key, items, k=k)
+
+
+def test_the_supervised_recipe_samples_once_and_reuses_a_file_with_its_key(tiny_model, tmp_path) -> None:
+    cfg = SimpleNamespace(seed=0, model="tiny", filter=SimpleNamespace(k=2, temperature=1.0),
+                          rl=SimpleNamespace(max_new_tokens=5))
+    logs: list[str] = []
+
+    def env(sampler, config=cfg):
+        return RecipeEnv(config=config, workdir=tmp_path, is_main=True, multi=False, system=None,
+                         sampler=sampler, mesh=None, log=logs.append)
+
+    items = _items(2)
+    st, mt = SFTData()._filter_texts(env(Sampler.from_model(tiny_model)), items)
+    assert (tmp_path / FILTER_TEXTS).is_file() and len(st) == len(mt) == 4
+    assert SFTData()._filter_texts(env(None), items) == (st, mt)  # no sampler needed: read from the file
+    assert DPOData()._filter_texts(env(None), items) == (st, mt)  # DPO reads SFT's file (copied in)
+    assert logs[-1].startswith("data: the filter's samples from")
+    hotter = SimpleNamespace(**{**vars(cfg), "filter": SimpleNamespace(k=2, temperature=0.5)})
+    SFTData()._filter_texts(env(Sampler.from_model(tiny_model), hotter), items)  # another key: sampled again
+    assert "other settings" in logs[-1]
+    assert json.loads((tmp_path / FILTER_TEXTS).read_text().splitlines()[0])["key"]["temperature"] == 0.5
