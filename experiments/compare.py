@@ -6,7 +6,9 @@
 ``--models``: comma-separated; ``base`` is ``--base`` (default the embedded model), a training
 run folder (with ``config.json`` and ``checkpoints/``) is its latest checkpoint (``workdir:PATH``),
 ``NAME=SPEC`` a model spec under that name (e.g. a committed adapter, ``BASE+lora:DIR``), anything
-else a model spec. Each model is evaluated with the same seeds through ``jaxrl_mt.evaluate``:
+else a model spec. Inference-time arms are named models too: ``--strategy sedt=sedt`` answers with
+SeDT, ``--recap recap`` puts LiC's RECAP in place of MT-Add and MT-Refine (e.g. ``--models
+base,sedt=BASE,recap=BASE``). Each model is evaluated with the same seeds through ``jaxrl_mt.evaluate``:
 
 1. greedy (T = 0), FULL + MT-Add + MT-Refine, one run per problem, ``final_turn`` protocol: the
    accuracy tables, paired differences, LiC score (multi / single), inertia and response types;
@@ -32,7 +34,7 @@ from experiments.common import compress_transcripts, eval_config, write_json
 from experiments.provenance import code_version, record_evaluation
 from experiments.report import RUN_FILES, build, write
 
-__all__ = ["evaluation_jobs", "greedy_only", "main", "resolve_models"]
+__all__ = ["evaluation_jobs", "greedy_only", "inference_arms", "main", "resolve_models"]
 
 BASE = "builtin:smollm2-135m-instruct"
 # The experiment presets' reply budget and system prompt (configs/rlsta.py:experiment, eval.max_new_tokens and
@@ -84,13 +86,39 @@ def greedy_only(a: argparse.Namespace) -> list[str]:
     return [x.strip() for x in (a.greedy_only or "").split(",") if x.strip()]
 
 
-def evaluation_jobs(name: str, greedy: Path, lic: Path, a: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
-    """``[(subfolder, evaluate config fields)]`` of one model: greedy always, LiC unless skipped."""
-    jobs = [("greedy", dict(dataset=(f"tasks:{greedy}",), scenarios="full,sharded,mt_refine", runs=1,
-                            temperature=0.0, protocol="final_turn"))]
-    if a.lic_runs and name not in greedy_only(a):
-        jobs.append(("lic", dict(dataset=(f"tasks:{lic}",), scenarios="full,sharded", runs=a.lic_runs,
-                                 temperature=1.0, protocol="lic")))
+def inference_arms(a: argparse.Namespace, names: list[str]) -> dict[str, dict[str, Any]]:
+    """``{name: {"strategy": ...} and/or {"recap": True}}`` from ``--strategy`` and ``--recap``.
+
+    Raises:
+      SystemExit: a name that is not among ``names``, or a malformed ``NAME=STRATEGY`` item.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for item in [x.strip() for x in (a.strategy or "").split(",") if x.strip()]:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)=([A-Za-z0-9_.-]+)", item)
+        if not m:
+            raise SystemExit(f"--strategy: {item!r} is not NAME=STRATEGY")
+        out.setdefault(m.group(1), {})["strategy"] = m.group(2)
+    for name in [x.strip() for x in (a.recap or "").split(",") if x.strip()]:
+        out.setdefault(name, {})["recap"] = True
+    unknown = sorted(set(out) - set(names))
+    if unknown:
+        raise SystemExit(f"--strategy / --recap: {unknown} are not among the --models names {names}")
+    return out
+
+
+def evaluation_jobs(m: dict[str, Any], greedy: Path, lic: Path, a: argparse.Namespace
+                    ) -> list[tuple[str, dict[str, Any]]]:
+    """``[(subfolder, evaluate config fields)]`` of one model (``resolve_models`` entry): greedy always,
+    LiC unless skipped. A ``recap`` model answers LiC's RECAP (the sharded turns, then one that
+    recaps every shard) where the others answer MT-Add (SHARDED), and no MT-Refine (RECAP has no
+    corrections); a ``strategy`` model answers with that registered strategy (e.g. ``sedt``)."""
+    multi = "recap" if m.get("recap") else "sharded,mt_refine"
+    extra = {"strategy": m["strategy"]} if m.get("strategy") else {}
+    jobs = [("greedy", dict(dataset=(f"tasks:{greedy}",), scenarios=f"full,{multi}", runs=1,
+                            temperature=0.0, protocol="final_turn", **extra))]
+    if a.lic_runs and m["name"] not in greedy_only(a):
+        jobs.append(("lic", dict(dataset=(f"tasks:{lic}",), scenarios="full,recap" if m.get("recap") else
+                                 "full,sharded", runs=a.lic_runs, temperature=1.0, protocol="lic", **extra)))
     return jobs
 
 
@@ -100,7 +128,7 @@ def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: arg
 
     base = out / "models" / m["name"]
     model = None
-    for sub, kw in evaluation_jobs(m["name"], greedy, lic, a):
+    for sub, kw in evaluation_jobs(m, greedy, lic, a):
         wd = base / sub
         if (wd / "transcripts.jsonl.gz").is_file():
             continue  # finished and compressed by an earlier invocation
@@ -133,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lic-every", type=int, default=4, help="LiC on every k-th evaluated problem")
     ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="reply budget per turn, every model")
     ap.add_argument("--system", default=SYSTEM, help="system prompt, every model ('': the template's default)")
+    ap.add_argument("--strategy", default="", help="comma-separated NAME=STRATEGY: model NAME answers with "
+                    "that registered strategy (e.g. sedt=sedt: SeDT on the model named sedt)")
+    ap.add_argument("--recap", default="", help="comma-separated model names evaluated on LiC's RECAP in place "
+                    "of MT-Add and MT-Refine")
     ap.add_argument("--abstain", action="store_true",
                     help="'+ Abstain': every model gets the instruction to withhold an answer while incomplete")
     ap.add_argument("--max-batch", type=int, default=64)
@@ -145,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     out = md.with_suffix("")
     if not a.recompute:
         models = resolve_models(a.models, a.base)
+        arms = inference_arms(a, [m["name"] for m in models])
+        models = [{**m, **arms.get(m["name"], {})} for m in models]
         unknown = sorted(set(greedy_only(a)) - {m["name"] for m in models})
         if unknown:
             raise SystemExit(f"--greedy-only: {unknown} are not among the --models names "

@@ -7,25 +7,47 @@ from pathlib import Path
 
 import pytest
 
-from experiments.compare import evaluation_jobs, greedy_only, main, resolve_models
+from experiments.compare import evaluation_jobs, greedy_only, inference_arms, main, resolve_models
 
 
-def _args(lic_runs: int = 4, only: str = "") -> argparse.Namespace:
-    return argparse.Namespace(lic_runs=lic_runs, greedy_only=only)
+def _args(lic_runs: int = 4, only: str = "", strategy: str = "", recap: str = "") -> argparse.Namespace:
+    return argparse.Namespace(lic_runs=lic_runs, greedy_only=only, strategy=strategy, recap=recap)
+
+
+def _m(name: str, **kw) -> dict:
+    return {"name": name, "spec": "B", "run_dir": None, **kw}
 
 
 def test_greedy_only_models_skip_the_lic_runs_and_the_others_keep_them() -> None:
     a = _args(only=" rlsta_a05, rlsta_a2 ,")
     assert greedy_only(a) == ["rlsta_a05", "rlsta_a2"]
     g, lic = Path("g.jsonl"), Path("l.jsonl")
-    full = evaluation_jobs("rlsta_exp", g, lic, a)
+    full = evaluation_jobs(_m("rlsta_exp"), g, lic, a)
     assert [sub for sub, _ in full] == ["greedy", "lic"]
     assert full[0][1] == dict(dataset=("tasks:g.jsonl",), scenarios="full,sharded,mt_refine", runs=1,
                               temperature=0.0, protocol="final_turn")
     assert full[1][1] == dict(dataset=("tasks:l.jsonl",), scenarios="full,sharded", runs=4, temperature=1.0,
                               protocol="lic")
-    assert [sub for sub, _ in evaluation_jobs("rlsta_a2", g, lic, a)] == ["greedy"]
-    assert [sub for sub, _ in evaluation_jobs("rlsta_exp", g, lic, _args(lic_runs=0))] == ["greedy"]
+    assert [sub for sub, _ in evaluation_jobs(_m("rlsta_a2"), g, lic, a)] == ["greedy"]
+    assert [sub for sub, _ in evaluation_jobs(_m("rlsta_exp"), g, lic, _args(lic_runs=0))] == ["greedy"]
+
+
+def test_inference_arms_change_only_their_strategy_or_scenarios() -> None:
+    a = _args(strategy="sedt=sedt", recap="recap")
+    arms = inference_arms(a, ["base", "sedt", "recap"])
+    assert arms == {"sedt": {"strategy": "sedt"}, "recap": {"recap": True}}
+    g, lic = Path("g.jsonl"), Path("l.jsonl")
+    plain = evaluation_jobs(_m("base"), g, lic, a)
+    sedt = evaluation_jobs(_m("sedt", **arms["sedt"]), g, lic, a)
+    recap = evaluation_jobs(_m("recap", **arms["recap"]), g, lic, a)
+    for (_, p), (_, s_) in zip(plain, sedt):
+        assert s_ == {**p, "strategy": "sedt"}  # the strategy is the one thing compared
+    assert recap[0][1] == {**plain[0][1], "scenarios": "full,recap"}
+    assert recap[1][1] == {**plain[1][1], "scenarios": "full,recap"}
+    with pytest.raises(SystemExit, match=r"\['sedt2'\] are not among"):
+        inference_arms(_args(strategy="sedt2=sedt"), ["base", "sedt"])
+    with pytest.raises(SystemExit, match="not NAME=STRATEGY"):
+        inference_arms(_args(strategy="sedt"), ["sedt"])
 
 
 def test_a_greedy_only_name_that_is_not_a_model_fails_before_anything_runs(tmp_path: Path) -> None:
