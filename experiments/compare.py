@@ -34,7 +34,7 @@ from experiments.common import compress_transcripts, eval_config, write_json
 from experiments.provenance import code_version, record_evaluation
 from experiments.report import RUN_FILES, build, write
 
-__all__ = ["evaluation_jobs", "greedy_only", "inference_arms", "main", "resolve_models"]
+__all__ = ["attach_run_files", "evaluation_jobs", "greedy_only", "inference_arms", "main", "resolve_models"]
 
 BASE = "builtin:smollm2-135m-instruct"
 # The experiment presets' reply budget and system prompt (configs/rlsta.py:experiment, eval.max_new_tokens and
@@ -67,6 +67,13 @@ def resolve_models(names: str, base: str) -> list[dict[str, Any]]:
     if not out:
         raise SystemExit("--models: no model given")
     return out
+
+
+def attach_run_files(models: list[dict[str, Any]], folder: Path) -> list[dict[str, Any]]:
+    """Models without a run folder (e.g. committed adapters) take ``folder/<name>`` as theirs when it
+    holds a ``run_info.json`` (a training run's small files, as ``experiments.exp2`` commits them)."""
+    return [{**m, "run_dir": m["run_dir"] or (str(folder / m["name"]) if (folder / m["name"] / "run_info.json")
+                                              .is_file() else None)} for m in models]
 
 
 def _subset(heldout: Path, out: Path, limit: int, every: int) -> tuple[Path, Path, list[Any]]:
@@ -165,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                     "that registered strategy (e.g. sedt=sedt: SeDT on the model named sedt)")
     ap.add_argument("--recap", default="", help="comma-separated model names evaluated on LiC's RECAP in place "
                     "of MT-Add and MT-Refine")
+    ap.add_argument("--run-files", default="", help="a folder of training runs' small files (RUN_FILES): "
+                    "a model without a run folder takes FOLDER/<name> when it is there")
     ap.add_argument("--abstain", action="store_true",
                     help="'+ Abstain': every model gets the instruction to withhold an answer while incomplete")
     ap.add_argument("--max-batch", type=int, default=64)
@@ -179,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         models = resolve_models(a.models, a.base)
         arms = inference_arms(a, [m["name"] for m in models])
         models = [{**m, **arms.get(m["name"], {})} for m in models]
+        if a.run_files:
+            models = attach_run_files(models, Path(a.run_files))
         unknown = sorted(set(greedy_only(a)) - {m["name"] for m in models})
         if unknown:
             raise SystemExit(f"--greedy-only: {unknown} are not among the --models names "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.compare import evaluation_jobs, greedy_only, inference_arms, main, resolve_models
+from experiments.compare import attach_run_files, evaluation_jobs, greedy_only, inference_arms, main, resolve_models
 
 
 def _args(lic_runs: int = 4, only: str = "", strategy: str = "", recap: str = "") -> argparse.Namespace:
@@ -69,3 +69,12 @@ def test_named_model_specs(tmp_path: Path) -> None:
                    {"name": "http_x=1", "spec": "http:x=1", "run_dir": None}]  # ':' before '=': not a name
     with pytest.raises(SystemExit, match="duplicate"):
         resolve_models(f"a={spec},a=base", "B")
+
+
+def test_committed_run_files_are_attached_to_named_models_only(tmp_path: Path) -> None:
+    (tmp_path / "grpo_s0").mkdir()
+    (tmp_path / "grpo_s0" / "run_info.json").write_text("{}")
+    (tmp_path / "sft_s0").mkdir()  # no run_info.json: not a run's files
+    models = [_m("base"), _m("grpo_s0"), _m("sft_s0"), {**_m("rlsta_exp"), "run_dir": "runs/rlsta_exp"}]
+    got = attach_run_files(models, tmp_path)
+    assert [m["run_dir"] for m in got] == [None, str(tmp_path / "grpo_s0"), None, "runs/rlsta_exp"]
