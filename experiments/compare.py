@@ -94,7 +94,9 @@ def greedy_only(a: argparse.Namespace) -> list[str]:
 
 
 def inference_arms(a: argparse.Namespace, names: list[str]) -> dict[str, dict[str, Any]]:
-    """``{name: {"strategy": ...} and/or {"recap": True}}`` from ``--strategy`` and ``--recap``.
+    """``{name: {"strategy": ...}, {"recap": True} and/or {"abstain": True}}`` from ``--strategy``,
+    ``--recap`` and ``--abstain-models`` (a model trained to abstain, e.g. RLAAR, is evaluated with
+    the instruction it was trained with; ``--abstain`` gives it to every model).
 
     Raises:
       SystemExit: a name that is not among ``names``, or a malformed ``NAME=STRATEGY`` item.
@@ -107,9 +109,12 @@ def inference_arms(a: argparse.Namespace, names: list[str]) -> dict[str, dict[st
         out.setdefault(m.group(1), {})["strategy"] = m.group(2)
     for name in [x.strip() for x in (a.recap or "").split(",") if x.strip()]:
         out.setdefault(name, {})["recap"] = True
+    for name in [x.strip() for x in (a.abstain_models or "").split(",") if x.strip()]:
+        out.setdefault(name, {})["abstain"] = True
     unknown = sorted(set(out) - set(names))
     if unknown:
-        raise SystemExit(f"--strategy / --recap: {unknown} are not among the --models names {names}")
+        raise SystemExit(f"--strategy / --recap / --abstain-models: {unknown} are not among the --models names "
+                         f"{names}")
     return out
 
 
@@ -118,9 +123,11 @@ def evaluation_jobs(m: dict[str, Any], greedy: Path, lic: Path, a: argparse.Name
     """``[(subfolder, evaluate config fields)]`` of one model (``resolve_models`` entry): greedy always,
     LiC unless skipped. A ``recap`` model answers LiC's RECAP (the sharded turns, then one that
     recaps every shard) where the others answer MT-Add (SHARDED), and no MT-Refine (RECAP has no
-    corrections); a ``strategy`` model answers with that registered strategy (e.g. ``sedt``)."""
+    corrections); a ``strategy`` model answers with that registered strategy (e.g. ``sedt``); an
+    ``abstain`` model gets the abstain instruction."""
     multi = "recap" if m.get("recap") else "sharded,mt_refine"
-    extra = {"strategy": m["strategy"]} if m.get("strategy") else {}
+    extra = {**({"strategy": m["strategy"]} if m.get("strategy") else {}),
+             **({"abstain": True} if m.get("abstain") else {})}
     jobs = [("greedy", dict(dataset=(f"tasks:{greedy}",), scenarios=f"full,{multi}", runs=1,
                             temperature=0.0, protocol="final_turn", **extra))]
     if a.lic_runs and m["name"] not in greedy_only(a):
@@ -143,7 +150,7 @@ def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: arg
         cfg = eval_config(model=m["spec"], limit=0, max_new_tokens=a.max_new_tokens, system_prompt=a.system,
                           max_batch=a.max_batch, workdir=str(wd), plots=False, seed=a.seed, bootstrap=200,
                           reuse_cache=False,  # reuse would keep every conversation's KV cache (GBs)
-                          abstain=a.abstain, **kw)
+                          **{"abstain": a.abstain, **kw})
         record_evaluation(wd)  # which code writes (this part of) the evaluation
         evaluate(cfg, model=model)
         if a.gzip:
@@ -174,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                     "of MT-Add and MT-Refine")
     ap.add_argument("--run-files", default="", help="a folder of training runs' small files (RUN_FILES): "
                     "a model without a run folder takes FOLDER/<name> when it is there")
+    ap.add_argument("--abstain-models", default="", help="comma-separated model names that get the abstain "
+                    "instruction (as --abstain gives it to every model)")
     ap.add_argument("--abstain", action="store_true",
                     help="'+ Abstain': every model gets the instruction to withhold an answer while incomplete")
     ap.add_argument("--max-batch", type=int, default=64)

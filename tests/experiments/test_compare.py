@@ -10,8 +10,10 @@ import pytest
 from experiments.compare import attach_run_files, evaluation_jobs, greedy_only, inference_arms, main, resolve_models
 
 
-def _args(lic_runs: int = 4, only: str = "", strategy: str = "", recap: str = "") -> argparse.Namespace:
-    return argparse.Namespace(lic_runs=lic_runs, greedy_only=only, strategy=strategy, recap=recap)
+def _args(lic_runs: int = 4, only: str = "", strategy: str = "", recap: str = "", abstain: str = ""
+          ) -> argparse.Namespace:
+    return argparse.Namespace(lic_runs=lic_runs, greedy_only=only, strategy=strategy, recap=recap,
+                              abstain_models=abstain)
 
 
 def _m(name: str, **kw) -> dict:
@@ -33,9 +35,9 @@ def test_greedy_only_models_skip_the_lic_runs_and_the_others_keep_them() -> None
 
 
 def test_inference_arms_change_only_their_strategy_or_scenarios() -> None:
-    a = _args(strategy="sedt=sedt", recap="recap")
-    arms = inference_arms(a, ["base", "sedt", "recap"])
-    assert arms == {"sedt": {"strategy": "sedt"}, "recap": {"recap": True}}
+    a = _args(strategy="sedt=sedt", recap="recap", abstain="rlaar_s0")
+    arms = inference_arms(a, ["base", "sedt", "recap", "rlaar_s0"])
+    assert arms == {"sedt": {"strategy": "sedt"}, "recap": {"recap": True}, "rlaar_s0": {"abstain": True}}
     g, lic = Path("g.jsonl"), Path("l.jsonl")
     plain = evaluation_jobs(_m("base"), g, lic, a)
     sedt = evaluation_jobs(_m("sedt", **arms["sedt"]), g, lic, a)
@@ -44,6 +46,8 @@ def test_inference_arms_change_only_their_strategy_or_scenarios() -> None:
         assert s_ == {**p, "strategy": "sedt"}  # the strategy is the one thing compared
     assert recap[0][1] == {**plain[0][1], "scenarios": "full,recap"}
     assert recap[1][1] == {**plain[1][1], "scenarios": "full,recap"}
+    rlaar = evaluation_jobs(_m("rlaar_s0", **arms["rlaar_s0"]), g, lic, a)
+    assert [kw for _, kw in rlaar] == [{**kw, "abstain": True} for _, kw in plain]
     with pytest.raises(SystemExit, match=r"\['sedt2'\] are not among"):
         inference_arms(_args(strategy="sedt2=sedt"), ["base", "sedt"])
     with pytest.raises(SystemExit, match="not NAME=STRATEGY"):
