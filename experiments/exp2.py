@@ -2,6 +2,7 @@
 
     python -m experiments.exp2 list                      # the arms, their commands and what is done
     python -m experiments.exp2 train [--arms a,b,...]    # train the arms not finished yet, in ARMS order
+    python -m experiments.exp2 evaluate [--lic-extra a]  # base, the finished arms, SeDT and RECAP: the report
 
 The arm table (``ARMS``) and the seeds are the plan's (``docs/results/experiment2_plan.md``), fixed
 before any run. ``rlsta_s0`` runs the data stage (histories and the latent-capability filter at the
@@ -14,7 +15,9 @@ Each arm trains through ``experiments.train_arm`` (wall time, peak RSS and load 
 ``run_info.json``) in ``runs/exp2/<arm>``; a killed arm resumes from its last checkpoint when the
 command is run again. A finished arm's small files (``RUN_FILES``) and its LoRA adapter, stored in
 bfloat16 (about 9.8 MB at rank 16), are copied to ``docs/results/exp2/runs/<arm>/`` for commit: the
-comparison evaluates the committed adapter, so anyone can evaluate the same model again.
+comparison evaluates the committed adapter, so anyone can evaluate the same model again
+(``evaluate``: ``experiments.compare`` on the held-out set at the chosen budget and prompt; a rerun
+resumes the evaluations already on disk).
 """
 
 from __future__ import annotations
@@ -30,13 +33,18 @@ from pathlib import Path
 from experiments.common import ROOT
 from experiments.report import RUN_FILES
 
-__all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "finished", "main"]
+__all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "compare_args", "finished", "main", "model_spec"]
 
 RUNS = Path("runs/exp2")
 RESULTS = Path("docs/results/exp2/runs")
 DATA = Path("docs/results/exp2/data")  # the data stage's files, committed: a new checkout skips that stage
 DATA_ARM = "rlsta_s0"
 SHARED = ("histories.jsonl", "train_items.jsonl")
+BASE = "builtin:smollm2-135m-instruct"
+HELDOUT = Path("docs/results/heldout.jsonl")
+REPORT = Path("docs/results/exp2/report.md")
+LIC_MODELS = ("base", "grpo_s0", "rlsta_s0")  # LiC at T = 1 (the plan); the best other arm is added by name
+INFERENCE = ("sedt", "recap")  # inference-time arms on the base model (compare --strategy / --recap)
 FILTER_TEXTS = "filter_texts.jsonl"  # jaxrl_mt.rl.supervised.FILTER_TEXTS (not imported: no JAX in `list`)
 
 
@@ -146,9 +154,39 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA) -> int
     return 0
 
 
+def model_spec(name: str, runs: Path, results: Path) -> str:
+    """The model spec ``compare`` evaluates for arm ``name``: its committed bfloat16 adapter on the base
+    model, or (full fine-tuning: too large to commit) its workdir's latest checkpoint."""
+    adapter = results / name / "adapter"
+    if (adapter / "adapter_config.json").is_file():
+        return f"{BASE}+lora:{adapter}"
+    return f"workdir:{runs / name}"
+
+
+def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_extra: list[str]) -> list[str]:
+    """``experiments.compare`` arguments: base, the arms ``names``, SeDT and RECAP on the base model.
+
+    Every model gets the chosen budget and system prompt (RLAAR its abstain instruction on top, as
+    in its training); greedy FULL / MT-Add / MT-Refine for all (RECAP in place of MT-Add and
+    MT-Refine), LiC at T = 1 for ``LIC_MODELS`` and ``lic_extra`` (the plan's "best other arm").
+    """
+    from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
+
+    models = ["base", *(f"{n}={model_spec(n, runs, results)}" for n in names), *(f"{n}={BASE}" for n in INFERENCE)]
+    lic = {*LIC_MODELS, *lic_extra}
+    greedy_only = [m.split("=")[0] for m in models if m.split("=")[0] not in lic]
+    abstain = [n for n in names if n.startswith("rlaar")]
+    return ["--models", ",".join(models), "--strategy", "sedt=sedt", "--recap", "recap",
+            *(["--abstain-models", ",".join(abstain)] if abstain else []), "--run-files", str(results),
+            "--heldout", str(HELDOUT), "--out", str(out), "--max-new-tokens", str(EXP2_BUDGET),
+            "--system", EXP2_SYSTEM, "--greedy-only", ",".join(greedy_only), "--gzip"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=("list", "train"))
+    ap.add_argument("stage", choices=("list", "train", "evaluate"))
+    ap.add_argument("--out", default=str(REPORT), help="evaluate: the report (files under OUT without .md)")
+    ap.add_argument("--lic-extra", default="", help="evaluate: arms also run through LiC at T = 1 (comma-separated)")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (default: all, in order)")
     ap.add_argument("--runs", default=str(RUNS), help="the arms' workdirs go under this folder")
     ap.add_argument("--results", default=str(RESULTS), help="the arms' small files are copied under this folder")
@@ -164,6 +202,15 @@ def main(argv: list[str] | None = None) -> int:
             state = "finished" if finished(runs / n) or finished(results / n) else "to train"
             print(f"{n:14s} {state:9s} python -m experiments.train_arm {' '.join(arm_command(n, runs))}")
         return 0
+    if a.stage == "evaluate":
+        from experiments import compare
+
+        done = [n for n in names if finished(runs / n) or finished(results / n)]
+        extra = [n.strip() for n in a.lic_extra.split(",") if n.strip()]
+        if set(extra) - set(done) - set(INFERENCE):
+            raise SystemExit(f"--lic-extra: {sorted(set(extra) - set(done) - set(INFERENCE))} are not finished arms")
+        print(f"exp2: evaluating base, {', '.join(done)}, {', '.join(INFERENCE)}", file=sys.stderr, flush=True)
+        return compare.main(compare_args(done, runs, results, Path(a.out), extra))
     return train(names, runs, results, Path(a.data))
 
 

@@ -149,3 +149,31 @@ def test_the_filter_samples_of_the_first_supervised_arm_go_to_the_next(tmp_path:
     from jaxrl_mt.rl.supervised import FILTER_TEXTS
 
     assert exp2.FILTER_TEXTS == FILTER_TEXTS
+
+
+def test_the_evaluation_command_gives_every_model_the_same_settings(tmp_path: Path) -> None:
+    from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
+    from experiments.compare import resolve_models
+
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    for n in ("grpo_s0", "rlsta_s0", "rlaar_s0"):
+        (results / n / "adapter").mkdir(parents=True)
+        (results / n / "adapter" / "adapter_config.json").write_text("{}")
+    args = exp2.compare_args(["rlsta_s0", "grpo_s0", "grpo_full_s0", "rlaar_s0"], runs, results,
+                             tmp_path / "r.md", ["rlaar_s0"])
+    opt = dict(zip(args[::2], args[1::2]))
+    assert args[-1] == "--gzip" and len(args) % 2 == 1
+    models = resolve_models(opt["--models"], exp2.BASE)
+    assert [(m["name"], m["spec"]) for m in models] == [
+        ("base", exp2.BASE),
+        ("rlsta_s0", f"{exp2.BASE}+lora:{results / 'rlsta_s0' / 'adapter'}"),
+        ("grpo_s0", f"{exp2.BASE}+lora:{results / 'grpo_s0' / 'adapter'}"),
+        ("grpo_full_s0", f"workdir:{runs / 'grpo_full_s0'}"),  # full fine-tuning: not committed
+        ("rlaar_s0", f"{exp2.BASE}+lora:{results / 'rlaar_s0' / 'adapter'}"),
+        ("sedt", exp2.BASE), ("recap", exp2.BASE)]
+    assert opt["--greedy-only"].split(",") == ["grpo_full_s0", "sedt", "recap"]  # LiC: base, grpo_s0, rlsta_s0 + extra
+    assert (opt["--max-new-tokens"], opt["--system"]) == (str(EXP2_BUDGET), EXP2_SYSTEM)
+    assert (opt["--strategy"], opt["--recap"], opt["--abstain-models"]) == ("sedt=sedt", "recap", "rlaar_s0")
+    assert opt["--run-files"] == str(results) and opt["--heldout"] == str(exp2.HELDOUT)
+    with pytest.raises(SystemExit, match="--lic-extra"):
+        exp2.main(["evaluate", "--runs", str(runs), "--results", str(results), "--lic-extra", "sft_s0"])
