@@ -81,3 +81,18 @@ def test_experiment2_arms_differ_only_in_the_compared_thing() -> None:
     rlaar = _preset2("rlaar")["system_prompt"]
     assert rlaar.startswith(rlsta["system_prompt"] + "\n\n") and "abstain" in rlaar  # + the compared instruction
     assert rlsta["lora.rank"] == 16 and rlsta["rl.lr"] == 1e-4 and rlsta["export"]
+
+
+def test_experiment2_sft_and_dpo_steps_are_the_papers_epochs_of_the_committed_rows() -> None:
+    """SFT 5 epochs, DPO 1 epoch (RLSTA's Table 1 settings) of the training rows that the committed data stage's
+    filtered items give: one row per kept history, the validation problems split off as the recipe does."""
+    from jaxrl_mt.rl.histories import load_items
+    from jaxrl_mt.rl.sft_data import split_validation
+
+    items = load_items(CONFIGS.parent / "docs" / "results" / "exp2" / "data" / "train_items.jsonl")
+    for name, epochs in (("sft", 5), ("dpo", 1)):
+        c = _preset2(name)
+        train, val = split_validation(items, c[f"{name}.val_fraction"], c["seed"])
+        assert c["rl.steps"] * c["rl.batch_size"] == epochs * len(train), name
+    assert (len(items), len(train), len(val)) == (84, 76, 8)
+    assert _preset2("sft")["eval.every"] * 5 == _preset2("sft")["rl.steps"]  # validation once per epoch
