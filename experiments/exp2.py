@@ -10,7 +10,8 @@ chosen budget and system prompt); every arm that trains on histories starts from
 ``histories.jsonl*`` and ``train_items.jsonl*``, so all of them train on the same filtered items.
 The filter's samples, which SFT and DPO turn into their rows, are written by the first of them and
 kept in the data stage (``filter_texts.jsonl``): the other reads them instead of sampling them again
-(under the same key: model, seed, k, budget, prompt and histories).
+(under the same key: model, seed, k, budget, prompt and histories). ICPO and RLAAR make their own
+prompts from the problems of those items (``train_problems.jsonl``, written into the data stage).
 Each arm trains through ``experiments.train_arm`` (wall time, peak RSS and load in
 ``run_info.json``) in ``runs/exp2/<arm>``; a killed arm resumes from its last checkpoint when the
 command is run again. A finished arm's small files (``RUN_FILES``) and its LoRA adapter, stored in
@@ -40,6 +41,8 @@ RESULTS = Path("docs/results/exp2/runs")
 DATA = Path("docs/results/exp2/data")  # the data stage's files, committed: a new checkout skips that stage
 DATA_ARM = "rlsta_s0"
 SHARED = ("histories.jsonl", "train_items.jsonl")
+PROBLEMS = "train_problems.jsonl"  # the filtered items' problems (ICPO's and RLAAR's prompts are made from them)
+ARMS_CONFIG = "configs/rlsta.py:experiment2"  # the data stage's config (its problem sources)
 BASE = "builtin:smollm2-135m-instruct"
 HELDOUT = Path("docs/results/heldout.jsonl")
 REPORT = Path("docs/results/exp2/report.md")
@@ -59,6 +62,7 @@ class Arm:
     shares_texts: bool = False  # SFT and DPO: the filter's samples (FILTER_TEXTS), sampled once for both
 
 
+ON_PROBLEMS = (f"--config.data.add_source=tasks:{DATA / PROBLEMS}",)
 ARMS: dict[str, Arm] = {
     "rlsta_s0": Arm("configs/rlsta.py:experiment2", 0),
     "grpo_s0": Arm("configs/grpo.py:experiment2", 0),
@@ -67,8 +71,9 @@ ARMS: dict[str, Arm] = {
     "rlsta_nv_s0": Arm("configs/rlsta.py:experiment2", 0, ("--config.rl.verifier_weight=0.0",)),
     "sft_s0": Arm("configs/sft.py:experiment2", 0, shares_texts=True),
     "dpo_s0": Arm("configs/dpo.py:experiment2", 0, shares_texts=True),
-    "icpo_s0": Arm("configs/icpo.py:experiment2", 0, shares_items=False),
-    "rlaar_s0": Arm("configs/rlaar.py:experiment2", 0, shares_items=False),
+    # ICPO and RLAAR make their own prompts from the problems of the shared items (PROBLEMS)
+    "icpo_s0": Arm("configs/icpo.py:experiment2", 0, ON_PROBLEMS, shares_items=False),
+    "rlaar_s0": Arm("configs/rlaar.py:experiment2", 0, ON_PROBLEMS, shares_items=False),
     "grpo_s1": Arm("configs/grpo.py:experiment2", 1),
     "rlsta_s1": Arm("configs/rlsta.py:experiment2", 1),
     "grpo_s2": Arm("configs/grpo.py:experiment2", 2),
@@ -109,6 +114,31 @@ def copy_shared_items(src: Path, dst: Path, *, require_items: bool = True) -> li
     return out
 
 
+def write_item_problems(data: Path, config: str = ARMS_CONFIG) -> Path:
+    """``data/PROBLEMS``: the problems of the data stage's filtered items, from ``config``'s sources.
+
+    ICPO and RLAAR train on their own prompts (underspecified ones; sharded ones with abstention)
+    made from these problems, so every training arm sees the same problems.
+
+    Raises:
+      SystemExit: an item's problem is not among the sources' problems.
+    """
+    from jaxrl_mt.data.loaders import load_source, save_tasks_jsonl
+    from jaxrl_mt.rl.histories import load_items
+    from jaxrl_mt.runtime import load_config_file
+
+    ids = {it.task_id for it in load_items(data / "train_items.jsonl")}
+    path, preset = config.split(":")
+    c = load_config_file(ROOT / path, preset)
+    by_id = {t.task_id: t for spec in c.data.add_source.split(",") for t in load_source(spec.strip())}
+    missing = sorted(ids - set(by_id))
+    if missing:
+        raise SystemExit(f"{data / 'train_items.jsonl'}: problems {missing[:3]} not in {c.data.add_source}")
+    out = data / PROBLEMS
+    save_tasks_jsonl(out, [by_id[i] for i in sorted(ids)])
+    return out
+
+
 def keep_small_files(workdir: Path, dst: Path) -> list[Path]:
     """Copies the run's small files and its adapter (bfloat16 PEFT folder) to ``dst`` (for commit)."""
     dst.mkdir(parents=True, exist_ok=True)
@@ -140,6 +170,8 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA) -> int
                 copy_shared_items(data, wd, require_items=False)
             if ARMS[name].shares_items and name != DATA_ARM:
                 copy_shared_items(data if (data / "train_items.jsonl").is_file() else runs / DATA_ARM, wd)
+            if not ARMS[name].shares_items and not (data / PROBLEMS).is_file():
+                write_item_problems(data)
             if ARMS[name].shares_texts and (data / FILTER_TEXTS).is_file() and not (wd / FILTER_TEXTS).exists():
                 shutil.copyfile(data / FILTER_TEXTS, wd / FILTER_TEXTS)
             print(f"exp2: training {name}", file=sys.stderr, flush=True)

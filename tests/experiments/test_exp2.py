@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,35 @@ def test_the_evaluation_command_gives_every_model_the_same_settings(tmp_path: Pa
     assert opt["--run-files"] == str(results) and opt["--heldout"] == str(exp2.HELDOUT)
     with pytest.raises(SystemExit, match="--lic-extra"):
         exp2.main(["evaluate", "--runs", str(runs), "--results", str(results), "--lic-extra", "sft_s0"])
+
+
+def test_icpo_and_rlaar_train_on_the_problems_of_the_shared_items(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from jaxrl_mt.data.loaders import load_tasks_jsonl
+    from jaxrl_mt.rl.histories import load_items
+
+    committed = exp2.ROOT / exp2.DATA
+    items = load_items(committed / "train_items.jsonl")
+    tasks = load_tasks_jsonl(committed / exp2.PROBLEMS)  # committed, and recomputed here
+    assert [t.task_id for t in tasks] == sorted({it.task_id for it in items}) and len(tasks) == 61
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copyfile(committed / "train_items.jsonl", data / "train_items.jsonl")
+    assert exp2.write_item_problems(data).read_bytes() == (committed / exp2.PROBLEMS).read_bytes()
+    full = {it.task_id: it.anchor_prompt for it in items if it.kind == "sharded"}  # MT-Add keeps the facts
+    assert all(full[t.task_id] == t.full_prompt for t in tasks if t.task_id in full)
+    for arm in ("icpo_s0", "rlaar_s0"):
+        assert f"--config.data.add_source=tasks:{exp2.DATA / exp2.PROBLEMS}" in exp2.arm_command(arm)
+    seen = []
+
+    def fake_train_arm(cmd: list[str], cwd: Path) -> int:
+        seen.append((data / exp2.PROBLEMS).is_file())
+        wd = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("--config.workdir=")))
+        (wd / "run_info.json").write_text(json.dumps({"exit_status": 0}))
+        return 0
+
+    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    (data / exp2.PROBLEMS).unlink()
+    (tmp_path / "runs" / "icpo_s0").mkdir(parents=True)
+    assert exp2.train(["icpo_s0"], tmp_path / "runs", tmp_path / "results", data) == 0
+    assert seen == [True]  # written from the data stage before ICPO trained
