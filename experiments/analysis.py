@@ -12,6 +12,7 @@ model) are *paired*: each replicate resamples problems and takes both sides of t
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,7 +24,8 @@ from jaxrl_mt.eval.metrics import percentile_ci
 from jaxrl_mt.rewards.verifier import extract_answer, verify
 
 __all__ = ["CI_LEVEL", "bootstrap_mean", "bootstrap_paired", "bootstrap_ratio", "family_of", "first_answer_turns",
-           "final_reply_lengths", "inertia", "last_reply_scores", "response_types_per_turn", "restates_user"]
+           "final_reply_lengths", "inertia", "last_reply_scores", "pass_at_k", "pass_hat_k", "pass_k_scores",
+           "response_types_per_turn", "restates_user", "uncut_scores"]
 
 CI_LEVEL = 0.95
 ECHO_SHARE = 0.8  # a reply with at least this share of its words in the user's message restates it
@@ -39,10 +41,10 @@ def family_of(task_id: str) -> str:
     return parts[0]
 
 
-def _last_reply_means(records: Iterable[Record], kind: str, value: Callable[[Record], Sequence[float] | None],
-                      keep: Callable[[str], bool] | None = None) -> dict[str, list[float]]:
-    """Task id -> per-column means over its runs of ``value(record)`` (None skips the record), taking
-    the records of one kind with at least one turn whose task passes `keep`."""
+def _last_reply_values(records: Iterable[Record], kind: str, value: Callable[[Record], Sequence[float] | None],
+                       keep: Callable[[str], bool] | None = None) -> dict[str, list[Sequence[float]]]:
+    """Task id -> ``value(record)`` of each of its runs (None skips the record), taking the records of
+    one kind with at least one turn whose task passes `keep`."""
     runs: dict[str, list[Sequence[float]]] = defaultdict(list)
     for r in records:
         if r["kind"] != kind or (keep is not None and not keep(r["task_id"])) or not r["turns"]:
@@ -50,7 +52,14 @@ def _last_reply_means(records: Iterable[Record], kind: str, value: Callable[[Rec
         v = value(r)
         if v is not None:
             runs[r["task_id"]].append(v)
-    return {t: [float(np.mean(col)) for col in zip(*v)] for t, v in sorted(runs.items())}
+    return dict(sorted(runs.items()))
+
+
+def _last_reply_means(records: Iterable[Record], kind: str, value: Callable[[Record], Sequence[float] | None],
+                      keep: Callable[[str], bool] | None = None) -> dict[str, list[float]]:
+    """Task id -> per-column means over its runs of ``value(record)`` (see `_last_reply_values`)."""
+    runs = _last_reply_values(records, kind, value, keep)
+    return {t: [float(np.mean(col)) for col in zip(*v)] for t, v in runs.items()}
 
 
 def last_reply_scores(records: Iterable[Record], kind: str, mode: str = "strict",
@@ -194,11 +203,54 @@ def final_reply_lengths(records: Iterable[Record], kind: str) -> dict[str, dict[
     Conversations whose last turn records no ``new_tokens`` are skipped."""
 
     def value(r: Record) -> tuple[float, float, float] | None:
-        last = r["turns"][-1]
-        if last.get("new_tokens") is None:
+        cut, last = _cut(r), r["turns"][-1]
+        if cut is None:
             return None
         echo = restates_user(last.get("user") or "", last.get("assistant") or "")
-        return float(last["new_tokens"]), float(last.get("finish_reason") == "length"), float(echo)
+        return float(last["new_tokens"]), float(cut), float(echo)
 
     means = _last_reply_means(records, kind, value)
     return {f: {t: m[i] for t, m in means.items()} for i, f in enumerate(("tokens", "cut", "echo"))}
+
+
+def _cut(r: Record) -> bool | None:
+    """Whether the reply budget cut the conversation's last reply (None: its length is not recorded)."""
+    last = r["turns"][-1]
+    return None if last.get("new_tokens") is None else last.get("finish_reason") == "length"
+
+
+def uncut_scores(records: Iterable[Record], kind: str, mode: str = "strict") -> dict[str, float]:
+    """`last_reply_scores` over the conversations whose last reply the budget did not cut (the complement
+    of `final_reply_lengths`'s ``cut``; conversations that record no length are skipped, as there).
+    A task all of whose runs were cut is absent."""
+    def value(r: Record) -> tuple[float] | None:
+        return None if _cut(r) is not False else (float(verify(r["turns"][-1]["assistant"], r["gold"], mode)),)
+
+    return {t: m[0] for t, m in _last_reply_means(records, kind, value).items()}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``c`` of ``n`` runs correct: the chance that at least one of
+    ``k`` runs drawn without replacement is correct, ``1 - C(n - c, k) / C(n, k)``."""
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass^k (tau-bench) of one problem with ``c`` of ``n`` runs correct: the chance that all
+    ``k`` runs drawn without replacement are correct, ``C(c, k) / C(n, k)``."""
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def pass_k_scores(records: Iterable[Record], kind: str, mode: str = "strict") -> dict[str, dict[int, dict[str, float]]]:
+    """Per-problem pass@k and pass^k of one kind, a run being correct when the verifier accepts its last
+    reply (so pass@1 = pass^1 = `last_reply_scores`), for k = 1 .. the most runs of a problem.
+
+    Returns:
+      ``{"pass@k": {k: {task: v}}, "pass^k": {k: {task: v}}}``; a problem with fewer than k runs is
+      absent at k.
+    """
+    runs = _last_reply_values(records, kind, lambda r: (float(verify(r["turns"][-1]["assistant"], r["gold"], mode)),))
+    counts = {t: (len(v), int(sum(x[0] for x in v))) for t, v in runs.items()}
+    ks = range(1, max((n for n, _ in counts.values()), default=0) + 1)
+    return {name: {k: {t: f(n, c, k) for t, (n, c) in counts.items() if n >= k} for k in ks}
+            for name, f in (("pass@k", pass_at_k), ("pass^k", pass_hat_k))}

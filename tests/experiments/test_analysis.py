@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from experiments import analysis as A
 
 
@@ -63,17 +65,19 @@ def test_response_types_first_answer_and_family() -> None:
     assert A.family_of(recs[0]["task_id"]) == "heldout1" and A.family_of("gsm8k/test/2") == "gsm8k"
 
 
-def test_final_reply_lengths_per_task_from_the_last_turn() -> None:
-    def with_len(r: dict, n: int | None, reason: str) -> dict:
-        if n is not None:
-            r["turns"][-1].update(new_tokens=n, finish_reason=reason)
-        return r
+def _ended(r: dict, n: int | None, reason: str) -> dict:
+    """`r` with its last turn's length and finish reason (none recorded when `n` is None)."""
+    if n is not None:
+        r["turns"][-1].update(new_tokens=n, finish_reason=reason)
+    return r
 
-    recs = [with_len(rec("a", "full", "5", ["x"]), 64, "length"),
-            with_len(rec("a", "full", "5", ["y"], run=1), 10, "stop"),
-            with_len(rec("b", "full", "3", ["1", "z"]), 20, "stop"),
-            with_len(rec("c", "full", "3", ["q"]), None, ""),  # no length recorded: skipped
-            with_len(rec("d", "sharded", "3", ["q"]), 64, "length")]
+
+def test_final_reply_lengths_per_task_from_the_last_turn() -> None:
+    recs = [_ended(rec("a", "full", "5", ["x"]), 64, "length"),
+            _ended(rec("a", "full", "5", ["y"], run=1), 10, "stop"),
+            _ended(rec("b", "full", "3", ["1", "z"]), 20, "stop"),
+            _ended(rec("c", "full", "3", ["q"]), None, ""),  # no length recorded: skipped
+            _ended(rec("d", "sharded", "3", ["q"]), 64, "length")]
     recs[0]["turns"][-1]["user"] = "x or y?"  # its reply "x" only restates it
     recs[1]["turns"][-1]["user"] = "z"
     out = A.final_reply_lengths(recs, "full")
@@ -98,3 +102,41 @@ def test_restates_user_on_real_final_turns() -> None:
     assert all(A.restates_user(u, r) for u, r in echo)
     assert not any(A.restates_user(u, r) for u, r in not_echo)
     assert A.restates_user("2 people leave during the break.", "Two people left during the break.", share=0.6)
+
+
+def test_uncut_scores_keep_the_conversations_the_budget_did_not_cut() -> None:
+    recs = [_ended(rec("a", "full", "5", ["5"]), 3, "stop"),  # uncut, right
+            _ended(rec("a", "full", "5", ["5"], run=1), 64, "length"),  # cut: left out although right
+            _ended(rec("b", "full", "4", ["1 2 4 3"]), 9, "stop"),  # uncut: wrong (strict), right (lenient)
+            _ended(rec("c", "full", "7", ["7"]), 64, "length"),  # every run cut: c is absent
+            _ended(rec("d", "full", "7", ["7"]), None, ""),  # no length recorded: skipped, as by the cut share
+            _ended(rec("e", "sharded", "7", ["7"]), 5, "stop")]
+    assert A.uncut_scores(recs, "full") == {"a": 1.0, "b": 0.0}
+    assert A.uncut_scores(recs, "full", "lenient") == {"a": 1.0, "b": 1.0}
+    assert A.uncut_scores(recs, "sharded") == {"e": 1.0}
+    cut = A.final_reply_lengths(recs, "full")["cut"]
+    assert cut == {"a": 0.5, "b": 0.0, "c": 1.0}  # the uncut tasks are those not always cut
+    assert {t for t, v in cut.items() if v < 1} == set(A.uncut_scores(recs, "full"))
+
+
+def test_pass_at_k_and_pass_hat_k_unbiased_estimators() -> None:
+    assert math.isclose(A.pass_at_k(4, 2, 2), 5 / 6) and math.isclose(A.pass_hat_k(4, 2, 2), 1 / 6)
+    assert A.pass_at_k(4, 2, 1) == A.pass_hat_k(4, 2, 1) == 0.5  # k = 1: both are the accuracy c / n
+    assert A.pass_at_k(4, 3, 2) == 1.0 and math.isclose(A.pass_hat_k(4, 3, 2), 3 / 6)  # C(1, 2) = 0; C(3, 2) = 3
+    assert A.pass_at_k(4, 0, 4) == 0.0 and A.pass_at_k(4, 1, 4) == 1.0
+    assert A.pass_hat_k(4, 4, 4) == 1.0 and A.pass_hat_k(4, 3, 4) == 0.0
+
+
+def test_pass_k_scores_count_right_last_replies_per_problem() -> None:
+    recs = [rec("a", "full", "5", [r], run=i) for i, r in enumerate(["5", "so 5", "7", "It is 6."])]  # 2 of 4
+    recs += [rec("b", "full", "3", ["3"]), rec("b", "full", "3", ["9"], run=1),  # 1 of 2
+             rec("c", "sharded", "3", ["3"])]
+    got = A.pass_k_scores(recs, "full")
+    assert sorted(got["pass@k"]) == sorted(got["pass^k"]) == [1, 2, 3, 4]
+    assert got["pass@k"][1] == got["pass^k"][1] == {"a": 0.5, "b": 0.5} == A.last_reply_scores(recs, "full")
+    assert got["pass@k"][2] == pytest.approx({"a": 5 / 6, "b": 1.0})
+    assert got["pass^k"][2] == pytest.approx({"a": 1 / 6, "b": 0.0})
+    assert got["pass@k"][3] == {"a": 1.0} and got["pass^k"][3] == {"a": 0.0}  # b has 2 runs: absent at k > 2
+    assert got["pass@k"][4] == {"a": 1.0} and got["pass^k"][4] == {"a": 0.0}
+    assert A.pass_k_scores(recs, "sharded") == {"pass@k": {1: {"c": 1.0}}, "pass^k": {1: {"c": 1.0}}}
+    assert A.pass_k_scores(recs, "mt_refine") == {"pass@k": {}, "pass^k": {}}
