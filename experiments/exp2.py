@@ -3,6 +3,7 @@
     python -m experiments.exp2 list                      # the arms, their commands and what is done
     python -m experiments.exp2 train [--arms a,b,...]    # train the arms not finished yet, in ARMS order
     python -m experiments.exp2 evaluate [--lic-extra a]  # base, the finished arms, SeDT and RECAP: the report
+                                                         # (other arguments go to experiments.compare)
 
 The arm table (``ARMS``) and the seeds are the plan's (``docs/results/experiment2_plan.md``), fixed
 before any run. ``rlsta_s0`` runs the data stage (histories and the latent-capability filter at the
@@ -30,6 +31,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from experiments.common import ROOT
 from experiments.report import RUN_FILES
@@ -62,7 +64,7 @@ class Arm:
     shares_texts: bool = False  # SFT and DPO: the filter's samples (FILTER_TEXTS), sampled once for both
 
 
-ON_PROBLEMS = (f"--config.data.add_source=tasks:{DATA / PROBLEMS}",)
+ON_PROBLEMS = ("--config.data.add_source=tasks:{data}/" + PROBLEMS,)
 ARMS: dict[str, Arm] = {
     "rlsta_s0": Arm("configs/rlsta.py:experiment2", 0),
     "grpo_s0": Arm("configs/grpo.py:experiment2", 0),
@@ -81,10 +83,12 @@ ARMS: dict[str, Arm] = {
 }
 
 
-def arm_command(name: str, runs: Path = RUNS) -> list[str]:
-    """The ``experiments.train_arm`` arguments of arm ``name``."""
+def arm_command(name: str, runs: Path = RUNS, data: Path = DATA, extra: Sequence[str] = ()) -> list[str]:
+    """The ``experiments.train_arm`` arguments of arm ``name`` (``{data}`` in an override: the data
+    stage's folder), then ``extra`` overrides (``train --set``, e.g. a smaller run)."""
     a = ARMS[name]
-    return ["--config", a.config, f"--config.seed={a.seed}", f"--config.workdir={runs / name}", *a.overrides]
+    return ["--config", a.config, f"--config.seed={a.seed}", f"--config.workdir={runs / name}",
+            *(o.format(data=data) for o in a.overrides), *extra]
 
 
 def finished(workdir: Path) -> bool:
@@ -153,7 +157,7 @@ def keep_small_files(workdir: Path, dst: Path) -> list[Path]:
     return out
 
 
-def train(names: list[str], runs: Path, results: Path, data: Path = DATA) -> int:
+def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra: Sequence[str] = ()) -> int:
     """Trains ``names`` in order (finished ones skipped); returns the first non-zero exit status.
 
     The data stage's files are kept in ``data`` once written, and copied from there into the data
@@ -175,7 +179,8 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA) -> int
             if ARMS[name].shares_texts and (data / FILTER_TEXTS).is_file() and not (wd / FILTER_TEXTS).exists():
                 shutil.copyfile(data / FILTER_TEXTS, wd / FILTER_TEXTS)
             print(f"exp2: training {name}", file=sys.stderr, flush=True)
-            rc = subprocess.call([sys.executable, "-m", "experiments.train_arm", *arm_command(name, runs)], cwd=ROOT)
+            rc = subprocess.call([sys.executable, "-m", "experiments.train_arm", *arm_command(name, runs, data, extra)],
+                                 cwd=ROOT)
             if name == DATA_ARM:
                 copy_shared_items(wd, data, require_items=False)
             if ARMS[name].shares_texts and (wd / FILTER_TEXTS).is_file() and not (data / FILTER_TEXTS).exists():
@@ -186,16 +191,17 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA) -> int
     return 0
 
 
-def model_spec(name: str, runs: Path, results: Path) -> str:
+def model_spec(name: str, runs: Path, results: Path, base: str = BASE) -> str:
     """The model spec ``compare`` evaluates for arm ``name``: its committed bfloat16 adapter on the base
     model, or (full fine-tuning: too large to commit) its workdir's latest checkpoint."""
     adapter = results / name / "adapter"
     if (adapter / "adapter_config.json").is_file():
-        return f"{BASE}+lora:{adapter}"
+        return f"{base}+lora:{adapter}"
     return f"workdir:{runs / name}"
 
 
-def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_extra: list[str]) -> list[str]:
+def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_extra: list[str],
+                 base: str = BASE) -> list[str]:
     """``experiments.compare`` arguments: base, the arms ``names``, SeDT and RECAP on the base model.
 
     Every model gets the chosen budget and system prompt (RLAAR its abstain instruction on top, as
@@ -204,11 +210,12 @@ def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_ext
     """
     from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
 
-    models = ["base", *(f"{n}={model_spec(n, runs, results)}" for n in names), *(f"{n}={BASE}" for n in INFERENCE)]
+    models = ["base", *(f"{n}={model_spec(n, runs, results, base)}" for n in names),
+              *(f"{n}={base}" for n in INFERENCE)]
     lic = {*LIC_MODELS, *lic_extra}
     greedy_only = [m.split("=")[0] for m in models if m.split("=")[0] not in lic]
     abstain = [n for n in names if n.startswith("rlaar")]
-    return ["--models", ",".join(models), "--strategy", "sedt=sedt", "--recap", "recap",
+    return ["--models", ",".join(models), "--base", base, "--strategy", "sedt=sedt", "--recap", "recap",
             *(["--abstain-models", ",".join(abstain)] if abstain else []), "--run-files", str(results),
             "--heldout", str(HELDOUT), "--out", str(out), "--max-new-tokens", str(EXP2_BUDGET),
             "--system", EXP2_SYSTEM, "--greedy-only", ",".join(greedy_only), "--gzip"]
@@ -217,33 +224,41 @@ def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_ext
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stage", choices=("list", "train", "evaluate"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="train: a config override appended to every arm's command, e.g. --set rl.steps=2")
     ap.add_argument("--out", default=str(REPORT), help="evaluate: the report (files under OUT without .md)")
+    ap.add_argument("--base", default=BASE, help="evaluate: the base model (the adapters' base too)")
     ap.add_argument("--lic-extra", default="", help="evaluate: arms also run through LiC at T = 1 (comma-separated)")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (default: all, in order)")
     ap.add_argument("--runs", default=str(RUNS), help="the arms' workdirs go under this folder")
     ap.add_argument("--results", default=str(RESULTS), help="the arms' small files are copied under this folder")
     ap.add_argument("--data", default=str(DATA), help="the data stage's files are kept in (and restored from) here")
-    a = ap.parse_args(argv)
+    a, passed = ap.parse_known_args(argv)
+    if passed and a.stage != "evaluate":
+        ap.error(f"unrecognized arguments: {' '.join(passed)}")
     names = [n.strip() for n in a.arms.split(",") if n.strip()]
     unknown = [n for n in names if n not in ARMS]
     if unknown:
         raise SystemExit(f"--arms: unknown {unknown}; expected names among {list(ARMS)}")
     runs, results = Path(a.runs), Path(a.results)
+    extra = [f"--config.{kv}" for kv in a.set]
     if a.stage == "list":
         for n in names:
             state = "finished" if finished(runs / n) or finished(results / n) else "to train"
-            print(f"{n:14s} {state:9s} python -m experiments.train_arm {' '.join(arm_command(n, runs))}")
+            cmd = " ".join(arm_command(n, runs, Path(a.data), extra))
+            print(f"{n:14s} {state:9s} python -m experiments.train_arm {cmd}")
         return 0
     if a.stage == "evaluate":
         from experiments import compare
 
         done = [n for n in names if finished(runs / n) or finished(results / n)]
-        extra = [n.strip() for n in a.lic_extra.split(",") if n.strip()]
-        if set(extra) - set(done) - set(INFERENCE):
-            raise SystemExit(f"--lic-extra: {sorted(set(extra) - set(done) - set(INFERENCE))} are not finished arms")
+        lic_extra = [n.strip() for n in a.lic_extra.split(",") if n.strip()]
+        if set(lic_extra) - set(done) - set(INFERENCE):
+            raise SystemExit(f"--lic-extra: {sorted(set(lic_extra) - set(done) - set(INFERENCE))} are not finished "
+                             "arms")
         print(f"exp2: evaluating base, {', '.join(done)}, {', '.join(INFERENCE)}", file=sys.stderr, flush=True)
-        return compare.main(compare_args(done, runs, results, Path(a.out), extra))
-    return train(names, runs, results, Path(a.data))
+        return compare.main(compare_args(done, runs, results, Path(a.out), lic_extra, a.base) + passed)
+    return train(names, runs, results, Path(a.data), extra)
 
 
 if __name__ == "__main__":

@@ -163,7 +163,7 @@ def test_the_evaluation_command_gives_every_model_the_same_settings(tmp_path: Pa
     args = exp2.compare_args(["rlsta_s0", "grpo_s0", "grpo_full_s0", "rlaar_s0"], runs, results,
                              tmp_path / "r.md", ["rlaar_s0"])
     opt = dict(zip(args[::2], args[1::2]))
-    assert args[-1] == "--gzip" and len(args) % 2 == 1
+    assert args[-1] == "--gzip" and len(args) % 2 == 1 and opt["--base"] == exp2.BASE
     models = resolve_models(opt["--models"], exp2.BASE)
     assert [(m["name"], m["spec"]) for m in models] == [
         ("base", exp2.BASE),
@@ -197,6 +197,8 @@ def test_icpo_and_rlaar_train_on_the_problems_of_the_shared_items(tmp_path: Path
     assert all(full[t.task_id] == t.full_prompt for t in tasks if t.task_id in full)
     for arm in ("icpo_s0", "rlaar_s0"):
         assert f"--config.data.add_source=tasks:{exp2.DATA / exp2.PROBLEMS}" in exp2.arm_command(arm)
+    assert exp2.arm_command("icpo_s0", Path("r"), Path("d"), ["--config.rl.steps=1"])[-2:] == [
+        f"--config.data.add_source=tasks:{Path('d') / exp2.PROBLEMS}", "--config.rl.steps=1"]
     seen = []
 
     def fake_train_arm(cmd: list[str], cwd: Path) -> int:
