@@ -25,6 +25,14 @@ CURVE_KEYS = (
     "probe/multi_turn_strict",
     "answer/distinct_numbers_final_line",
 )
+# The training-dynamics figure's curves (held-out accuracy over steps), key -> what it measures: the trainer's
+# held-out items (`eval/`: full prompt; history + last turn) and the probe's real conversations (`probe/`).
+DYNAMICS_KEYS = {
+    "eval/single_turn_acc_strict": "single-turn: held-out items, full prompt",
+    "probe/full_strict": "single-turn: probe, FULL",
+    "eval/multi_turn_acc_strict": "multi-turn: held-out histories + last turn",
+    "probe/multi_turn_strict": "multi-turn: probe, MT-Add + MT-Refine",
+}
 
 
 def eval_config(**overrides: Any) -> dict[str, Any]:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.analysis import ECHO_SHARE
-from experiments.common import GREEDY_KINDS, KIND_NAMES, ROOT
+from experiments.common import DYNAMICS_KEYS, GREEDY_KINDS, KIND_NAMES, ROOT
+from experiments.plots import dynamics_keys
 
 __all__ = ["render"]
 
@@ -77,6 +78,23 @@ def _accuracy(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def _uncut(report: dict[str, Any]) -> list[str]:
+    """Per scenario: the share of last replies the reply budget cut, and the accuracy of the others."""
+    out = [
+        f"Cut by the {report['manifest']['max_new_tokens']}-token reply budget (last reply; greedy) and strict "
+        "accuracy of the conversations whose last reply was not cut (n = their problems):",
+        "",
+        "| model | " + " | ".join(f"{KIND_NAMES[k]} cut | {KIND_NAMES[k]} acc. uncut | n" for k in GREEDY_KINDS) + " |",
+        "|---|" + "---:|---:|---:|" * len(GREEDY_KINDS),
+    ]
+    for n, m in report["models"].items():
+        if m.get("uncut_strict"):
+            out.append(f"| {n} | " + " | ".join(
+                f"{_pct(m['final_reply'][k]['cut'])} | {_pct(m['uncut_strict'][k])} | {m['uncut_strict'][k]['n']}"
+                for k in GREEDY_KINDS) + " |")
+    return out
+
+
 def _pairs(report: dict[str, Any]) -> list[str]:
     kinds = [*GREEDY_KINDS, "multi"]
     out = [
@@ -108,6 +126,66 @@ def _lic(report: dict[str, Any]) -> list[str]:
             f"[{ci[0]:.1f}, {ci[1]:.1f}] | {s['A90']:.1f} | {s['U90_10']:.1f} | {ratio} | "
             f"{_pct(s['last_reply_strict'])} |"
         )
+    return out + [""] + _pass_k(rows)
+
+
+def _pass_k(rows: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """pass@k and pass^k of the LiC runs (unbiased estimators per problem, then the mean over problems)."""
+    ks = sorted({int(j) for _, _, s in rows for j in s.get("pass@k", {})})
+    if not ks:
+        return []
+    out = [
+        "pass@k (at least one of k runs right) and pass^k (all k runs right), % of problems: the unbiased "
+        "estimators from the N runs of each problem (a run is right when the strict verifier accepts its last "
+        "reply, so k = 1 is the last-reply accuracy), averaged over problems; 95% CIs in `report.json`.",
+        "",
+        "| model | scenario | " + " | ".join(f"pass@{j} / pass^{j}" for j in ks) + " |",
+        "|---|---|" + "---:|" * len(ks),
+    ]
+    for n, k, s in rows:
+        cells = []
+        for j in map(str, ks):
+            at, hat = s.get("pass@k", {}).get(j), s.get("pass^k", {}).get(j)
+            ok = at is not None and at["mean"] is not None
+            cells.append(f"{100 * at['mean']:.1f} / {100 * hat['mean']:.1f}" if ok else "-")
+        out.append(f"| {n} | {KIND_NAMES.get(k, k)} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _seeds(report: dict[str, Any]) -> list[str]:
+    """The arms of several seeds: mean over seeds [two-level CI], sd over seeds, each seed; differences."""
+    seeds = report.get("seeds")
+    if not seeds:
+        return []
+    kinds = [*GREEDY_KINDS, "multi"]
+    head = " | ".join(KIND_NAMES[k] for k in kinds)
+    out = [
+        "## Seeds (strict, greedy; 95% two-level bootstrap CI: seeds and problems resampled)",
+        "",
+        "An arm's value is the mean over its seeds (`<arm>_s<N>` models) of each seed's accuracy; sd = the standard "
+        "deviation over seeds.",
+        "",
+        f"| arm | statistic | {head} |",
+        "|---|---|" + "---:|" * len(kinds),
+    ]
+    for arm, g in seeds["groups"].items():
+        c = g["strict"]
+        out.append(f"| {arm}_s* | mean of {len(g['models'])} | " + " | ".join(_pct(c[k]) for k in kinds) + " |")
+        out.append(f"| {arm}_s* | sd over seeds | "
+                   + " | ".join("-" if c[k]["std"] is None else f"{100 * c[k]['std']:.1f}" for k in kinds) + " |")
+        for m in g["models"]:
+            out.append(f"| {arm}_s* | {m} | "
+                       + " | ".join("-" if m not in c[k]["seeds"] else f"{100 * c[k]['seeds'][m]:.1f}"
+                                    for k in kinds) + " |")
+    out += [
+        "",
+        "Differences (percentage points; paired by problem, each side's seeds resampled; * = excludes 0):",
+        "",
+        f"| difference | {head} |",
+        "|---|" + "---:|" * len(kinds),
+    ]
+    for name, p in seeds["pairs"].items():
+        out.append(f"| {name} | " + " | ".join(_diff(p[k]) for k in kinds) + " |")
     return out
 
 
@@ -273,8 +351,17 @@ def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
         f"`{rel}/` by `python -m experiments.compare --recompute --out {_md_arg(out_dir)}`.",
         "",
     ]
-    lines += _accuracy(report) + ["", img("accuracy.png"), ""] + _pairs(report) + [""] + _lic(report) + [""]
+    lines += _accuracy(report) + [""] + _uncut(report) + ["", img("accuracy.png"), ""] + _pairs(report) + [""]
+    seeds = _seeds(report)
+    lines += (seeds + [""] if seeds else []) + _lic(report) + [""]
     lines += _behaviour(report) + ["", img("lic_score_inertia.png"), "", img("response_types.png"), ""]
     if report.get("runs"):
         lines += _runs(report) + ["", img("curves.png"), ""]
+    keys = dynamics_keys(report)
+    if keys:
+        lines += ["## Training dynamics", "",
+                  "Held-out accuracy (strict) over training steps, one line per run; an arm of several seeds as the "
+                  "mean of its runs (thick) over its seeds (thin). Panels: "
+                  + "; ".join(f"`{k}` ({DYNAMICS_KEYS[k]})" for k in keys) + ".", "",
+                  img("training_dynamics.png"), ""]
     return "\n".join(lines) + "\n"

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import CURVE_KEYS, KIND_NAMES
+from experiments.common import CURVE_KEYS, DYNAMICS_KEYS, KIND_NAMES
 
-__all__ = ["make_plots"]
+__all__ = ["dynamics_keys", "make_plots"]
 
 
 def _plt() -> Any:
@@ -51,8 +51,49 @@ def _save(fig: Any, path: Path, plt: Any) -> Path:
     return path
 
 
+def dynamics_keys(report: dict[str, Any]) -> list[str]:
+    """The DYNAMICS_KEYS some run of the report logged (the training-dynamics figure's panels)."""
+    runs = report.get("runs", {})
+    return [k for k in DYNAMICS_KEYS if any(k in r["curves"] for r in runs.values())]
+
+
+def _dynamics(report: dict[str, Any], out: Path, plt: Any) -> Path | None:
+    """training_dynamics.png: a panel per `dynamics_keys` key, a line per run; an arm of several seeds as
+    its mean curve (``report["seeds"]``, thick) over its seeds' runs (thin, same colour)."""
+    keys = dynamics_keys(report)
+    if not keys:
+        return None
+    runs, groups = report["runs"], report.get("seeds", {}).get("groups", {})
+    arm_of = {m: arm for arm, g in groups.items() for m in g["models"]}
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        colours, drawn = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4), set()
+        for name, r in runs.items():
+            arm, pts = arm_of.get(name), r["curves"].get(key)
+            if not pts or arm in drawn:
+                continue
+            colour = next(colours)
+            if arm is None or key not in groups[arm]["curves"]:
+                ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", ms=2, color=colour, label=name)
+                continue
+            drawn.add(arm)
+            for m in groups[arm]["curve_runs"]:
+                seed_pts = runs[m]["curves"][key]
+                ax.plot([p[0] for p in seed_pts], [100 * p[1] for p in seed_pts], color=colour, lw=0.7, alpha=0.4)
+            mean = groups[arm]["curves"][key]
+            ax.plot([p[0] for p in mean], [100 * p[1] for p in mean], marker="o", ms=3, lw=2, color=colour,
+                    label=f"{arm}_s* (mean of {len(groups[arm]['curve_runs'])})")
+        ax.set_title(f"{key}\n{DYNAMICS_KEYS[key]}", fontsize=8)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("strict accuracy (%)", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    return _save(fig, out / "training_dynamics.png", plt)
+
+
 def make_plots(report: dict[str, Any], out: Path) -> list[Path]:
-    """accuracy.png, lic_score.png, inertia.png, response_types.png and (with runs) curves.png."""
+    """accuracy.png, lic_score_inertia.png, response_types.png and, with runs, curves.png and
+    training_dynamics.png."""
     plt = _plt()
     models = report["models"]
     names = list(models)
@@ -107,4 +148,5 @@ def make_plots(report: dict[str, Any], out: Path) -> list[Path]:
         for ax in list(axes.flat)[len(keys):]:
             ax.axis("off")
         paths.append(_save(fig, out / "curves.png", plt))
-    return paths
+    dyn = _dynamics(report, out, plt)
+    return paths + ([dyn] if dyn else [])

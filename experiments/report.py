@@ -9,7 +9,11 @@ Folder layout (``OUT`` = the report's markdown path without ``.md``)::
     OUT/runs/<name>/{metrics.jsonl, config.json, run_info.json, train_items.jsonl.stats.json}
     OUT/report.json, OUT/*.png           written by :func:`write`
 
-:func:`build` reads only these files, so ``compare --recompute`` rebuilds the same report.
+:func:`build` reads only these files, so ``compare --recompute`` rebuilds the same report. Besides the
+accuracies, pairs and LiC metrics, each model holds ``uncut_strict`` (strict accuracy of the greedy
+conversations whose last reply the budget did not cut; the cut share is ``final_reply.<kind>.cut``) and
+each LiC scenario ``pass@k`` / ``pass^k`` (k = 1..N); with arms of several seeds (``<arm>_s<N>``
+models) the report holds ``seeds`` (``experiments.seeds``: two-level bootstrap, mean training curves).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Any
 from jaxrl_mt.eval.metrics import first_answer_turn_stats
 from jaxrl_mt.eval.report import build_report
 from experiments import analysis as A
-from experiments.common import CURVE_KEYS, GREEDY_KINDS, load_records, write_json
+from experiments.common import CURVE_KEYS, DYNAMICS_KEYS, GREEDY_KINDS, load_records, write_json
 from experiments.provenance import read_evaluation_code
+from experiments.seeds import seeds_section
 
 __all__ = ["CURVE_KEYS", "GREEDY_KINDS", "build", "read_curves", "write"]
 
@@ -68,6 +73,8 @@ def _model_section(recs: list[dict], lic_recs: list[dict] | None, n_boot: int, s
     lengths = {k: A.final_reply_lengths(recs, k) for k in GREEDY_KINDS}
     sec["final_reply"] = {k: {f: A.bootstrap_mean(v[f], n_boot=n_boot, seed=seed) for f in ("tokens", "cut", "echo")}
                           for k, v in lengths.items()}
+    sec["uncut_strict"] = {k: A.bootstrap_mean(A.uncut_scores(recs, k), n_boot=n_boot, seed=seed)
+                           for k in GREEDY_KINDS}
     sec["first_answer_turn"] = {k: first_answer_turn_stats(A.first_answer_turns(recs, k)) for k in GREEDY_KINDS}
     if lic_recs:
         kinds = [k for k in ("full", "sharded") if any(r["kind"] == k for r in lic_recs)]
@@ -84,16 +91,18 @@ def _model_section(recs: list[dict], lic_recs: list[dict] | None, n_boot: int, s
         }
         for k in sec["lic"]:  # the judge-free cross-check of P: strict accuracy of the last reply
             sec["lic"][k]["last_reply_strict"] = last[k]
+            for name, per_k in A.pass_k_scores(lic_recs, k).items():
+                sec["lic"][k][name] = {str(j): A.bootstrap_mean(v, n_boot=n_boot, seed=seed) for j, v in per_k.items()}
     return sec
 
 
 def read_curves(run_dir: Path) -> dict[str, list[list[float]]]:
-    """key -> [[step, value], ...] for every CURVE_KEYS key logged in ``run_dir/metrics.jsonl``."""
+    """key -> [[step, value], ...] for every CURVE_KEYS or DYNAMICS_KEYS key logged in ``run_dir/metrics.jsonl``."""
     path = run_dir / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
     return {
         k: [[r["step"], r[k]] for r in rows if isinstance(r.get(k), (int, float))]
-        for k in CURVE_KEYS
+        for k in dict.fromkeys((*CURVE_KEYS, *DYNAMICS_KEYS))
         if any(isinstance(r.get(k), (int, float)) for r in rows)
     }
 
@@ -167,6 +176,9 @@ def build(out_dir: str | Path) -> dict[str, Any]:
             k: A.bootstrap_paired(scores[a][k], scores[b][k], n_boot=n_boot, seed=seed)
             for k in (*GREEDY_KINDS, "multi")
         }
+    seeds = seeds_section(scores, names, report["runs"], list(DYNAMICS_KEYS), n_boot=n_boot, seed=seed)
+    if seeds:  # arms of several seeds (`<arm>_s<N>` models)
+        report["seeds"] = seeds
     return report
 
 

@@ -69,11 +69,12 @@ def test_report_structure(smoke: dict) -> None:
         assert [p[0] for p in curves["probe/multi_turn_strict"]] == [0, 2]
         assert "answer/distinct_numbers_final_line" in curves
         assert rep["runs"][run]["config"]["alpha"] == (1.0 if run == "rlsta_exp" else 0.0)
-    for png in ("accuracy.png", "lic_score_inertia.png", "response_types.png", "curves.png"):
+    assert "seeds" not in rep  # no <arm>_s<N> models
+    for png in ("accuracy.png", "lic_score_inertia.png", "response_types.png", "curves.png", "training_dynamics.png"):
         assert (out / png).stat().st_size > 1000, png
         assert f"rlsta_cpu/{png}" in md
     for head in ("## Held-out accuracy", "## Paired differences", "## LiC metrics", "## Contextual inertia",
-                 "## Training runs"):
+                 "## Training runs", "## Training dynamics", "acc. uncut", "pass@2 / pass^2"):
         assert head in md
     here = rep["manifest"]["code"]  # the invocation's code version (a commit made meanwhile must not matter)
     assert here and len(here["commit"]) == 40
@@ -100,6 +101,10 @@ def _check_against_files(rep: dict, out: Path) -> None:
             assert fr["cut"]["mean"] == pytest.approx(np.mean([t["finish_reason"] == "length" for t in last]))
             echo = [restates_user(t["user"], t["assistant"]) for t in last]
             assert fr["echo"]["mean"] == pytest.approx(np.mean(echo))
+            uncut = [acc[r["task_id"]] for r in recs
+                     if r["kind"] == kind and r["turns"][-1]["finish_reason"] != "length"]
+            assert m["uncut_strict"][kind]["n"] == len(uncut)
+            assert m["uncut_strict"][kind]["mean"] == (pytest.approx(np.mean(uncut)) if uncut else None)
         lic = _records(out / "models" / name / "lic" / "transcripts.jsonl")
         for kind in ("full", "sharded"):
             by_task: dict[str, list[float]] = {}
@@ -107,6 +112,12 @@ def _check_against_files(rep: dict, out: Path) -> None:
                 if r["kind"] == kind:
                     by_task.setdefault(r["task_id"], []).append(r["score"])
             assert m["lic"][kind]["P"] == pytest.approx(100 * np.mean([np.mean(v) for v in by_task.values()]))
+            right: dict[str, list[float]] = {}  # pass@N: at least one of a problem's N = 2 runs right
+            for r in lic:
+                if r["kind"] == kind:
+                    right.setdefault(r["task_id"], []).append(verify(r["turns"][-1]["assistant"], r["gold"], "strict"))
+            assert m["lic"][kind]["pass@k"]["2"]["mean"] == pytest.approx(np.mean([max(v) for v in right.values()]))
+            assert m["lic"][kind]["pass^k"]["2"]["mean"] == pytest.approx(np.mean([min(v) for v in right.values()]))
     for kind in KINDS:
         a, b = means["base", kind], means["rlsta_exp", kind]
         assert rep["pairs"]["rlsta_exp - base"][kind]["diff"] == pytest.approx(np.mean([b[t] - a[t] for t in a]))
