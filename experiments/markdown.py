@@ -19,6 +19,10 @@ def _pct(c: dict[str, Any] | None) -> str:
     return f"{100 * c['mean']:.1f} [{100 * c['lo']:.1f}, {100 * c['hi']:.1f}]"
 
 
+def _tokens(c: dict[str, Any]) -> str:
+    return "-" if c.get("mean") is None else f"{c['mean']:.1f}"
+
+
 def _ratio(c: dict[str, Any]) -> str:
     if c.get("ratio") is None:
         return "-"
@@ -50,6 +54,10 @@ def _accuracy(report: dict[str, Any]) -> list[str]:
             + " | ".join(_pct(m["strict"][k]) for k in kinds)
             + f" | {_ratio(r['sharded'])} | {_ratio(r['mt_refine'])} | {_ratio(r['multi'])} |"
         )
+    recap = [m["name"] for m in report["manifest"]["models"] if m.get("recap")]
+    if recap:
+        out += ["", f"{', '.join(recap)}: LiC's RECAP in the MT-Add column (MT-Add's turns, then one that recaps "
+                    "every shard; no MT-Refine), so its differences there are RECAP against MT-Add."]
     out += [
         "",
         "Lenient verifier (any of the last three numbers), for comparison:",
@@ -221,7 +229,7 @@ def _behaviour(report: dict[str, Any]) -> list[str]:
         fr = m.get("final_reply")
         if fr:
             out.append(f"| {n} | " + " | ".join(
-                f"{fr[k]['tokens']['mean']:.1f} | {_pct(fr[k]['cut'])} | {_pct(fr[k]['echo'])}"
+                f"{_tokens(fr[k]['tokens'])} | {_pct(fr[k]['cut'])} | {_pct(fr[k]['echo'])}"
                 for k in GREEDY_KINDS) + " |")
     out += [
         "",
@@ -231,7 +239,7 @@ def _behaviour(report: dict[str, Any]) -> list[str]:
         "|---|---:|---|---:|---:|",
     ]
     for n, m in report["models"].items():
-        fa = m["first_answer_turn"]["sharded"]
+        fa = m["first_answer_turn"].get("sharded") or {"mean": None, "frac_never": float("nan")}
         for t, c in m["response_types"]["sharded"].items():
             labs = ", ".join(f"{k} {v}" for k, v in c.items())
             mean = "-" if fa["mean"] is None else f"{fa['mean']:.2f}"

@@ -75,7 +75,8 @@ def _model_section(recs: list[dict], lic_recs: list[dict] | None, n_boot: int, s
                           for k, v in lengths.items()}
     sec["uncut_strict"] = {k: A.bootstrap_mean(A.uncut_scores(recs, k), n_boot=n_boot, seed=seed)
                            for k in GREEDY_KINDS}
-    sec["first_answer_turn"] = {k: first_answer_turn_stats(A.first_answer_turns(recs, k)) for k in GREEDY_KINDS}
+    sec["first_answer_turn"] = {k: first_answer_turn_stats(A.first_answer_turns(recs, k)) for k in GREEDY_KINDS
+                                if any(r["kind"] == k for r in recs)}  # RECAP models have no MT-Refine
     if lic_recs:
         kinds = [k for k in ("full", "sharded") if any(r["kind"] == k for r in lic_recs)]
         rep = build_report(lic_recs, scenarios=kinds, protocol=lic_recs[0]["protocol"], n_boot=n_boot, seed=seed)
@@ -94,6 +95,11 @@ def _model_section(recs: list[dict], lic_recs: list[dict] | None, n_boot: int, s
             for name, per_k in A.pass_k_scores(lic_recs, k).items():
                 sec["lic"][k][name] = {str(j): A.bootstrap_mean(v, n_boot=n_boot, seed=seed) for j, v in per_k.items()}
     return sec
+
+
+def _recap_as_sharded(recs: list[dict]) -> list[dict]:
+    """A RECAP model's records with RECAP conversations in MT-Add's place (paired with the others' MT-Add)."""
+    return [{**r, "kind": "sharded"} if r["kind"] == "recap" else r for r in recs]
 
 
 def read_curves(run_dir: Path) -> dict[str, list[list[float]]]:
@@ -164,6 +170,8 @@ def build(out_dir: str | Path) -> dict[str, Any]:
             if (lic_dir / "transcripts.jsonl").is_file() or (lic_dir / "transcripts.jsonl.gz").is_file()
             else None
         )
+        if m.get("recap"):  # LiC's RECAP (MT-Add's turns, then a recap of every shard) in the MT-Add column
+            recs, lic = _recap_as_sharded(recs), lic and _recap_as_sharded(lic)
         report["models"][m["name"]] = _model_section(recs, lic, n_boot, seed)
         report["code"][m["name"]] = {sub: read_evaluation_code(out / "models" / m["name"] / sub)
                                      for sub in ("greedy", "lic")}
