@@ -245,3 +245,6 @@ def _experiment2(c: ConfigDict) -> None:
     c.lora.rank, c.lora.alpha = 16, 32.0
     c.rl.lr = EXP2_LORA_LR
     c.export = True  # the adapter (PEFT folder, <workdir>/adapter) is what the comparison evaluates
+    # single-turn probe accuracy too (RLSTA's Fig. 7); added after rlsta_s0 and grpo_s0 had trained (the probe
+    # does not touch training: experiment2_plan.md, "Changes")
+    c.eval.probe_kinds = "full,sharded,mt_refine"
