@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import compress_transcripts, eval_config, write_json
-from experiments.provenance import code_version, record_evaluation
+from experiments.provenance import code_version, record_evaluation, record_evaluation_time
 from experiments.report import RUN_FILES, build, write
 
 __all__ = ["attach_run_files", "evaluation_jobs", "greedy_only", "inference_arms", "main", "resolve_models"]
@@ -152,7 +152,8 @@ def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: arg
                           reuse_cache=False,  # reuse would keep every conversation's KV cache (GBs)
                           **{"abstain": a.abstain, **kw})
         record_evaluation(wd)  # which code writes (this part of) the evaluation
-        evaluate(cfg, model=model)
+        res = evaluate(cfg, model=model)
+        record_evaluation_time(wd, res["seconds"], res["n_generated"])  # the comparison's compute
         if a.gzip:
             compress_transcripts(wd)
     if m["run_dir"]:

@@ -271,7 +271,9 @@ def _evaluated_on(report: dict[str, Any]) -> list[str]:
                              else f"{sub} not recorded")
                 continue
             steps = [_code(e["code"]) + (f" (from conversation {e['conversations_on_disk']})"
-                                         if e.get("conversations_on_disk") else "") for e in entries]
+                                         if e.get("conversations_on_disk") else "")
+                     + (f", {e['n_generated']} conversations in {e['seconds']:.0f} s" if "seconds" in e else "")
+                     for e in entries]
             note = entries[0].get("note")
             if note and note not in notes:
                 notes.append(note)

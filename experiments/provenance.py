@@ -59,6 +59,20 @@ def record_evaluation(workdir: str | Path, root: Path = ROOT) -> list[dict[str, 
     return entries
 
 
+def record_evaluation_time(workdir: str | Path, seconds: float, n_generated: int) -> list[dict[str, Any]]:
+    """Adds the wall time and the conversations generated to this invocation's ``code.json`` entry
+    (the last one, written by :func:`record_evaluation` when it started)."""
+    wd = Path(workdir)
+    entries = read_evaluation_code(wd)
+    if not entries:
+        raise ValueError(f"{wd / CODE_FILE}: no entry to add the time to (record_evaluation first)")
+    entries[-1].update(seconds=round(float(seconds), 1), n_generated=int(n_generated))
+    tmp = wd / (CODE_FILE + ".tmp")
+    tmp.write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(wd / CODE_FILE)
+    return entries
+
+
 def read_evaluation_code(workdir: str | Path) -> list[dict[str, Any]]:
     """The entries of ``workdir/code.json`` ([] when the evaluation recorded none).
 

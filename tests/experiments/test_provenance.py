@@ -78,6 +78,10 @@ def test_a_resumed_evaluation_keeps_one_entry_per_invocation(tmp_path: Path) -> 
     assert entries == [{"code": {"commit": first, "dirty": []}, "conversations_on_disk": 0},
                        {"code": {"commit": second, "dirty": []}, "conversations_on_disk": 2}]
     assert read_evaluation_code(wd) == entries
+    from experiments.provenance import record_evaluation_time
+
+    timed = record_evaluation_time(wd, 12.34, 1)  # the second invocation's time goes to its own entry
+    assert timed == [entries[0], {**entries[1], "seconds": 12.3, "n_generated": 1}] == read_evaluation_code(wd)
 
 
 def test_a_damaged_code_file_is_named(tmp_path: Path) -> None:

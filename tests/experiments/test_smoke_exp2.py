@@ -109,3 +109,7 @@ def test_the_report_holds_every_arm_and_the_inference_arms(smoke2: dict) -> None
     assert (out / "models" / "base" / "lic").is_dir() and not (out / "models" / "sft_s0" / "lic").exists()
     for arm in ARMS:
         assert rep["runs"][arm]["curves"], arm  # the committed run files joined the report
+    for m in rep["models"]:  # each evaluation's wall time, for the comparison's total compute
+        entry = json.loads((out / "models" / m / "greedy" / "code.json").read_text())[-1]
+        assert entry["n_generated"] == (8 if m == "recap" else 12) and entry["seconds"] > 0, m
+    assert "12 conversations in" in smoke2["md"].read_text()
