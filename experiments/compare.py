@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                     "of MT-Add and MT-Refine")
     ap.add_argument("--run-files", default="", help="a folder of training runs' small files (RUN_FILES): "
                     "a model without a run folder takes FOLDER/<name> when it is there")
+    ap.add_argument("--title", default="", help="the report's title (default: the first experiment's)")
     ap.add_argument("--abstain-models", default="", help="comma-separated model names that get the abstain "
                     "instruction (as --abstain gives it to every model)")
     ap.add_argument("--abstain", action="store_true",
@@ -214,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
                     "greedy_only": greedy_only(a),
                     "max_new_tokens": a.max_new_tokens, "system": a.system, "seed": a.seed, "bootstrap": a.bootstrap,
                     **({"abstain": True} if a.abstain else {}), "code": code_version(),
-                    "command": "python -m experiments.compare " + " ".join(argv if argv is not None
-                                                                                      else sys.argv[1:])}
+                    **({"title": a.title} if a.title else {}),
+                    "command": "python -m experiments.compare " + shlex.join(argv if argv is not None
+                                                                                       else sys.argv[1:])}
         write_json(out / "manifest.json", manifest)
         for m in models:
             print(f"evaluating {m['name']} ({m['spec']})", file=sys.stderr, flush=True)

@@ -341,7 +341,7 @@ def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
     rel = os.path.relpath(out_dir, md_dir)
     img = lambda name: f"![{name}]({rel}/{name})"  # noqa: E731
     lines = [
-        "# RLSTA on CPU: held-out multi-turn reliability",
+        f"# {report['manifest'].get('title') or 'RLSTA on CPU: held-out multi-turn reliability'}",
         "",
         "Models: " + ", ".join(f"`{m['name']}` (`{m['spec']}`)" for m in man["models"]) + ".",
         f"Held-out set: `{man['heldout']}` ({man['n_problems']} problems, families "

@@ -163,7 +163,7 @@ def test_the_evaluation_command_gives_every_model_the_same_settings(tmp_path: Pa
     args = exp2.compare_args(["rlsta_s0", "grpo_s0", "grpo_full_s0", "rlaar_s0"], runs, results,
                              tmp_path / "r.md", ["rlaar_s0"])
     opt = dict(zip(args[::2], args[1::2]))
-    assert args[-1] == "--gzip" and len(args) % 2 == 1 and opt["--base"] == exp2.BASE
+    assert args[-1] == "--gzip" and len(args) % 2 == 1 and opt["--base"] == exp2.BASE and opt["--title"] == exp2.TITLE
     models = resolve_models(opt["--models"], exp2.BASE)
     assert [(m["name"], m["spec"]) for m in models] == [
         ("base", exp2.BASE),

@@ -112,4 +112,6 @@ def test_the_report_holds_every_arm_and_the_inference_arms(smoke2: dict) -> None
     for m in rep["models"]:  # each evaluation's wall time, for the comparison's total compute
         entry = json.loads((out / "models" / m / "greedy" / "code.json").read_text())[-1]
         assert entry["n_generated"] == (8 if m == "recap" else 12) and entry["seconds"] > 0, m
-    assert "12 conversations in" in smoke2["md"].read_text()
+    md = smoke2["md"].read_text()
+    assert "12 conversations in" in md and md.startswith(f"# {exp2.TITLE}\n")
+    assert f"--system '{EXP2_SYSTEM}'" in md  # the command as a shell would take it
