@@ -35,7 +35,8 @@ from experiments.common import compress_transcripts, eval_config, write_json
 from experiments.provenance import code_version, record_evaluation, record_evaluation_time
 from experiments.report import RUN_FILES, build, write
 
-__all__ = ["attach_run_files", "evaluation_jobs", "greedy_only", "inference_arms", "main", "resolve_models"]
+__all__ = ["attach_run_files", "evaluation_jobs", "greedy_only", "inference_arms", "main", "pairs_with",
+           "resolve_models"]
 
 BASE = "builtin:smollm2-135m-instruct"
 # The experiment presets' reply budget and system prompt (configs/rlsta.py:experiment, eval.max_new_tokens and
@@ -87,6 +88,19 @@ def _subset(heldout: Path, out: Path, limit: int, every: int) -> tuple[Path, Pat
     save_tasks_jsonl(greedy, tasks)
     save_tasks_jsonl(lic, tasks[::every])
     return greedy, lic, tasks
+
+
+def pairs_with(a: argparse.Namespace, models: list[dict[str, Any]]) -> list[str]:
+    """The ``--pairs-with`` names (each must be a model's).
+
+    Raises:
+      SystemExit: a name that is not among the models.
+    """
+    names = [x.strip() for x in a.pairs_with.split(",") if x.strip()]
+    unknown = sorted(set(names) - {m["name"] for m in models})
+    if unknown:
+        raise SystemExit(f"--pairs-with: {unknown} are not among the --models names {[m['name'] for m in models]}")
+    return names
 
 
 def greedy_only(a: argparse.Namespace) -> list[str]:
@@ -183,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                     "of MT-Add and MT-Refine")
     ap.add_argument("--run-files", default="", help="a folder of training runs' small files (RUN_FILES): "
                     "a model without a run folder takes FOLDER/<name> when it is there")
+    ap.add_argument("--pairs-with", default="", help="comma-separated model names: the paired differences are "
+                    "those that involve one of them (default: every pair)")
     ap.add_argument("--title", default="", help="the report's title (default: the first experiment's)")
     ap.add_argument("--abstain-models", default="", help="comma-separated model names that get the abstain "
                     "instruction (as --abstain gives it to every model)")
@@ -217,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                     "max_new_tokens": a.max_new_tokens, "system": a.system, "seed": a.seed, "bootstrap": a.bootstrap,
                     **({"abstain": True} if a.abstain else {}), "code": code_version(),
                     **({"title": a.title} if a.title else {}),
+                    **({"pairs_with": pairs_with(a, models)} if a.pairs_with else {}),
                     "command": "python -m experiments.compare " + shlex.join(argv if argv is not None
                                                                                        else sys.argv[1:])}
         write_json(out / "manifest.json", manifest)

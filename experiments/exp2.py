@@ -50,6 +50,7 @@ HELDOUT = Path("docs/results/heldout.jsonl")
 REPORT = Path("docs/results/exp2/report.md")
 TITLE = "The seeds' arms at the embedded scale: base, SFT, DPO, GRPO, RLSTA, ICPO, RLAAR, SeDT, RECAP (issue 35)"
 LIC_MODELS = ("base", "grpo_s0", "rlsta_s0")  # LiC at T = 1 (the plan); the best other arm is added by name
+PAIRS_WITH = ("base", "grpo_s0", "rlsta_s0")  # paired differences against these (the seeds' arms: "Seeds")
 INFERENCE = ("sedt", "recap")  # inference-time arms on the base model (compare --strategy / --recap)
 FILTER_TEXTS = "filter_texts.jsonl"  # jaxrl_mt.rl.supervised.FILTER_TEXTS (not imported: no JAX in `list`)
 
@@ -216,7 +217,9 @@ def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_ext
     lic = {*LIC_MODELS, *lic_extra}
     greedy_only = [m.split("=")[0] for m in models if m.split("=")[0] not in lic]
     abstain = [n for n in names if n.startswith("rlaar")]
-    return ["--title", TITLE, "--models", ",".join(models), "--base", base, "--strategy", "sedt=sedt",
+    refs = [n for n in PAIRS_WITH if n == "base" or n in names]
+    return ["--title", TITLE, "--pairs-with", ",".join(refs), "--models", ",".join(models), "--base", base,
+            "--strategy", "sedt=sedt",
             "--recap", "recap",
             *(["--abstain-models", ",".join(abstain)] if abstain else []), "--run-files", str(results),
             "--heldout", str(HELDOUT), "--out", str(out), "--max-new-tokens", str(EXP2_BUDGET),

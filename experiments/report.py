@@ -179,7 +179,8 @@ def build(out_dir: str | Path) -> dict[str, Any]:
         run_dir = out / "runs" / m["name"]
         if run_dir.is_dir():
             report["runs"][m["name"]] = _run_section(run_dir)
-    for a, b in itertools.combinations(names, 2):
+    refs = set(manifest.get("pairs_with") or names)  # compare --pairs-with: only the pairs that involve these
+    for a, b in [(a, b) for a, b in itertools.combinations(names, 2) if a in refs or b in refs]:
         report["pairs"][f"{b} - {a}"] = {
             k: A.bootstrap_paired(scores[a][k], scores[b][k], n_boot=n_boot, seed=seed)
             for k in (*GREEDY_KINDS, "multi")

@@ -176,6 +176,7 @@ def test_the_evaluation_command_gives_every_model_the_same_settings(tmp_path: Pa
     assert (opt["--max-new-tokens"], opt["--system"]) == (str(EXP2_BUDGET), EXP2_SYSTEM)
     assert (opt["--strategy"], opt["--recap"], opt["--abstain-models"]) == ("sedt=sedt", "recap", "rlaar_s0")
     assert opt["--run-files"] == str(results) and opt["--heldout"] == str(exp2.HELDOUT)
+    assert opt["--pairs-with"] == "base,grpo_s0,rlsta_s0"  # differences against base, GRPO and RLSTA
     with pytest.raises(SystemExit, match="--lic-extra"):
         exp2.main(["evaluate", "--runs", str(runs), "--results", str(results), "--lic-extra", "sft_s0"])
 

@@ -81,6 +81,15 @@ def test_report_sections_from_the_files(folder: Path) -> None:
     assert rep["seeds"]["pairs"]["a_s* - base"]["multi"]["diff"] == 0.25  # 0.5 - (0.5 + 0) / 2
 
 
+def test_pairs_with_keeps_the_pairs_that_involve_the_named_models(folder: Path) -> None:
+    assert list(build(folder)["pairs"]) == ["a_s0 - base", "a_s1 - base", "a_s1 - a_s0"]  # default: every pair
+    manifest = json.loads((folder / "manifest.json").read_text())
+    _write(folder / "manifest.json", [{**manifest, "pairs_with": ["base"]}])
+    rep = build(folder)
+    assert list(rep["pairs"]) == ["a_s0 - base", "a_s1 - base"]
+    assert rep["pairs"]["a_s0 - base"]["full"]["diff"] == 0.5  # FULL: a_s0 1, 1 against base 1, 0
+
+
 def test_markdown_and_figure_are_written_the_same_twice(folder: Path) -> None:
     md = folder.with_suffix(".md")
     paths = write(build(folder), folder, md)
