@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from experiments.analysis import CI_LEVEL
+from jaxrl_mt.eval.metrics import percentile_interval
 
 __all__ = ["SEED_NAME", "bootstrap_seeds", "bootstrap_seeds_diff", "mean_curve", "seed_groups", "seeds_section",
            "two_level_replicates", "units"]
@@ -93,13 +94,6 @@ def two_level_replicates(sides: Sequence[tuple[float, np.ndarray]], n_boot: int,
     return out
 
 
-def _ci(reps: np.ndarray) -> tuple[float, float]:
-    """The percentile interval of the replicates, as ``percentile_ci`` computes it."""
-    alpha = 1 - CI_LEVEL
-    lo, hi = np.percentile(reps, [100 * alpha / 2, 100 * (1 - alpha / 2)], method="linear")
-    return float(lo), float(hi)
-
-
 def bootstrap_seeds(scores: Scores, *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Mean over seeds and problems of seed model -> task -> score (0-1), on the tasks all seeds hold.
 
@@ -115,7 +109,7 @@ def bootstrap_seeds(scores: Scores, *, n_boot: int = 1000, seed: int = 0) -> dic
         return {"mean": nan, "lo": nan, "hi": nan, "n": 0, "n_seeds": len(models), "std": nan, "seeds": {}}
     mat = _matrix(scores, models, tasks)
     per_seed = mat.mean(axis=1)
-    lo, hi = _ci(two_level_replicates([(1.0, mat)], n_boot, seed))
+    lo, hi = percentile_interval(two_level_replicates([(1.0, mat)], n_boot, seed), 1 - CI_LEVEL)
     return {"mean": float(per_seed.mean()), "lo": lo, "hi": hi, "n": len(tasks), "n_seeds": len(models),
             "std": float(per_seed.std(ddof=1)) if len(models) > 1 else float("nan"),
             "seeds": {m: float(v) for m, v in zip(models, per_seed)}}
@@ -134,7 +128,7 @@ def bootstrap_seeds_diff(a: Scores, b: Scores, *, n_boot: int = 1000, seed: int 
         nan = float("nan")
         return {"diff": nan, "lo": nan, "hi": nan, "n": 0, "excludes_zero": False, "n_seeds": [len(a), len(b)]}
     ma, mb = _matrix(a, list(a), tasks), _matrix(b, list(b), tasks)
-    lo, hi = _ci(two_level_replicates([(-1.0, ma), (1.0, mb)], n_boot, seed))
+    lo, hi = percentile_interval(two_level_replicates([(-1.0, ma), (1.0, mb)], n_boot, seed), 1 - CI_LEVEL)
     return {"diff": float(mb.mean() - ma.mean()), "lo": lo, "hi": hi, "n": len(tasks),
             "excludes_zero": bool(lo > 0 or hi < 0), "n_seeds": [len(a), len(b)]}
 

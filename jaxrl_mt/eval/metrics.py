@@ -30,6 +30,7 @@ __all__ = [
     "bootstrap_ci",
     "paired_bootstrap_ci",
     "percentile_ci",
+    "percentile_interval",
     "first_answer_turn_stats",
     "instruction_metrics",
     "last_reply_correct",
@@ -199,9 +200,12 @@ def percentile_ci(values: np.ndarray, n_boot: int = 1000, alpha: float = 0.05, s
     with replacement, the ``alpha/2`` and ``1 - alpha/2`` quantiles of their means."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, values.size, size=(n_boot, values.size))  # [B, I]
-    replicates = values[idx].mean(axis=1)  # [B]
-    lo, hi = np.percentile(replicates, [100 * alpha / 2, 100 * (1 - alpha / 2)],
-                           method=PERCENTILE_METHOD)
+    return percentile_interval(values[idx].mean(axis=1), alpha)
+
+
+def percentile_interval(replicates: np.ndarray, alpha: float = 0.05) -> tuple[float, float]:
+    """The ``alpha/2`` and ``1 - alpha/2`` quantiles of bootstrap `replicates` [B] (`percentile_ci`'s interval)."""
+    lo, hi = np.percentile(replicates, [100 * alpha / 2, 100 * (1 - alpha / 2)], method=PERCENTILE_METHOD)
     return float(lo), float(hi)
 
 
