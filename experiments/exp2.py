@@ -215,7 +215,7 @@ def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_ext
     models = ["base", *(f"{n}={model_spec(n, runs, results, base)}" for n in names),
               *(f"{n}={base}" for n in INFERENCE)]
     lic = {*LIC_MODELS, *lic_extra}
-    greedy_only = [m.split("=")[0] for m in models if m.split("=")[0] not in lic]
+    greedy_only = [n for n in ("base", *names, *INFERENCE) if n not in lic]
     abstain = [n for n in names if n.startswith("rlaar")]
     refs = [n for n in PAIRS_WITH if n == "base" or n in names]
     return ["--title", TITLE, "--pairs-with", ",".join(refs), "--models", ",".join(models), "--base", base,
