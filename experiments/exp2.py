@@ -4,6 +4,8 @@
     python -m experiments.exp2 train [--arms a,b,...]    # train the arms not finished yet, in ARMS order
     python -m experiments.exp2 evaluate [--lic-extra a]  # base, the finished arms, SeDT and RECAP: the report
                                                          # (other arguments go to experiments.compare)
+    python -m experiments.exp2 reproduce --arms a        # arm a's committed adapter evaluated again (greedy,
+                                                         # into RUNS/reproduce/): the same records and numbers?
 
 The arm table (``ARMS``) and the seeds are the plan's (``docs/results/experiment2_plan.md``), fixed
 before any run. ``rlsta_s0`` runs the data stage (histories and the latent-capability filter at the
@@ -36,7 +38,7 @@ from typing import Sequence
 from experiments.common import ROOT
 from experiments.report import RUN_FILES
 
-__all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "compare_args", "finished", "main", "model_spec"]
+__all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "compare_args", "finished", "main", "model_spec", "reproduce_args"]
 
 RUNS = Path("runs/exp2")
 RESULTS = Path("docs/results/exp2/runs")
@@ -226,12 +228,44 @@ def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_ext
             "--system", EXP2_SYSTEM, "--greedy-only", ",".join(greedy_only), "--gzip"]
 
 
+def reproduce_args(name: str, runs: Path, results: Path, out: Path, base: str = BASE) -> list[str]:
+    """``experiments.compare`` arguments that evaluate arm ``name`` again as ``evaluate`` did (greedy only:
+    the same held-out set, budget, system prompt, seed and batch; RLAAR its abstain instruction)."""
+    from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
+
+    return ["--models", f"{name}={model_spec(name, runs, results, base)}", "--base", base,
+            *(["--abstain-models", name] if name.startswith("rlaar") else []), "--heldout", str(HELDOUT),
+            "--out", str(out), "--max-new-tokens", str(EXP2_BUDGET), "--system", EXP2_SYSTEM, "--gzip"]
+
+
+def reproduce(names: list[str], runs: Path, results: Path, report: Path, base: str, passed: list[str]) -> int:
+    """Evaluates each arm again into ``runs/reproduce/`` and compares it with ``report``'s evaluation;
+    returns 1 when one differs. Each arm's earlier reproduction there is removed first: the evaluation
+    is run whole, not resumed."""
+    from experiments import compare
+    from experiments.reproduce import same_evaluation, summary
+
+    out = runs / "reproduce" / "report.md"
+    bad = 0
+    for name in names:
+        shutil.rmtree(out.with_suffix("") / "models" / name, ignore_errors=True)
+        rc = compare.main(reproduce_args(name, runs, results, out, base) + passed + ["--lic-runs", "0"])
+        if rc:
+            return rc
+        ref, new = (p.with_suffix("") / "models" / name / "greedy" for p in (report, out))
+        res = same_evaluation(ref, new)
+        print(summary(name, res, ref, new))
+        bad += not res["identical"]
+    return int(bad > 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=("list", "train", "evaluate"))
+    ap.add_argument("stage", choices=("list", "train", "evaluate", "reproduce"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="train: a config override appended to every arm's command, e.g. --set rl.steps=2")
-    ap.add_argument("--out", default=str(REPORT), help="evaluate: the report (files under OUT without .md)")
+    ap.add_argument("--out", default=str(REPORT), help="evaluate: the report (files under OUT without .md); "
+                    "reproduce: the report evaluated again")
     ap.add_argument("--base", default=BASE, help="evaluate: the base model (the adapters' base too)")
     ap.add_argument("--lic-extra", default="", help="evaluate: arms also run through LiC at T = 1 (comma-separated)")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (default: all, in order)")
@@ -239,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=str(RESULTS), help="the arms' small files are copied under this folder")
     ap.add_argument("--data", default=str(DATA), help="the data stage's files are kept in (and restored from) here")
     a, passed = ap.parse_known_args(argv)
-    if passed and a.stage != "evaluate":
+    if passed and a.stage not in ("evaluate", "reproduce"):
         ap.error(f"unrecognized arguments: {' '.join(passed)}")
     names = [n.strip() for n in a.arms.split(",") if n.strip()]
     unknown = [n for n in names if n not in ARMS]
@@ -263,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
                              "arms")
         print(f"exp2: evaluating base, {', '.join(done)}, {', '.join(INFERENCE)}", file=sys.stderr, flush=True)
         return compare.main(compare_args(done, runs, results, Path(a.out), lic_extra, a.base) + passed)
+    if a.stage == "reproduce":
+        if a.arms == ap.get_default("arms"):
+            ap.error("reproduce: name the arms (--arms a,b)")
+        return reproduce(names, runs, results, Path(a.out), a.base, passed)
     return train(names, runs, results, Path(a.data), extra)
 
 

@@ -58,6 +58,7 @@ def smoke2(tmp_path_factory: pytest.TempPathFactory, tiny_chat_model_dir: Path) 
                       "--max-new-tokens", "6", "--bootstrap", "50"]) == 0
     out = md.with_suffix("")
     return {"root": root, "runs": runs, "results": results, "data": data, "items": items, "md": md, "out": out,
+            "model": model, "held": held,
             "report": json.loads((out / "report.json").read_text())}
 
 
@@ -115,3 +116,15 @@ def test_the_report_holds_every_arm_and_the_inference_arms(smoke2: dict) -> None
     md = smoke2["md"].read_text()
     assert "12 conversations in" in md and md.startswith(f"# {exp2.TITLE}\n")
     assert f"--system '{EXP2_SYSTEM}'" in md  # the command as a shell would take it
+
+
+def test_a_committed_adapter_evaluated_again_reproduces_its_records_and_a_changed_budget_does_not(
+        smoke2: dict, capsys: pytest.CaptureFixture) -> None:
+    args = ["--runs", str(smoke2["runs"]), "--results", str(smoke2["results"]), "--out", str(smoke2["md"]),
+            "--base", smoke2["model"], "--heldout", str(smoke2["held"]), "--limit", "4", "--bootstrap", "50"]
+    assert exp2.main(["reproduce", "--arms", "dpo_s0", *args, "--max-new-tokens", "6"]) == 0
+    assert "dpo_s0: 12/12 conversations identical" in capsys.readouterr().out
+    again = smoke2["runs"] / "reproduce" / "models" / "dpo_s0"
+    assert not (again / "lic").exists()  # greedy only
+    assert exp2.main(["reproduce", "--arms", "dpo_s0", *args, "--max-new-tokens", "5"]) == 1  # not resumed
+    assert "NOT reproduced" in capsys.readouterr().out
