@@ -285,6 +285,23 @@ def _evaluated_on(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def _compute(report: dict[str, Any]) -> list[str]:
+    """The comparison's total compute: training wall time (``run_info.json``, every invocation) and the
+    evaluations' (``code.json``: an invocation killed before it ended left no time, and is listed)."""
+    train = {n: r.get("info", {}).get("wall_s") for n, r in report.get("runs", {}).items()}
+    entries = {f"{n}/{sub}": en for n, subs in report.get("code", {}).items() for sub, en in subs.items() if en}
+    evals = {k: sum(e.get("seconds", 0.0) for e in en) for k, en in entries.items() if any("seconds" in e for e in en)}
+    if not any(train.values()) and not evals:
+        return []
+    t, e = sum(v for v in train.values() if v), sum(evals.values())
+    untimed = [n for n, v in train.items() if not v] + [k for k, en in entries.items()
+                                                        if any("seconds" not in x for x in en)]
+    return [f"Total compute: training {t / 3600:.2f} h ({sum(1 for v in train.values() if v)} runs), evaluation "
+            f"{e / 3600:.2f} h ({len(evals)} evaluations), {(t + e) / 3600:.2f} h in all (wall time: each run's "
+            "`run_info.json`, each evaluation's `code.json`)"
+            + (f"; not timed (or an invocation of it): {', '.join(untimed)}" if untimed else "") + "."]
+
+
 def _runs(report: dict[str, Any]) -> list[str]:
     runs = report.get("runs", {})
     if not runs:
@@ -357,6 +374,7 @@ def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
         "",
         *_evaluated_on(report),
         "",
+        *(c + [""] if (c := _compute(report)) else []),
         "Every number below is recomputed from the files under "
         f"`{rel}/` by `python -m experiments.compare --recompute --out {_md_arg(out_dir)}`.",
         "",

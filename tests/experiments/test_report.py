@@ -106,3 +106,18 @@ def test_markdown_and_figure_are_written_the_same_twice(folder: Path) -> None:
         assert head in text, head
     before = [p.read_bytes() for p in paths]
     assert write(build(folder), folder, md) == paths and [p.read_bytes() for p in paths] == before
+
+
+def test_total_compute_sums_every_training_invocation_and_evaluation() -> None:
+    from experiments.markdown import _compute
+
+    report = {"runs": {"a": {"info": {"wall_s": 1800.0}}, "b": {"info": {"wall_s": 5400.0}}, "c": {"info": {}}},
+              "code": {"base": {"greedy": [{"seconds": 600.0}, {"seconds": 1200.0}], "lic": []},
+                       "a": {"greedy": [{"code": {}}, {"seconds": 3600.0}], "lic": [{"code": {}}]}}}
+    # training 7,200 s = 2.00 h over 2 timed runs; evaluations 1,800 + 3,600 s = 1.50 h over 2 timed ones (a/greedy's
+    # first invocation was killed: no time), a/lic never timed
+    assert _compute(report) == [
+        "Total compute: training 2.00 h (2 runs), evaluation 1.50 h (2 evaluations), 3.50 h in all (wall time: "
+        "each run's `run_info.json`, each evaluation's `code.json`); not timed (or an invocation of it): c, a/greedy, "
+        "a/lic."]
+    assert _compute({"runs": {}, "code": {}}) == []
