@@ -14,7 +14,10 @@ from jaxrl_mt.eval.simulator import EvalError, TranscriptStore
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_CONFIG = ROOT / "configs" / "eval_lic.py"
 GREEDY_KINDS = ("full", "sharded", "mt_refine")
-KIND_NAMES = {"full": "FULL", "sharded": "MT-Add", "mt_refine": "MT-Refine", "multi": "multi-turn"}
+KIND_NAMES = {"full": "FULL", "sharded": "MT-Add", "mt_refine": "MT-Refine", "multi": "multi-turn", "avg": "average"}
+# the accuracy tables' columns (the RLSTA paper's Table 1 and more): multi = mean of MT-Add and MT-Refine per problem,
+# avg = mean of FULL, MT-Add and MT-Refine per problem (the paper's "Avg.")
+TABLE_KINDS = (*GREEDY_KINDS, "multi", "avg")
 CURVE_KEYS = (
     "reward/total",
     "reward/verifier_strict",

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.analysis import ECHO_SHARE
-from experiments.common import DYNAMICS_KEYS, GREEDY_KINDS, KIND_NAMES, ROOT
+from experiments.common import DYNAMICS_KEYS, GREEDY_KINDS, KIND_NAMES, ROOT, TABLE_KINDS
 from experiments.plots import dynamics_keys
 
 __all__ = ["render"]
@@ -38,7 +38,7 @@ def _diff(c: dict[str, Any]) -> str:
 
 
 def _accuracy(report: dict[str, Any]) -> list[str]:
-    kinds = [*GREEDY_KINDS, "multi"]
+    kinds = list(TABLE_KINDS)
     out = [
         "## Held-out accuracy (greedy, strict verifier on the last reply)",
         "",
@@ -104,7 +104,7 @@ def _uncut(report: dict[str, Any]) -> list[str]:
 
 
 def _pairs(report: dict[str, Any]) -> list[str]:
-    kinds = [*GREEDY_KINDS, "multi"]
+    kinds = list(TABLE_KINDS)
     out = [
         "## Paired differences (percentage points, 95% paired bootstrap CI; * = excludes 0)",
         "",
@@ -165,7 +165,7 @@ def _seeds(report: dict[str, Any]) -> list[str]:
     seeds = report.get("seeds")
     if not seeds:
         return []
-    kinds = [*GREEDY_KINDS, "multi"]
+    kinds = list(TABLE_KINDS)
     head = " | ".join(KIND_NAMES[k] for k in kinds)
     out = [
         "## Seeds (strict, greedy; 95% two-level bootstrap CI: seeds and problems resampled)",
@@ -296,9 +296,10 @@ def _compute(report: dict[str, Any]) -> list[str]:
     t, e = sum(v for v in train.values() if v), sum(evals.values())
     untimed = [n for n, v in train.items() if not v] + [k for k, en in entries.items()
                                                         if any("seconds" not in x for x in en)]
-    return [f"Total compute: training {t / 3600:.2f} h ({sum(1 for v in train.values() if v)} runs), evaluation "
-            f"{e / 3600:.2f} h ({len(evals)} evaluations), {(t + e) / 3600:.2f} h in all (wall time: each run's "
-            "`run_info.json`, each evaluation's `code.json`)"
+    parts = ([f"training {t / 3600:.2f} h ({sum(1 for v in train.values() if v)} runs)"] if t else []) + \
+        ([f"evaluation {e / 3600:.2f} h ({len(evals)} evaluations)"] if evals else [])
+    return ["Total compute: " + ", ".join(parts) + (f", {(t + e) / 3600:.2f} h in all" if len(parts) == 2 else "")
+            + " (wall time: each run's `run_info.json`, each evaluation's `code.json`)"
             + (f"; not timed (or an invocation of it): {', '.join(untimed)}" if untimed else "") + "."]
 
 

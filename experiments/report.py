@@ -26,7 +26,7 @@ from typing import Any
 from jaxrl_mt.eval.metrics import first_answer_turn_stats
 from jaxrl_mt.eval.report import build_report
 from experiments import analysis as A
-from experiments.common import CURVE_KEYS, DYNAMICS_KEYS, GREEDY_KINDS, load_records, write_json
+from experiments.common import CURVE_KEYS, DYNAMICS_KEYS, GREEDY_KINDS, TABLE_KINDS, load_records, write_json
 from experiments.provenance import read_evaluation_code
 from experiments.seeds import seeds_section
 
@@ -36,10 +36,13 @@ RUN_FILES = ("metrics.jsonl", "config.json", "run_info.json", "train_items.jsonl
 
 
 def _scores(recs: list[dict], mode: str) -> dict[str, dict[str, float]]:
-    """kind -> task -> last-reply score; ``multi`` = the mean of MT-Add and MT-Refine per problem."""
+    """kind -> task -> last-reply score; ``multi`` = the mean of MT-Add and MT-Refine per problem, ``avg``
+    the mean of FULL, MT-Add and MT-Refine (problems with all of them)."""
     out = {k: A.last_reply_scores(recs, k, mode) for k in GREEDY_KINDS}
     both = set(out["sharded"]) & set(out["mt_refine"])
     out["multi"] = {t: (out["sharded"][t] + out["mt_refine"][t]) / 2 for t in sorted(both)}
+    out["avg"] = {t: (out["full"][t] + out["sharded"][t] + out["mt_refine"][t]) / 3
+                  for t in sorted(both & set(out["full"]))}
     return out
 
 
@@ -183,7 +186,7 @@ def build(out_dir: str | Path) -> dict[str, Any]:
     for a, b in [(a, b) for a, b in itertools.combinations(names, 2) if a in refs or b in refs]:
         report["pairs"][f"{b} - {a}"] = {
             k: A.bootstrap_paired(scores[a][k], scores[b][k], n_boot=n_boot, seed=seed)
-            for k in (*GREEDY_KINDS, "multi")
+            for k in TABLE_KINDS
         }
     seeds = seeds_section(scores, names, report["runs"], list(DYNAMICS_KEYS), n_boot=n_boot, seed=seed)
     if seeds:  # arms of several seeds (`<arm>_s<N>` models)

@@ -79,6 +79,12 @@ def test_report_sections_from_the_files(folder: Path) -> None:
     assert list(rep["seeds"]["pairs"]) == ["a_s* - base"]
     assert rep["seeds"]["pairs"]["a_s* - base"]["full"]["diff"] == 0.25  # 0.75 - 0.5
     assert rep["seeds"]["pairs"]["a_s* - base"]["multi"]["diff"] == 0.25  # 0.5 - (0.5 + 0) / 2
+    # average (Table 1's "Avg.": FULL, MT-Add, MT-Refine per problem): a_s0 p0 (1+1+1)/3, p1 (1+0+1)/3;
+    # a_s1 p0 (0+0+1)/3, p1 (1+0+0)/3; base p0 (1+0+1)/3, p1 0
+    assert rep["models"]["a_s0"]["strict"]["avg"]["mean"] == pytest.approx(5 / 6)
+    assert g["strict"]["avg"]["mean"] == pytest.approx((5 / 6 + 1 / 3) / 2)
+    assert rep["seeds"]["pairs"]["a_s* - base"]["avg"]["diff"] == pytest.approx(7 / 12 - 1 / 3)
+    assert rep["pairs"]["a_s1 - base"]["avg"]["diff"] == pytest.approx(1 / 3 - 1 / 3)
 
 
 def test_pairs_with_keeps_the_pairs_that_involve_the_named_models(folder: Path) -> None:
@@ -121,3 +127,6 @@ def test_total_compute_sums_every_training_invocation_and_evaluation() -> None:
         "each run's `run_info.json`, each evaluation's `code.json`); not timed (or an invocation of it): c, a/greedy, "
         "a/lic."]
     assert _compute({"runs": {}, "code": {}}) == []
+    assert _compute({"runs": report["runs"], "code": {"b": {"greedy": [{"code": {}}]}}}) == [
+        "Total compute: training 2.00 h (2 runs) (wall time: each run's `run_info.json`, each evaluation's "
+        "`code.json`); not timed (or an invocation of it): c, b/greedy."]

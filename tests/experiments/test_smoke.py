@@ -59,7 +59,7 @@ def test_report_structure(smoke: dict) -> None:
     assert list(rep["models"]) == ["base", "rlsta_exp", "grpo_exp"]
     assert set(rep["pairs"]) == {"rlsta_exp - base", "grpo_exp - base", "grpo_exp - rlsta_exp"}
     for m in rep["models"].values():
-        assert set(m["strict"]) == {*KINDS, "multi", "ratio"} and m["strict"]["full"]["n"] == 10
+        assert set(m["strict"]) == {*KINDS, "multi", "avg", "ratio"} and m["strict"]["full"]["n"] == 10
         assert set(m["lic"]) == {"full", "sharded"} and m["lic"]["full"]["n_instructions"] == 2
         assert m["lic"]["full"]["n_runs"] == 4  # 2 problems x N = 2
         assert set(m["inertia"]) == {"all", "sharded", "mt_refine"} and m["response_types"]["sharded"]
