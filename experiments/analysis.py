@@ -21,9 +21,11 @@ from typing import Any
 import numpy as np
 
 from jaxrl_mt.eval.metrics import percentile_ci
+from jaxrl_mt.rewards.judge_rules import NON_ANSWER_TYPES
 from jaxrl_mt.rewards.verifier import extract_answer, verify
 
-__all__ = ["CI_LEVEL", "bootstrap_mean", "bootstrap_paired", "bootstrap_ratio", "family_of", "first_answer_turns",
+__all__ = ["CI_LEVEL", "bootstrap_mean", "bootstrap_paired", "bootstrap_ratio", "early_turn_shares", "family_of",
+           "first_answer_turns",
            "final_reply_lengths", "inertia", "last_reply_scores", "pass_at_k", "pass_hat_k", "pass_k_scores",
            "response_types_per_turn", "restates_user", "uncut_scores"]
 
@@ -180,6 +182,24 @@ def first_answer_turns(records: Iterable[Record], kind: str) -> list[int | None]
     """Per conversation of one kind, the 1-based turn of the judge's first answer attempt (or None)."""
     return [next((k + 1 for k, t in enumerate(r["turns"]) if t.get("answer_attempt")), None)
             for r in records if r["kind"] == kind]
+
+
+def early_turn_shares(records: Iterable[Record], kind: str = "sharded") -> dict[str, dict[str, float]]:
+    """ICPO's view of the turns before the last (in MT-Add not every condition is given yet there): per
+    task (mean over runs of each conversation's share over those turns), the share of replies the judge
+    labelled a non-answer (``NON_ANSWER_TYPES``: clarification, interrogation, discussion, hedging,
+    refusal) and the share labelled an answer attempt: ``{"non_answer": {task: 0-1}, "answer": {...}}``.
+    One-turn conversations are skipped."""
+
+    def value(r: Record) -> tuple[float, float] | None:
+        early = [t.get("label") for t in r["turns"][:-1]]
+        if not early:
+            return None
+        return (sum(lab in NON_ANSWER_TYPES for lab in early) / len(early),
+                sum(lab == "answer_attempt" for lab in early) / len(early))
+
+    means = _last_reply_means(records, kind, value)
+    return {f: {t: m[i] for t, m in means.items()} for i, f in enumerate(("non_answer", "answer"))}
 
 
 def restates_user(user: str, reply: str, share: float = ECHO_SHARE) -> bool:

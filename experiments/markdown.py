@@ -6,35 +6,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from experiments.analysis import ECHO_SHARE
+from experiments.cells import diff as _diff
+from experiments.cells import pct as _pct
+from experiments.cells import ratio as _ratio
 from experiments.common import DYNAMICS_KEYS, GREEDY_KINDS, KIND_NAMES, ROOT, TABLE_KINDS
+from experiments.markdown_behaviour import behaviour
 from experiments.plots import dynamics_keys
 
 __all__ = ["render"]
-
-
-def _pct(c: dict[str, Any] | None) -> str:
-    if not c or c.get("mean") is None:
-        return "-"
-    return f"{100 * c['mean']:.1f} [{100 * c['lo']:.1f}, {100 * c['hi']:.1f}]"
-
-
-def _tokens(c: dict[str, Any]) -> str:
-    return "-" if c.get("mean") is None else f"{c['mean']:.1f}"
-
-
-def _ratio(c: dict[str, Any]) -> str:
-    if c.get("ratio") is None:
-        return "-"
-    lo, hi = c.get("lo"), c.get("hi")
-    return f"{c['ratio']:.2f} [{lo:.2f}, {hi:.2f}]" if lo is not None else f"{c['ratio']:.2f}"
-
-
-def _diff(c: dict[str, Any]) -> str:
-    if c.get("diff") is None:
-        return "-"
-    star = " *" if c["excludes_zero"] else ""
-    return f"{100 * c['diff']:+.1f} [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]{star}"
 
 
 def _accuracy(report: dict[str, Any]) -> list[str]:
@@ -197,56 +176,6 @@ def _seeds(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def _behaviour(report: dict[str, Any]) -> list[str]:
-    out = [
-        "## Contextual inertia and response types",
-        "",
-        "Among conversations whose final answer follows an earlier wrong answer, the share whose final answer "
-        "repeats an earlier wrong number (greedy; 95% bootstrap CI over conversations).",
-        "",
-        "| model | MT-Add | MT-Refine | both | n (both) | final answer right (both) |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for n, m in report["models"].items():
-        i = m["inertia"]
-        right = i["all"]["last_correct_share"]
-        out.append(
-            f"| {n} | {_pct(i['sharded']['ci'])} | {_pct(i['mt_refine']['ci'])} | {_pct(i['all']['ci'])} | "
-            f"{i['all']['n_eligible']} | {'-' if right is None else f'{100 * right:.1f}'} |"
-        )
-    out += [
-        "",
-        "Final replies (greedy): mean length in tokens, the share cut by the "
-        f"{report['manifest']['max_new_tokens']}-token reply budget (a cut reply's last number is often not its "
-        f"answer), and the share that only restates the last user message (echo: no number the message lacks, and "
-        f"at least {ECHO_SHARE:.0%} of the reply's words are in it).",
-        "",
-        "| model | " + " | ".join(f"{KIND_NAMES[k]} tokens | {KIND_NAMES[k]} cut | {KIND_NAMES[k]} echo"
-                                 for k in GREEDY_KINDS) + " |",
-        "|---|" + "---:|---:|---:|" * len(GREEDY_KINDS),
-    ]
-    for n, m in report["models"].items():
-        fr = m.get("final_reply")
-        if fr:
-            out.append(f"| {n} | " + " | ".join(
-                f"{_tokens(fr[k]['tokens'])} | {_pct(fr[k]['cut'])} | {_pct(fr[k]['echo'])}"
-                for k in GREEDY_KINDS) + " |")
-    out += [
-        "",
-        "Response types per turn (judge labels, MT-Add, greedy) and the turn of the first answer attempt:",
-        "",
-        "| model | turn | labels | first answer turn: mean (MT-Add) | never answered |",
-        "|---|---:|---|---:|---:|",
-    ]
-    for n, m in report["models"].items():
-        fa = m["first_answer_turn"].get("sharded") or {"mean": None, "frac_never": float("nan")}
-        for t, c in m["response_types"]["sharded"].items():
-            labs = ", ".join(f"{k} {v}" for k, v in c.items())
-            mean = "-" if fa["mean"] is None else f"{fa['mean']:.2f}"
-            out.append(f"| {n} | {t} | {labs} | {mean} | {fa['frac_never']:.2f} |")
-    return out
-
-
 def _code(code: dict[str, Any] | None) -> str:
     """A code version (`provenance.code_version`) in words."""
     if not code:
@@ -383,7 +312,7 @@ def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
     lines += _accuracy(report) + [""] + _uncut(report) + ["", img("accuracy.png"), ""] + _pairs(report) + [""]
     seeds = _seeds(report)
     lines += (seeds + [""] if seeds else []) + _lic(report) + [""]
-    lines += _behaviour(report) + ["", img("lic_score_inertia.png"), "", img("response_types.png"), ""]
+    lines += behaviour(report) + ["", img("lic_score_inertia.png"), "", img("response_types.png"), ""]
     if report.get("runs"):
         lines += _runs(report) + ["", img("curves.png"), ""]
     keys = dynamics_keys(report)

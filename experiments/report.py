@@ -80,6 +80,8 @@ def _model_section(recs: list[dict], lic_recs: list[dict] | None, n_boot: int, s
                            for k in GREEDY_KINDS}
     sec["first_answer_turn"] = {k: first_answer_turn_stats(A.first_answer_turns(recs, k)) for k in GREEDY_KINDS
                                 if any(r["kind"] == k for r in recs)}  # RECAP models have no MT-Refine
+    sec["early_turns"] = {f: A.bootstrap_mean(v, n_boot=n_boot, seed=seed)
+                          for f, v in A.early_turn_shares(recs, "sharded").items()}  # ICPO's view
     if lic_recs:
         kinds = [k for k in ("full", "sharded") if any(r["kind"] == k for r in lic_recs)]
         rep = build_report(lic_recs, scenarios=kinds, protocol=lic_recs[0]["protocol"], n_boot=n_boot, seed=seed)
@@ -165,6 +167,7 @@ def build(out_dir: str | Path) -> dict[str, Any]:
         "code": {},
     }
     scores: dict[str, dict[str, dict[str, float]]] = {}
+    early: dict[str, dict[str, float]] = {}  # per model, task -> non-answer share of the turns before the last
     for m in manifest["models"]:
         recs = load_records(out / "models" / m["name"] / "greedy")
         lic_dir = out / "models" / m["name"] / "lic"
@@ -179,6 +182,7 @@ def build(out_dir: str | Path) -> dict[str, Any]:
         report["code"][m["name"]] = {sub: read_evaluation_code(out / "models" / m["name"] / sub)
                                      for sub in ("greedy", "lic")}
         scores[m["name"]] = _scores(recs, "strict")
+        early[m["name"]] = A.early_turn_shares(recs, "sharded")["non_answer"]
         run_dir = out / "runs" / m["name"]
         if run_dir.is_dir():
             report["runs"][m["name"]] = _run_section(run_dir)
@@ -188,6 +192,8 @@ def build(out_dir: str | Path) -> dict[str, Any]:
             k: A.bootstrap_paired(scores[a][k], scores[b][k], n_boot=n_boot, seed=seed)
             for k in TABLE_KINDS
         }
+        report["pairs"][f"{b} - {a}"]["early_non_answer"] = A.bootstrap_paired(early[a], early[b], n_boot=n_boot,
+                                                                               seed=seed)
     seeds = seeds_section(scores, names, report["runs"], list(DYNAMICS_KEYS), n_boot=n_boot, seed=seed)
     if seeds:  # arms of several seeds (`<arm>_s<N>` models)
         report["seeds"] = seeds

@@ -140,3 +140,19 @@ def test_pass_k_scores_count_right_last_replies_per_problem() -> None:
     assert got["pass@k"][4] == {"a": 1.0} and got["pass^k"][4] == {"a": 0.0}
     assert A.pass_k_scores(recs, "sharded") == {"pass@k": {1: {"c": 1.0}}, "pass^k": {1: {"c": 1.0}}}
     assert A.pass_k_scores(recs, "mt_refine") == {"pass@k": {}, "pass^k": {}}
+
+
+def test_early_turn_shares_count_the_turns_before_the_last_per_problem() -> None:
+    recs = [
+        # p0 run 0: of 3 early turns, a clarification and a hedge are non-answers, one answer attempt
+        rec("p0", "sharded", "5", ["?", "if a then 5", "5", "The answer is 5."],
+            ["clarification", "hedging", "answer_attempt", "answer_attempt"]),
+        # p0 run 1: 1 early turn, missing (neither a non-answer nor an answer attempt)
+        rec("p0", "sharded", "5", ["", "The answer is 5."], ["missing", "answer_attempt"], run=1),
+        rec("p1", "sharded", "5", ["Hmm.", "The answer is 5."], ["discussion", "refusal"]),  # last turn not counted
+        rec("p2", "sharded", "5", ["The answer is 5."], ["clarification"]),  # one turn: skipped
+        rec("p1", "full", "5", ["?", "x"], ["clarification", "clarification"]),  # another kind
+    ]
+    out = A.early_turn_shares(recs, "sharded")
+    assert out["non_answer"] == pytest.approx({"p0": (2 / 3 + 0) / 2, "p1": 1.0})
+    assert out["answer"] == pytest.approx({"p0": (1 / 3 + 0) / 2, "p1": 0.0})

@@ -130,3 +130,24 @@ def test_total_compute_sums_every_training_invocation_and_evaluation() -> None:
     assert _compute({"runs": report["runs"], "code": {"b": {"greedy": [{"code": {}}]}}}) == [
         "Total compute: training 2.00 h (2 runs) (wall time: each run's `run_info.json`, each evaluation's "
         "`code.json`); not timed (or an invocation of it): c, b/greedy."]
+
+
+def test_icpo_view_rows_and_differences() -> None:
+    from experiments.markdown_behaviour import icpo_view
+
+    ci = lambda m, lo, hi, n=2: {"mean": m, "lo": lo, "hi": hi, "n": n}  # noqa: E731
+    model = lambda na, a: {"early_turns": {"non_answer": na, "answer": a},  # noqa: E731
+                           "first_answer_turn": {"sharded": {"mean": 2.5, "frac_never": 0.25}},
+                           "strict": {"sharded": ci(0.1, 0.0, 0.2)}}
+    report = {"models": {"base": model(ci(0.2, 0.1, 0.3), ci(0.7, 0.6, 0.8)),
+                         "icpo_s0": model(ci(0.6, 0.5, 0.7), ci(0.3, 0.2, 0.4))},
+              "pairs": {"icpo_s0 - base": {"early_non_answer": {"diff": 0.4, "lo": 0.3, "hi": 0.5, "n": 2,
+                                                                "excludes_zero": True}}}}
+    out = icpo_view(report)
+    assert out[-4:] == ["| base | 20.0 [10.0, 30.0] | 70.0 [60.0, 80.0] | 2.50 | 0.25 | 10.0 [0.0, 20.0] |",
+                        "| icpo_s0 | 60.0 [50.0, 70.0] | 30.0 [20.0, 40.0] | 2.50 | 0.25 | 10.0 [0.0, 20.0] |", "",
+                        "Difference in that non-answer share (percentage points, paired by problem; * = excludes 0): "
+                        "icpo_s0 - base +40.0 [+30.0, +50.0] *."]
+    for m in report["models"].values():  # no conversation with turns before the last: no table
+        m["early_turns"]["non_answer"] = ci(None, None, None, n=0)
+    assert icpo_view(report) == []
