@@ -3,7 +3,8 @@
     python -m experiments.exp2 list                      # the arms, their commands and what is done
     python -m experiments.exp2 train [--arms a,b,...]    # train the arms not finished yet, in ARMS order
     python -m experiments.exp2 evaluate [--lic-extra a]  # base, the finished arms, SeDT and RECAP: the report
-                                                         # (other arguments go to experiments.compare)
+                                                         # (other arguments go to experiments.compare;
+                                                         # --lic-extra best: the plan's best other arm)
     python -m experiments.exp2 reproduce --arms a        # arm a's committed adapter evaluated again (greedy,
                                                          # into RUNS/reproduce/): the same records and numbers?
 
@@ -38,7 +39,8 @@ from typing import Sequence
 from experiments.common import ROOT
 from experiments.report import RUN_FILES
 
-__all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "compare_args", "finished", "main", "model_spec", "reproduce_args"]
+__all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "best_other_arm", "compare_args", "finished", "main",
+           "model_spec", "reproduce_args"]
 
 RUNS = Path("runs/exp2")
 RESULTS = Path("docs/results/exp2/runs")
@@ -52,6 +54,7 @@ HELDOUT = Path("docs/results/heldout.jsonl")
 REPORT = Path("docs/results/exp2/report.md")
 TITLE = "The seeds' arms at the embedded scale: base, SFT, DPO, GRPO, RLSTA, ICPO, RLAAR, SeDT, RECAP (issue 35)"
 LIC_MODELS = ("base", "grpo_s0", "rlsta_s0")  # LiC at T = 1 (the plan); the best other arm is added by name
+NOT_OTHER = ("base", "grpo_", "rlsta_s")  # not candidates for the plan's "best other arm" (prefixes)
 PAIRS_WITH = ("base", "grpo_s0", "rlsta_s0")  # paired differences against these (the seeds' arms: "Seeds")
 INFERENCE = ("sedt", "recap")  # inference-time arms on the base model (compare --strategy / --recap)
 FILTER_TEXTS = "filter_texts.jsonl"  # jaxrl_mt.rl.supervised.FILTER_TEXTS (not imported: no JAX in `list`)
@@ -204,6 +207,31 @@ def model_spec(name: str, runs: Path, results: Path, base: str = BASE) -> str:
     return f"workdir:{runs / name}"
 
 
+def best_other_arm(report_dir: Path, names: Sequence[str]) -> tuple[str, dict[str, float]]:
+    """The plan's "best other arm" for LiC: among ``names`` not base, GRPO or RLSTA (``NOT_OTHER``), the one
+    with the highest greedy strict multi-turn accuracy (the first in ``names`` on a tie; RECAP, without
+    MT-Refine, has none); returns it and every candidate's accuracy.
+
+    Raises:
+      SystemExit: a candidate's greedy evaluation is not finished (run ``evaluate`` first), or none has one.
+    """
+    from experiments.common import load_records
+    from experiments.report import kind_scores
+
+    cands = [n for n in names if not n.startswith(NOT_OTHER)]
+    todo = [n for n in cands if not (report_dir / "models" / n / "greedy" / "transcripts.jsonl.gz").is_file()]
+    if todo:
+        raise SystemExit(f"--lic-extra best: the greedy evaluations of {todo} are not finished; run evaluate first")
+    acc = {}
+    for n in cands:
+        multi = kind_scores(load_records(report_dir / "models" / n / "greedy"), "strict")["multi"]
+        if multi:
+            acc[n] = sum(multi.values()) / len(multi)
+    if not acc:
+        raise SystemExit(f"--lic-extra best: no candidate with a multi-turn accuracy among {cands}")
+    return max(acc, key=lambda n: (acc[n], -cands.index(n))), acc
+
+
 def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_extra: list[str],
                  base: str = BASE) -> list[str]:
     """``experiments.compare`` arguments: base, the arms ``names``, SeDT and RECAP on the base model.
@@ -267,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPORT), help="evaluate: the report (files under OUT without .md); "
                     "reproduce: the report evaluated again")
     ap.add_argument("--base", default=BASE, help="evaluate: the base model (the adapters' base too)")
-    ap.add_argument("--lic-extra", default="", help="evaluate: arms also run through LiC at T = 1 (comma-separated)")
+    ap.add_argument("--lic-extra", default="", help="evaluate: arms also run through LiC at T = 1 (comma-separated; "
+                    "'best': the plan's best other arm, by greedy multi-turn accuracy once every greedy one is done)")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (default: all, in order)")
     ap.add_argument("--runs", default=str(RUNS), help="the arms' workdirs go under this folder")
     ap.add_argument("--results", default=str(RESULTS), help="the arms' small files are copied under this folder")
@@ -292,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
 
         done = [n for n in names if finished(runs / n) or finished(results / n)]
         lic_extra = [n.strip() for n in a.lic_extra.split(",") if n.strip()]
+        if "best" in lic_extra:  # the plan's rule, applied to the greedy evaluations on disk
+            best, acc = best_other_arm(Path(a.out).with_suffix(""), [*done, *INFERENCE])
+            print("exp2: best other arm by greedy multi-turn accuracy: " + best + " ("
+                  + ", ".join(f"{n} {100 * v:.1f}" for n, v in sorted(acc.items(), key=lambda x: -x[1])) + ")",
+                  file=sys.stderr, flush=True)
+            lic_extra = [best if n == "best" else n for n in lic_extra]
         if set(lic_extra) - set(done) - set(INFERENCE):
             raise SystemExit(f"--lic-extra: {sorted(set(lic_extra) - set(done) - set(INFERENCE))} are not finished "
                              "arms")

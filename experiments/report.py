@@ -30,12 +30,12 @@ from experiments.common import CURVE_KEYS, DYNAMICS_KEYS, GREEDY_KINDS, TABLE_KI
 from experiments.provenance import read_evaluation_code
 from experiments.seeds import seeds_section
 
-__all__ = ["CURVE_KEYS", "GREEDY_KINDS", "build", "read_curves", "write"]
+__all__ = ["CURVE_KEYS", "GREEDY_KINDS", "build", "kind_scores", "read_curves", "write"]
 
 RUN_FILES = ("metrics.jsonl", "config.json", "run_info.json", "train_items.jsonl.stats.json")
 
 
-def _scores(recs: list[dict], mode: str) -> dict[str, dict[str, float]]:
+def kind_scores(recs: list[dict], mode: str) -> dict[str, dict[str, float]]:
     """kind -> task -> last-reply score; ``multi`` = the mean of MT-Add and MT-Refine per problem, ``avg``
     the mean of FULL, MT-Add and MT-Refine (problems with all of them)."""
     out = {k: A.last_reply_scores(recs, k, mode) for k in GREEDY_KINDS}
@@ -49,7 +49,7 @@ def _scores(recs: list[dict], mode: str) -> dict[str, dict[str, float]]:
 def _model_section(recs: list[dict], lic_recs: list[dict] | None, n_boot: int, seed: int) -> dict[str, Any]:
     sec: dict[str, Any] = {"n_conversations": len(recs)}
     for mode in ("strict", "lenient"):
-        sc = _scores(recs, mode)
+        sc = kind_scores(recs, mode)
         sec[mode] = {k: A.bootstrap_mean(v, n_boot=n_boot, seed=seed) for k, v in sc.items()}
         sec[mode]["ratio"] = {
             k: A.bootstrap_ratio(sc[k], sc["full"], n_boot=n_boot, seed=seed) for k in ("sharded", "mt_refine", "multi")
@@ -181,7 +181,7 @@ def build(out_dir: str | Path) -> dict[str, Any]:
         report["models"][m["name"]] = _model_section(recs, lic, n_boot, seed)
         report["code"][m["name"]] = {sub: read_evaluation_code(out / "models" / m["name"] / sub)
                                      for sub in ("greedy", "lic")}
-        scores[m["name"]] = _scores(recs, "strict")
+        scores[m["name"]] = kind_scores(recs, "strict")
         early[m["name"]] = A.early_turn_shares(recs, "sharded")["non_answer"]
         run_dir = out / "runs" / m["name"]
         if run_dir.is_dir():

@@ -213,3 +213,33 @@ def test_icpo_and_rlaar_train_on_the_problems_of_the_shared_items(tmp_path: Path
     (tmp_path / "runs" / "icpo_s0").mkdir(parents=True)
     assert exp2.train(["icpo_s0"], tmp_path / "runs", tmp_path / "results", data) == 0
     assert seen == [True]  # written from the data stage before ICPO trained
+
+
+def _greedy_folder(report: Path, name: str, right: dict[str, list[bool]], kinds: tuple[str, ...]) -> None:
+    """A finished greedy evaluation: for each kind, problem i's last reply is right when right[kind][i]."""
+    from experiments.common import compress_transcripts
+
+    wd = report / "models" / name / "greedy"
+    wd.mkdir(parents=True)
+    recs = [{"conv_id": f"p{i}|{k}|0", "task_id": f"p{i}", "kind": k, "run": 0, "gold": "5", "score": 0.0,
+             "turns": [{"assistant": "The answer is 5." if ok else "The answer is 7."}]}
+            for k in kinds for i, ok in enumerate(right[k])]
+    (wd / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    compress_transcripts(wd)
+
+
+def test_best_other_arm_is_the_plans_rule_on_the_greedy_evaluations(tmp_path: Path) -> None:
+    both = ("full", "sharded", "mt_refine")
+    # multi-turn (mean of MT-Add and MT-Refine per problem): sft 2/4, dpo 2/4 (a tie: sft comes first),
+    # icpo 1/4; grpo_s1 and base better but not "other"; recap (no MT-Refine) has none
+    arms = {"base": ([1, 1], [1, 1], [1, 1]), "grpo_s1": ([1, 1], [1, 1], [1, 1]), "sft_s0": ([0, 0], [1, 0], [1, 0]),
+            "dpo_s0": ([1, 1], [1, 1], [0, 0]), "icpo_s0": ([1, 1], [1, 0], [0, 0])}
+    for name, cols in arms.items():
+        _greedy_folder(tmp_path, name, dict(zip(both, [list(map(bool, c)) for c in cols])), both)
+    _greedy_folder(tmp_path, "recap", {"full": [True, True], "sharded": [True, True]}, ("full", "sharded"))
+    names = ["grpo_s1", "sft_s0", "dpo_s0", "icpo_s0", "recap"]
+    best, acc = exp2.best_other_arm(tmp_path, names)
+    assert (best, acc) == ("sft_s0", {"sft_s0": 0.5, "dpo_s0": 0.5, "icpo_s0": 0.25})
+    assert exp2.best_other_arm(tmp_path, ["dpo_s0", "sft_s0"])[0] == "dpo_s0"
+    with pytest.raises(SystemExit, match=r"\['rlaar_s0'\] are not finished"):
+        exp2.best_other_arm(tmp_path, [*names, "rlaar_s0"])

@@ -128,3 +128,20 @@ def test_a_committed_adapter_evaluated_again_reproduces_its_records_and_a_change
     assert not (again / "lic").exists()  # greedy only
     assert exp2.main(["reproduce", "--arms", "dpo_s0", *args, "--max-new-tokens", "5"]) == 1  # not resumed
     assert "NOT reproduced" in capsys.readouterr().out
+
+
+def test_lic_for_the_best_other_arm_after_the_greedy_evaluations(smoke2: dict, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    md = tmp_path / "report.md"
+    shutil.copytree(smoke2["out"] / "models", tmp_path / "report" / "models")  # every evaluation done: resumed
+    args = ["--runs", str(smoke2["runs"]), "--results", str(smoke2["results"]), "--data", str(smoke2["data"])]
+    assert exp2.main(["evaluate", "--arms", ",".join(ARMS), *args, "--out", str(md), "--base", smoke2["model"],
+                      "--heldout", str(smoke2["held"]), "--limit", "4", "--lic-runs", "2", "--lic-every", "2",
+                      "--max-new-tokens", "6", "--bootstrap", "50", "--lic-extra", "best"]) == 0
+    # the random model answers nothing right: every candidate ties at 0, and the first in the table wins
+    assert "best other arm by greedy multi-turn accuracy: sft_s0 (" in capsys.readouterr().err
+    lic = {m for m in ["base", *ARMS, "sedt", "recap"] if (tmp_path / "report" / "models" / m / "lic").is_dir()}
+    assert lic == {"base", "sft_s0"}
+    assert "sft_s0" not in json.loads((tmp_path / "report" / "manifest.json").read_text())["greedy_only"]
