@@ -7,6 +7,8 @@
                                                          # --lic-extra best: the plan's best other arm)
     python -m experiments.exp2 reproduce --arms a        # arm a's committed adapter evaluated again (greedy,
                                                          # into RUNS/reproduce/): the same records and numbers?
+    python -m experiments.exp2 all                       # train, evaluate, LiC of the best other arm, reproduce
+                                                         # REPRODUCED: the whole comparison, resumable
 
 The arm table (``ARMS``) and the seeds are the plan's (``docs/results/experiment2_plan.md``), fixed
 before any run. ``rlsta_s0`` runs the data stage (histories and the latent-capability filter at the
@@ -55,6 +57,7 @@ REPORT = Path("docs/results/exp2/report.md")
 TITLE = "The seeds' arms at the embedded scale: base, SFT, DPO, GRPO, RLSTA, ICPO, RLAAR, SeDT, RECAP (issue 35)"
 LIC_MODELS = ("base", "grpo_s0", "rlsta_s0")  # LiC at T = 1 (the plan); the best other arm is added by name
 NOT_OTHER = ("base", "grpo_", "rlsta_s")  # not candidates for the plan's "best other arm" (prefixes)
+REPRODUCED = "rlsta_s0"  # the committed adapter evaluated a second time (`reproduce`) by `all`
 PAIRS_WITH = ("base", "grpo_s0", "rlsta_s0")  # paired differences against these (the seeds' arms: "Seeds")
 INFERENCE = ("sedt", "recap")  # inference-time arms on the base model (compare --strategy / --recap)
 FILTER_TEXTS = "filter_texts.jsonl"  # jaxrl_mt.rl.supervised.FILTER_TEXTS (not imported: no JAX in `list`)
@@ -289,7 +292,7 @@ def reproduce(names: list[str], runs: Path, results: Path, report: Path, base: s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=("list", "train", "evaluate", "reproduce"))
+    ap.add_argument("stage", choices=("list", "train", "evaluate", "reproduce", "all"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="train: a config override appended to every arm's command, e.g. --set rl.steps=2")
     ap.add_argument("--out", default=str(REPORT), help="evaluate: the report (files under OUT without .md); "
@@ -302,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=str(RESULTS), help="the arms' small files are copied under this folder")
     ap.add_argument("--data", default=str(DATA), help="the data stage's files are kept in (and restored from) here")
     a, passed = ap.parse_known_args(argv)
-    if passed and a.stage not in ("evaluate", "reproduce"):
+    if passed and a.stage not in ("evaluate", "reproduce", "all"):
         ap.error(f"unrecognized arguments: {' '.join(passed)}")
     names = [n.strip() for n in a.arms.split(",") if n.strip()]
     unknown = [n for n in names if n not in ARMS]
@@ -332,6 +335,17 @@ def main(argv: list[str] | None = None) -> int:
                              "arms")
         print(f"exp2: evaluating base, {', '.join(done)}, {', '.join(INFERENCE)}", file=sys.stderr, flush=True)
         return compare.main(compare_args(done, runs, results, Path(a.out), lic_extra, a.base) + passed)
+    if a.stage == "all":  # each stage resumes what an earlier invocation left
+        where = ["--runs", a.runs, "--results", a.results, "--data", a.data, "--arms", a.arms]
+        evaluate = [*where, "--out", a.out, "--base", a.base, *passed]
+        for stage in (["train", *where, *(x for kv in a.set for x in ("--set", kv))], ["evaluate", *evaluate],
+                      ["evaluate", "--lic-extra", "best", *evaluate],
+                      ["reproduce", *evaluate, "--arms", REPRODUCED if REPRODUCED in names else names[0]]):
+            print(f"exp2 all: {' '.join(stage[:3])}", file=sys.stderr, flush=True)
+            rc = main(stage)
+            if rc:
+                return rc
+        return 0
     if a.stage == "reproduce":
         if a.arms == ap.get_default("arms"):
             ap.error("reproduce: name the arms (--arms a,b)")

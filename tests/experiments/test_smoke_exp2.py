@@ -1,7 +1,7 @@
 """Issue 35's pipeline at CI size, for the arms the first smoke test (test_smoke.py) does not train: SFT, DPO,
-ICPO and RLAAR through ``experiments.exp2 train`` (the ``experiment2`` presets on the tiny chat model, two steps
-each, LoRA adapters exported and committed in bfloat16), then ``exp2 evaluate``: base, the four adapters, SeDT
-and RECAP on the base model, one report.
+ICPO and RLAAR through ``experiments.exp2 all``: train (the ``experiment2`` presets on the tiny chat model, two
+steps each, LoRA adapters exported and committed in bfloat16), evaluate (base, the four adapters, SeDT and RECAP
+on the base model, one report), LiC for the best other arm, and one committed adapter evaluated again.
 
 The tiny random model solves nothing, so the data stage is written here as the real one would be: histories of
 real training problems and the filter's samples (a right single-turn answer, a wrong multi-turn one), under the
@@ -10,6 +10,8 @@ key the SFT run computes; ICPO's and RLAAR's problems are derived from those ite
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -51,14 +53,16 @@ def smoke2(tmp_path_factory: pytest.TempPathFactory, tiny_chat_model_dir: Path) 
     items = _data_stage(data, model)
     sets = [f"{k}={v}" for k, v in {**SET, "model": model, "eval.probe_source": f"tasks:{held}"}.items()]
     args = ["--runs", str(runs), "--results", str(results), "--data", str(data)]
-    assert exp2.main(["train", "--arms", ",".join(ARMS), *args, *[x for s in sets for x in ("--set", s)]]) == 0
     md = root / "report.md"
-    assert exp2.main(["evaluate", "--arms", ",".join(ARMS), *args, "--out", str(md), "--base", model,
-                      "--heldout", str(held), "--limit", "4", "--lic-runs", "2", "--lic-every", "2",
-                      "--max-new-tokens", "6", "--bootstrap", "50"]) == 0
+    # the whole comparison: train, evaluate, LiC of the best other arm, the first arm evaluated again
+    printed = {"out": io.StringIO(), "err": io.StringIO()}
+    with contextlib.redirect_stdout(printed["out"]), contextlib.redirect_stderr(printed["err"]):
+        assert exp2.main(["all", "--arms", ",".join(ARMS), *args, *[x for s in sets for x in ("--set", s)],
+                          "--out", str(md), "--base", model, "--heldout", str(held), "--limit", "4", "--lic-runs", "2",
+                          "--lic-every", "2", "--max-new-tokens", "6", "--bootstrap", "50"]) == 0
     out = md.with_suffix("")
     return {"root": root, "runs": runs, "results": results, "data": data, "items": items, "md": md, "out": out,
-            "model": model, "held": held,
+            "model": model, "held": held, "printed": {k: v.getvalue() for k, v in printed.items()},
             "report": json.loads((out / "report.json").read_text())}
 
 
@@ -107,7 +111,10 @@ def test_the_report_holds_every_arm_and_the_inference_arms(smoke2: dict) -> None
     assert {m for m, c in cfg.items() if c.get("abstain")} == {"rlaar_s0"}
     assert {m for m, c in cfg.items() if c["strategy"] != "plain"} == {"sedt"}
     assert {c["max_new_tokens"] for c in cfg.values()} == {6}
-    assert (out / "models" / "base" / "lic").is_dir() and not (out / "models" / "sft_s0" / "lic").exists()
+    # LiC for base and the best other arm: the random model answers nothing right, every candidate ties at 0
+    # and the first in the table wins
+    assert {m for m in rep["models"] if (out / "models" / m / "lic").is_dir()} == {"base", "sft_s0"}
+    assert "best other arm by greedy multi-turn accuracy: sft_s0 (" in smoke2["printed"]["err"]
     for arm in ARMS:
         assert rep["runs"][arm]["curves"], arm  # the committed run files joined the report
     for m in rep["models"]:  # each evaluation's wall time, for the comparison's total compute
@@ -122,26 +129,11 @@ def test_a_committed_adapter_evaluated_again_reproduces_its_records_and_a_change
         smoke2: dict, capsys: pytest.CaptureFixture) -> None:
     args = ["--runs", str(smoke2["runs"]), "--results", str(smoke2["results"]), "--out", str(smoke2["md"]),
             "--base", smoke2["model"], "--heldout", str(smoke2["held"]), "--limit", "4", "--bootstrap", "50"]
-    assert exp2.main(["reproduce", "--arms", "dpo_s0", *args, "--max-new-tokens", "6"]) == 0
-    assert "dpo_s0: 12/12 conversations identical" in capsys.readouterr().out
-    again = smoke2["runs"] / "reproduce" / "models" / "dpo_s0"
-    assert not (again / "lic").exists()  # greedy only
-    assert exp2.main(["reproduce", "--arms", "dpo_s0", *args, "--max-new-tokens", "5"]) == 1  # not resumed
+    # `all` evaluated the first arm again (not rlsta_s0: not among these arms)
+    assert "sft_s0: 12/12 conversations identical" in smoke2["printed"]["out"]
+    assert "reproduced exactly" in smoke2["printed"]["out"]
+    again = smoke2["runs"] / "reproduce" / "report" / "models" / "sft_s0"
+    assert (again / "greedy").is_dir() and not (again / "lic").exists()  # greedy only
+    assert exp2.main(["reproduce", "--arms", "sft_s0", *args, "--max-new-tokens", "5"]) == 1  # not resumed
     assert "NOT reproduced" in capsys.readouterr().out
 
-
-def test_lic_for_the_best_other_arm_after_the_greedy_evaluations(smoke2: dict, tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture) -> None:
-    import shutil
-
-    md = tmp_path / "report.md"
-    shutil.copytree(smoke2["out"] / "models", tmp_path / "report" / "models")  # every evaluation done: resumed
-    args = ["--runs", str(smoke2["runs"]), "--results", str(smoke2["results"]), "--data", str(smoke2["data"])]
-    assert exp2.main(["evaluate", "--arms", ",".join(ARMS), *args, "--out", str(md), "--base", smoke2["model"],
-                      "--heldout", str(smoke2["held"]), "--limit", "4", "--lic-runs", "2", "--lic-every", "2",
-                      "--max-new-tokens", "6", "--bootstrap", "50", "--lic-extra", "best"]) == 0
-    # the random model answers nothing right: every candidate ties at 0, and the first in the table wins
-    assert "best other arm by greedy multi-turn accuracy: sft_s0 (" in capsys.readouterr().err
-    lic = {m for m in ["base", *ARMS, "sedt", "recap"] if (tmp_path / "report" / "models" / m / "lic").is_dir()}
-    assert lic == {"base", "sft_s0"}
-    assert "sft_s0" not in json.loads((tmp_path / "report" / "manifest.json").read_text())["greedy_only"]
