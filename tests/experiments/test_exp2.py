@@ -19,21 +19,26 @@ def test_arm_table_is_the_plans_seeds_and_presets() -> None:
     for name, arm in exp2.ARMS.items():
         assert name.endswith(f"_s{arm.seed}")
         seeds.setdefault(name.rsplit("_s", 1)[0], []).append(arm.seed)
-    assert seeds == {"rlsta": [0, 1, 2], "grpo": [0, 1, 2], "grpo_full": [0], "rlsta_nv": [0], "sft": [0],
-                     "dpo": [0], "icpo": [0], "rlaar": [0]}
+    assert seeds == {"rlsta": [0], "grpo": [0], "grpo_full": [0, 1, 2], "rlsta_full": [0, 1, 2], "rlsta_nv_full": [0],
+                     "sft_full": [0], "dpo_full": [0], "icpo_full": [0], "rlaar_full": [0]}
     assert list(exp2.ARMS)[0] == exp2.DATA_ARM  # the data stage runs first
+    # the LoRA rule's outcome: every arm but the two LoRA ones trained before it is fully fine-tuned at 1e-5
+    assert [n for n, arm in exp2.ARMS.items() if arm.overrides[:2] != exp2.FULL] == ["rlsta_s0", "grpo_s0"]
+    assert exp2.FULL == ("--config.lora.rank=0", "--config.rl.lr=1e-05")
+    assert "--config.rl.verifier_weight=0.0" in exp2.ARMS["rlsta_nv_full_s0"].overrides
     for arm in exp2.ARMS.values():
         file, preset = arm.config.split(":")
         c = load_config_file(ROOT / file, preset)
         assert c.lora.rank == 16 and c.seed == 0  # the seed comes from the command line
-    assert not exp2.ARMS["icpo_s0"].shares_items and not exp2.ARMS["rlaar_s0"].shares_items
+    assert not exp2.ARMS["icpo_full_s0"].shares_items and not exp2.ARMS["rlaar_full_s0"].shares_items
 
 
 def test_commands_name_seed_workdir_and_overrides() -> None:
     cmd = exp2.arm_command("grpo_full_s0", Path("r"))
     assert cmd == ["--config", "configs/grpo.py:experiment2", "--config.seed=0", "--config.workdir=r/grpo_full_s0",
                    "--config.lora.rank=0", "--config.rl.lr=1e-05"]
-    assert exp2.arm_command("rlsta_s2", Path("r"))[2:4] == ["--config.seed=2", "--config.workdir=r/rlsta_s2"]
+    assert exp2.arm_command("rlsta_full_s2", Path("r"))[2:4] == ["--config.seed=2",
+                                                                  "--config.workdir=r/rlsta_full_s2"]
 
 
 def test_finished_reads_the_last_invocation(tmp_path: Path) -> None:
@@ -134,8 +139,8 @@ def test_the_filter_samples_of_the_first_supervised_arm_go_to_the_next(tmp_path:
         wd = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("--config.workdir=")))
         texts = wd / exp2.FILTER_TEXTS
         seen.append((wd.name, texts.read_text() if texts.exists() else None))
-        if wd.name == "sft_s0":
-            texts.write_text("sampled by sft_s0")
+        if wd.name == "sft_full_s0":
+            texts.write_text("sampled by sft_full_s0")
         (wd / "run_info.json").write_text(json.dumps({"exit_status": 0}))
         return 0
 
@@ -144,9 +149,9 @@ def test_the_filter_samples_of_the_first_supervised_arm_go_to_the_next(tmp_path:
     data.mkdir()
     for f in ("histories.jsonl", "train_items.jsonl"):
         (data / f).write_text(f)
-    assert exp2.train(["grpo_s0", "sft_s0", "dpo_s0"], tmp_path / "runs", tmp_path / "results", data) == 0
-    assert seen == [("grpo_s0", None), ("sft_s0", None), ("dpo_s0", "sampled by sft_s0")]
-    assert (data / exp2.FILTER_TEXTS).read_text() == "sampled by sft_s0"  # kept with the data stage (commit)
+    assert exp2.train(["grpo_s0", "sft_full_s0", "dpo_full_s0"], tmp_path / "runs", tmp_path / "results", data) == 0
+    assert seen == [("grpo_s0", None), ("sft_full_s0", None), ("dpo_full_s0", "sampled by sft_full_s0")]
+    assert (data / exp2.FILTER_TEXTS).read_text() == "sampled by sft_full_s0"  # kept with the data stage (commit)
     from jaxrl_mt.rl.supervised import FILTER_TEXTS
 
     assert exp2.FILTER_TEXTS == FILTER_TEXTS
@@ -157,11 +162,11 @@ def test_the_evaluation_command_gives_every_model_the_same_settings(tmp_path: Pa
     from experiments.compare import resolve_models
 
     results, runs = tmp_path / "results", tmp_path / "runs"
-    for n in ("grpo_s0", "rlsta_s0", "rlaar_s0"):
+    for n in ("grpo_s0", "rlsta_s0"):  # the LoRA arms' committed adapters
         (results / n / "adapter").mkdir(parents=True)
         (results / n / "adapter" / "adapter_config.json").write_text("{}")
-    args = exp2.compare_args(["rlsta_s0", "grpo_s0", "grpo_full_s0", "rlaar_s0"], runs, results,
-                             tmp_path / "r.md", ["rlaar_s0"])
+    args = exp2.compare_args(["rlsta_s0", "grpo_s0", "grpo_full_s0", "rlsta_full_s0", "rlaar_full_s0"], runs, results,
+                             tmp_path / "r.md", ["rlaar_full_s0"])
     opt = dict(zip(args[::2], args[1::2]))
     assert args[-1] == "--gzip" and len(args) % 2 == 1 and opt["--base"] == exp2.BASE and opt["--title"] == exp2.TITLE
     models = resolve_models(opt["--models"], exp2.BASE)
@@ -170,15 +175,17 @@ def test_the_evaluation_command_gives_every_model_the_same_settings(tmp_path: Pa
         ("rlsta_s0", f"{exp2.BASE}+lora:{results / 'rlsta_s0' / 'adapter'}"),
         ("grpo_s0", f"{exp2.BASE}+lora:{results / 'grpo_s0' / 'adapter'}"),
         ("grpo_full_s0", f"workdir:{runs / 'grpo_full_s0'}"),  # full fine-tuning: not committed
-        ("rlaar_s0", f"{exp2.BASE}+lora:{results / 'rlaar_s0' / 'adapter'}"),
+        ("rlsta_full_s0", f"workdir:{runs / 'rlsta_full_s0'}"),
+        ("rlaar_full_s0", f"workdir:{runs / 'rlaar_full_s0'}"),
         ("sedt", exp2.BASE), ("recap", exp2.BASE)]
-    assert opt["--greedy-only"].split(",") == ["grpo_full_s0", "sedt", "recap"]  # LiC: base, grpo_s0, rlsta_s0 + extra
+    # LiC: base, GRPO and RLSTA (fully fine-tuned, and the LoRA ones run before the LoRA rule's outcome) + extra
+    assert opt["--greedy-only"].split(",") == ["sedt", "recap"]
     assert (opt["--max-new-tokens"], opt["--system"]) == (str(EXP2_BUDGET), EXP2_SYSTEM)
-    assert (opt["--strategy"], opt["--recap"], opt["--abstain-models"]) == ("sedt=sedt", "recap", "rlaar_s0")
+    assert (opt["--strategy"], opt["--recap"], opt["--abstain-models"]) == ("sedt=sedt", "recap", "rlaar_full_s0")
     assert opt["--run-files"] == str(results) and opt["--heldout"] == str(exp2.HELDOUT)
-    assert opt["--pairs-with"] == "base,grpo_s0,rlsta_s0"  # differences against base, GRPO and RLSTA
+    assert opt["--pairs-with"] == "base,grpo_full_s0,rlsta_full_s0"  # differences against base, GRPO and RLSTA
     with pytest.raises(SystemExit, match="--lic-extra"):
-        exp2.main(["evaluate", "--runs", str(runs), "--results", str(results), "--lic-extra", "sft_s0"])
+        exp2.main(["evaluate", "--runs", str(runs), "--results", str(results), "--lic-extra", "sft_full_s0"])
 
 
 def test_icpo_and_rlaar_train_on_the_problems_of_the_shared_items(tmp_path: Path,
@@ -196,9 +203,9 @@ def test_icpo_and_rlaar_train_on_the_problems_of_the_shared_items(tmp_path: Path
     assert exp2.write_item_problems(data).read_bytes() == (committed / exp2.PROBLEMS).read_bytes()
     full = {it.task_id: it.anchor_prompt for it in items if it.kind == "sharded"}  # MT-Add keeps the facts
     assert all(full[t.task_id] == t.full_prompt for t in tasks if t.task_id in full)
-    for arm in ("icpo_s0", "rlaar_s0"):
+    for arm in ("icpo_full_s0", "rlaar_full_s0"):
         assert f"--config.data.add_source=tasks:{exp2.DATA / exp2.PROBLEMS}" in exp2.arm_command(arm)
-    assert exp2.arm_command("icpo_s0", Path("r"), Path("d"), ["--config.rl.steps=1"])[-2:] == [
+    assert exp2.arm_command("icpo_full_s0", Path("r"), Path("d"), ["--config.rl.steps=1"])[-2:] == [
         f"--config.data.add_source=tasks:{Path('d') / exp2.PROBLEMS}", "--config.rl.steps=1"]
     seen = []
 
@@ -210,8 +217,8 @@ def test_icpo_and_rlaar_train_on_the_problems_of_the_shared_items(tmp_path: Path
 
     monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
     (data / exp2.PROBLEMS).unlink()
-    (tmp_path / "runs" / "icpo_s0").mkdir(parents=True)
-    assert exp2.train(["icpo_s0"], tmp_path / "runs", tmp_path / "results", data) == 0
+    (tmp_path / "runs" / "icpo_full_s0").mkdir(parents=True)
+    assert exp2.train(["icpo_full_s0"], tmp_path / "runs", tmp_path / "results", data) == 0
     assert seen == [True]  # written from the data stage before ICPO trained
 
 
@@ -231,15 +238,17 @@ def _greedy_folder(report: Path, name: str, right: dict[str, list[bool]], kinds:
 def test_best_other_arm_is_the_plans_rule_on_the_greedy_evaluations(tmp_path: Path) -> None:
     both = ("full", "sharded", "mt_refine")
     # multi-turn (mean of MT-Add and MT-Refine per problem): sft 2/4, dpo 2/4 (a tie: sft comes first),
-    # icpo 1/4; grpo_s1 and base better but not "other"; recap (no MT-Refine) has none
-    arms = {"base": ([1, 1], [1, 1], [1, 1]), "grpo_s1": ([1, 1], [1, 1], [1, 1]), "sft_s0": ([0, 0], [1, 0], [1, 0]),
-            "dpo_s0": ([1, 1], [1, 1], [0, 0]), "icpo_s0": ([1, 1], [1, 0], [0, 0])}
+    # icpo 1/4; base, GRPO and RLSTA better but not "other"; recap (no MT-Refine) has none
+    arms = {"base": ([1, 1], [1, 1], [1, 1]), "grpo_full_s1": ([1, 1], [1, 1], [1, 1]),
+            "rlsta_full_s1": ([1, 1], [1, 1], [1, 1]), "rlsta_s0": ([1, 1], [1, 1], [1, 1]),
+            "sft_full_s0": ([0, 0], [1, 0], [1, 0]), "dpo_full_s0": ([1, 1], [1, 1], [0, 0]),
+            "icpo_full_s0": ([1, 1], [1, 0], [0, 0])}
     for name, cols in arms.items():
         _greedy_folder(tmp_path, name, dict(zip(both, [list(map(bool, c)) for c in cols])), both)
     _greedy_folder(tmp_path, "recap", {"full": [True, True], "sharded": [True, True]}, ("full", "sharded"))
-    names = ["grpo_s1", "sft_s0", "dpo_s0", "icpo_s0", "recap"]
+    names = ["grpo_full_s1", "rlsta_full_s1", "rlsta_s0", "sft_full_s0", "dpo_full_s0", "icpo_full_s0", "recap"]
     best, acc = exp2.best_other_arm(tmp_path, names)
-    assert (best, acc) == ("sft_s0", {"sft_s0": 0.5, "dpo_s0": 0.5, "icpo_s0": 0.25})
-    assert exp2.best_other_arm(tmp_path, ["dpo_s0", "sft_s0"])[0] == "dpo_s0"
-    with pytest.raises(SystemExit, match=r"\['rlaar_s0'\] are not finished"):
-        exp2.best_other_arm(tmp_path, [*names, "rlaar_s0"])
+    assert (best, acc) == ("sft_full_s0", {"sft_full_s0": 0.5, "dpo_full_s0": 0.5, "icpo_full_s0": 0.25})
+    assert exp2.best_other_arm(tmp_path, ["dpo_full_s0", "sft_full_s0"])[0] == "dpo_full_s0"
+    with pytest.raises(SystemExit, match=r"\['rlaar_full_s0'\] are not finished"):
+        exp2.best_other_arm(tmp_path, [*names, "rlaar_full_s0"])

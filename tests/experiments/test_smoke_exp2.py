@@ -1,7 +1,8 @@
 """Issue 35's pipeline at CI size, for the arms the first smoke test (test_smoke.py) does not train: SFT, DPO,
 ICPO and RLAAR through ``experiments.exp2 all``: train (the ``experiment2`` presets on the tiny chat model, two
-steps each, LoRA adapters exported and committed in bfloat16), evaluate (base, the four adapters, SeDT and RECAP
-on the base model, one report), LiC for the best other arm, and one committed adapter evaluated again.
+steps each: LoRA-GRPO with its adapter exported and committed in bfloat16, the others fully fine-tuned, as the
+plan's LoRA rule chose), evaluate (base, the five arms, SeDT and RECAP on the base model, one report), LiC for the
+best other arm, and the committed adapter evaluated again.
 
 The tiny random model solves nothing, so the data stage is written here as the real one would be: histories of
 real training problems and the filter's samples (a right single-turn answer, a wrong multi-turn one), under the
@@ -22,7 +23,7 @@ from experiments import exp2, heldout
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.rl.histories import TrainItem, save_items, save_texts, texts_key
 
-ARMS = ["sft_s0", "dpo_s0", "icpo_s0", "rlaar_s0"]
+ARMS = ["grpo_s0", "sft_full_s0", "dpo_full_s0", "icpo_full_s0", "rlaar_full_s0"]  # one LoRA arm, then full ones
 SET = {"rl.steps": 2, "rl.batch_size": 2, "rl.group_size": 2, "rl.max_new_tokens": 6, "history.max_new_tokens": 4,
        "eval.max_new_tokens": 6, "eval.every": 1, "eval.probe_limit": 2, "eval.probe_every": 0,
        "checkpoint.every": 2, "rl.remat": False, "rl.max_batch": 16, "filter.k": 1}
@@ -72,19 +73,22 @@ def _records(folder: Path) -> list[dict]:
     return [json.loads(x) for x in gzip.open(folder / "transcripts.jsonl.gz", "rt") if x.strip()]
 
 
-def test_each_new_arm_trained_from_the_shared_data_and_left_a_bf16_adapter(smoke2: dict) -> None:
+def test_each_arm_trained_from_the_shared_data_and_a_lora_arm_left_a_bf16_adapter(smoke2: dict) -> None:
     runs, results, data = smoke2["runs"], smoke2["results"], smoke2["data"]
     for arm in ARMS:
         assert exp2.finished(results / arm), arm
-        cfg = json.loads((results / arm / "adapter" / "adapter_config.json").read_text())
-        assert cfg["r"] == 16, arm
-        raw = (results / arm / "adapter" / "adapter_model.safetensors").read_bytes()
-        header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])  # the safetensors header
-        assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}, arm
+        lora = json.loads((runs / arm / "config.json").read_text())["lora"]["rank"]
+        assert lora == (16 if arm == "grpo_s0" else 0), arm  # the LoRA rule's outcome: full fine-tuning
+        assert (results / arm / "adapter").is_dir() == (arm == "grpo_s0"), arm  # full weights: not committed
+    cfg = json.loads((results / "grpo_s0" / "adapter" / "adapter_config.json").read_text())
+    assert cfg["r"] == 16
+    raw = (results / "grpo_s0" / "adapter" / "adapter_model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])  # the safetensors header
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
     # SFT and DPO made their rows from the data stage's filter samples (the random model writes no such text):
     # one per history, none sampled again (a new sampling would have rewritten the cache)
     answers = {it.task_id: it.answer for it in smoke2["items"]}
-    for arm, field in (("sft_s0", "target"), ("dpo_s0", "chosen")):
+    for arm, field in (("sft_full_s0", "target"), ("dpo_full_s0", "chosen")):
         rows = [json.loads(x) for f in ("train_rows.jsonl", "val_rows.jsonl")
                 for x in (runs / arm / f).read_text().splitlines()]
         assert sorted(r["task_id"] for r in rows) == sorted(answers), arm
@@ -93,7 +97,7 @@ def test_each_new_arm_trained_from_the_shared_data_and_left_a_bf16_adapter(smoke
     # ICPO and RLAAR made their prompts from the items' problems
     problems = [json.loads(x)["task_id"] for x in (data / exp2.PROBLEMS).read_text().splitlines()]
     assert problems == sorted(it.task_id for it in smoke2["items"])
-    for arm in ("icpo_s0", "rlaar_s0"):
+    for arm in ("icpo_full_s0", "rlaar_full_s0"):
         assert json.loads((runs / arm / "config.json").read_text())["data"]["add_source"] == \
             f"tasks:{data / exp2.PROBLEMS}"
 
@@ -108,13 +112,13 @@ def test_the_report_holds_every_arm_and_the_inference_arms(smoke2: dict) -> None
         assert len(recs) == (8 if m == "recap" else 12), m  # 4 problems, every scenario
     cfg = {m: json.loads((out / "models" / m / "greedy" / "eval_config.json").read_text()) for m in rep["models"]}
     assert {c["system_prompt"] for c in cfg.values()} == {EXP2_SYSTEM}  # one prompt; RLAAR's instruction on top:
-    assert {m for m, c in cfg.items() if c.get("abstain")} == {"rlaar_s0"}
+    assert {m for m, c in cfg.items() if c.get("abstain")} == {"rlaar_full_s0"}
     assert {m for m, c in cfg.items() if c["strategy"] != "plain"} == {"sedt"}
     assert {c["max_new_tokens"] for c in cfg.values()} == {6}
     # LiC for base and the best other arm: the random model answers nothing right, every candidate ties at 0
     # and the first in the table wins
-    assert {m for m in rep["models"] if (out / "models" / m / "lic").is_dir()} == {"base", "sft_s0"}
-    assert "best other arm by greedy multi-turn accuracy: sft_s0 (" in smoke2["printed"]["err"]
+    assert {m for m in rep["models"] if (out / "models" / m / "lic").is_dir()} == {"base", "grpo_s0", "sft_full_s0"}
+    assert "best other arm by greedy multi-turn accuracy: sft_full_s0 (" in smoke2["printed"]["err"]
     for arm in ARMS:
         assert rep["runs"][arm]["curves"], arm  # the committed run files joined the report
     for m in rep["models"]:  # each evaluation's wall time, for the comparison's total compute
@@ -129,11 +133,14 @@ def test_a_committed_adapter_evaluated_again_reproduces_its_records_and_a_change
         smoke2: dict, capsys: pytest.CaptureFixture) -> None:
     args = ["--runs", str(smoke2["runs"]), "--results", str(smoke2["results"]), "--out", str(smoke2["md"]),
             "--base", smoke2["model"], "--heldout", str(smoke2["held"]), "--limit", "4", "--bootstrap", "50"]
-    # `all` evaluated the first arm again (not rlsta_s0: not among these arms)
-    assert "sft_s0: 12/12 conversations identical" in smoke2["printed"]["out"]
+    # `all` evaluated the first arm's committed adapter again (not rlsta_s0's: not among these arms)
+    assert "grpo_s0: 12/12 conversations identical" in smoke2["printed"]["out"]
     assert "reproduced exactly" in smoke2["printed"]["out"]
-    again = smoke2["runs"] / "reproduce" / "report" / "models" / "sft_s0"
+    again = smoke2["runs"] / "reproduce" / "report" / "models" / "grpo_s0"
     assert (again / "greedy").is_dir() and not (again / "lic").exists()  # greedy only
-    assert exp2.main(["reproduce", "--arms", "sft_s0", *args, "--max-new-tokens", "5"]) == 1  # not resumed
+    # a fully fine-tuned arm from its workdir too; with another budget the records differ (not resumed)
+    assert exp2.main(["reproduce", "--arms", "sft_full_s0", *args, "--max-new-tokens", "6"]) == 0
+    assert "sft_full_s0: 12/12 conversations identical" in capsys.readouterr().out
+    assert exp2.main(["reproduce", "--arms", "sft_full_s0", *args, "--max-new-tokens", "5"]) == 1
     assert "NOT reproduced" in capsys.readouterr().out
 
