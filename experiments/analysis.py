@@ -25,9 +25,8 @@ from jaxrl_mt.rewards.judge_rules import NON_ANSWER_TYPES
 from jaxrl_mt.rewards.verifier import extract_answer, verify
 
 __all__ = ["CI_LEVEL", "bootstrap_mean", "bootstrap_paired", "bootstrap_ratio", "early_turn_shares", "family_of",
-           "first_answer_turns",
-           "final_reply_lengths", "inertia", "last_reply_scores", "pass_at_k", "pass_hat_k", "pass_k_scores",
-           "response_types_per_turn", "restates_user", "uncut_scores"]
+           "final_reply_lengths", "first_answer_turns", "inertia", "last_reply_scores", "pass_at_k", "pass_hat_k",
+           "pass_k_scores", "response_types_per_turn", "restates_user", "uncut_scores"]
 
 CI_LEVEL = 0.95
 ECHO_SHARE = 0.8  # a reply with at least this share of its words in the user's message restates it
