@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in names:
             state = "finished" if finished(runs / n) or finished(results / n) else "to train"
             cmd = " ".join(arm_command(n, runs, Path(a.data), extra))
-            print(f"{n:14s} {state:9s} python -m experiments.train_arm {cmd}")
+            print(f"{n:17s} {state:9s} python -m experiments.train_arm {cmd}")
         return 0
     if a.stage == "evaluate":
         from experiments import compare
