@@ -46,10 +46,13 @@ def kind_scores(recs: list[dict], mode: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def _model_section(recs: list[dict], lic_recs: list[dict] | None, n_boot: int, seed: int) -> dict[str, Any]:
+def _model_section(recs: list[dict], lic_recs: list[dict] | None, strict: dict[str, dict[str, float]],
+                   early: dict[str, dict[str, float]], n_boot: int, seed: int) -> dict[str, Any]:
+    """One model's part of the report; ``strict``: its ``kind_scores(recs, "strict")``, ``early``: its
+    ``early_turn_shares(recs, "sharded")`` (computed once by ``build``, which pairs them across models)."""
     sec: dict[str, Any] = {"n_conversations": len(recs)}
     for mode in ("strict", "lenient"):
-        sc = kind_scores(recs, mode)
+        sc = strict if mode == "strict" else kind_scores(recs, mode)
         sec[mode] = {k: A.bootstrap_mean(v, n_boot=n_boot, seed=seed) for k, v in sc.items()}
         sec[mode]["ratio"] = {
             k: A.bootstrap_ratio(sc[k], sc["full"], n_boot=n_boot, seed=seed) for k in ("sharded", "mt_refine", "multi")
@@ -80,8 +83,7 @@ def _model_section(recs: list[dict], lic_recs: list[dict] | None, n_boot: int, s
                            for k in GREEDY_KINDS}
     sec["first_answer_turn"] = {k: first_answer_turn_stats(A.first_answer_turns(recs, k)) for k in GREEDY_KINDS
                                 if any(r["kind"] == k for r in recs)}  # RECAP models have no MT-Refine
-    sec["early_turns"] = {f: A.bootstrap_mean(v, n_boot=n_boot, seed=seed)
-                          for f, v in A.early_turn_shares(recs, "sharded").items()}  # ICPO's view
+    sec["early_turns"] = {f: A.bootstrap_mean(v, n_boot=n_boot, seed=seed) for f, v in early.items()}  # ICPO's view
     if lic_recs:
         kinds = [k for k in ("full", "sharded") if any(r["kind"] == k for r in lic_recs)]
         rep = build_report(lic_recs, scenarios=kinds, protocol=lic_recs[0]["protocol"], n_boot=n_boot, seed=seed)
@@ -178,11 +180,12 @@ def build(out_dir: str | Path) -> dict[str, Any]:
         )
         if m.get("recap"):  # LiC's RECAP (MT-Add's turns, then a recap of every shard) in the MT-Add column
             recs, lic = _recap_as_sharded(recs), lic and _recap_as_sharded(lic)
-        report["models"][m["name"]] = _model_section(recs, lic, n_boot, seed)
+        scores[m["name"]] = kind_scores(recs, "strict")
+        shares = A.early_turn_shares(recs, "sharded")
+        early[m["name"]] = shares["non_answer"]
+        report["models"][m["name"]] = _model_section(recs, lic, scores[m["name"]], shares, n_boot, seed)
         report["code"][m["name"]] = {sub: read_evaluation_code(out / "models" / m["name"] / sub)
                                      for sub in ("greedy", "lic")}
-        scores[m["name"]] = kind_scores(recs, "strict")
-        early[m["name"]] = A.early_turn_shares(recs, "sharded")["non_answer"]
         run_dir = out / "runs" / m["name"]
         if run_dir.is_dir():
             report["runs"][m["name"]] = _run_section(run_dir)
