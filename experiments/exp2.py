@@ -244,38 +244,39 @@ def best_other_arm(report_dir: Path, names: Sequence[str]) -> tuple[str, dict[st
     return max(acc, key=lambda n: (acc[n], -cands.index(n))), acc
 
 
+def _settings(names: Sequence[str], base: str) -> list[str]:
+    """The ``experiments.compare`` arguments every evaluation of this comparison shares: base model,
+    held-out set, the chosen budget and system prompt, RLAAR's abstain instruction (as in its training)."""
+    from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
+
+    abstain = [n for n in names if n.startswith("rlaar")]
+    return ["--base", base, *(["--abstain-models", ",".join(abstain)] if abstain else []), "--heldout", str(HELDOUT),
+            "--max-new-tokens", str(EXP2_BUDGET), "--system", EXP2_SYSTEM, "--gzip"]
+
+
 def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_extra: list[str],
                  base: str = BASE) -> list[str]:
     """``experiments.compare`` arguments: base, the arms ``names``, SeDT and RECAP on the base model.
 
-    Every model gets the chosen budget and system prompt (RLAAR its abstain instruction on top, as
-    in its training); greedy FULL / MT-Add / MT-Refine for all (RECAP in place of MT-Add and
-    MT-Refine), LiC at T = 1 for ``LIC_MODELS`` and ``lic_extra`` (the plan's "best other arm").
+    Every model gets the chosen budget and system prompt (``_settings``); greedy FULL / MT-Add /
+    MT-Refine for all (RECAP in place of MT-Add and MT-Refine), LiC at T = 1 for ``LIC_MODELS`` and
+    ``lic_extra`` (the plan's "best other arm").
     """
-    from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
-
     models = ["base", *(f"{n}={model_spec(n, runs, results, base)}" for n in names),
               *(f"{n}={base}" for n in INFERENCE)]
     lic = {*LIC_MODELS, *lic_extra}
     greedy_only = [n for n in ("base", *names, *INFERENCE) if n not in lic]
-    abstain = [n for n in names if n.startswith("rlaar")]
     refs = [n for n in PAIRS_WITH if n == "base" or n in names]
-    return ["--title", TITLE, "--pairs-with", ",".join(refs), "--models", ",".join(models), "--base", base,
-            "--strategy", "sedt=sedt",
-            "--recap", "recap",
-            *(["--abstain-models", ",".join(abstain)] if abstain else []), "--run-files", str(results),
-            "--heldout", str(HELDOUT), "--out", str(out), "--max-new-tokens", str(EXP2_BUDGET),
-            "--system", EXP2_SYSTEM, "--greedy-only", ",".join(greedy_only), "--gzip"]
+    return ["--title", TITLE, "--pairs-with", ",".join(refs), "--models", ",".join(models),
+            "--strategy", "sedt=sedt", "--recap", "recap", "--run-files", str(results), "--out", str(out),
+            "--greedy-only", ",".join(greedy_only), *_settings(names, base)]
 
 
 def reproduce_args(name: str, runs: Path, results: Path, out: Path, base: str = BASE) -> list[str]:
-    """``experiments.compare`` arguments that evaluate arm ``name`` again as ``evaluate`` did (greedy only:
-    the same held-out set, budget, system prompt, seed and batch; RLAAR its abstain instruction)."""
-    from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
-
-    return ["--models", f"{name}={model_spec(name, runs, results, base)}", "--base", base,
-            *(["--abstain-models", name] if name.startswith("rlaar") else []), "--heldout", str(HELDOUT),
-            "--out", str(out), "--max-new-tokens", str(EXP2_BUDGET), "--system", EXP2_SYSTEM, "--gzip"]
+    """``experiments.compare`` arguments that evaluate arm ``name`` again as ``evaluate`` did (greedy only,
+    ``_settings``: the same held-out set, budget, system prompt, seed and batch)."""
+    return ["--models", f"{name}={model_spec(name, runs, results, base)}", "--out", str(out),
+            *_settings([name], base)]
 
 
 def reproduce(names: list[str], runs: Path, results: Path, report: Path, base: str, passed: list[str]) -> int:
