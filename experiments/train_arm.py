@@ -8,6 +8,10 @@ Runs ``python -m jaxrl_mt.train`` with the same arguments in a child process and
 shared), the command, the exit status and the code version (``code``: git commit and changed
 files, `provenance.code_version`). The workdir is read from the config file (and a
 ``--config.workdir=`` override). Exits with the training's status.
+
+The entry is written when the run starts (exit status None) and completed when it ends, so a run
+killed before it ended (a machine stopped, a session over) is still on record: the invocation that
+resumes it times it to the workdir's last write and keeps it under ``invocations``.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from experiments.provenance import code_version
 
-__all__ = ["main", "workdir_of"]
+__all__ = ["earlier_invocations", "main", "merged", "workdir_of"]
 
 
 def workdir_of(args: list[str]) -> Path:
@@ -48,11 +53,61 @@ def workdir_of(args: list[str]) -> Path:
     return Path(c.workdir)
 
 
+def _last_write(wd: Path) -> float | None:
+    """The newest modification time of a file under ``wd`` other than ``run_info.json`` (None: no file)."""
+    times = [p.stat().st_mtime for p in wd.rglob("*") if p.is_file() and p.name != "run_info.json"]
+    return max(times) if times else None
+
+
+def earlier_invocations(wd: Path) -> list[dict[str, Any]]:
+    """The invocations ``wd/run_info.json`` records ([] when none), an invocation killed before it ended
+    (its entry written at the start: exit status None, no wall time) timed to the workdir's last write.
+
+    A killed invocation's work after its last checkpoint is redone by the next, so its time to the last
+    write is what it spent; its peak memory is unknown (None).
+    """
+    prev = wd / "run_info.json"
+    if not prev.is_file():
+        return []
+    try:
+        old = json.loads(prev.read_text())
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"train_arm: {prev}: invalid JSON ({e.msg} at line {e.lineno})") from None
+    invs = [dict(i) for i in old.get("invocations", [old])]
+    last = invs[-1]
+    if "wall_s" not in last and last.get("started_s") is not None:
+        end = _last_write(wd)
+        last.update(killed=True, peak_rss_gb=None,
+                    wall_s=round(max(0.0, end - last["started_s"]), 1) if end else 0.0)
+    return invs
+
+
+def merged(invs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``run_info.json``'s content for invocations ``invs`` (oldest first): the last one's fields, and for a
+    resumed run every invocation under ``invocations`` with the wall time summed and the largest peak memory."""
+    if len(invs) == 1:
+        return dict(invs[0])
+    walls = [i["wall_s"] for i in invs if i.get("wall_s") is not None]
+    rss = [i["peak_rss_gb"] for i in invs if i.get("peak_rss_gb") is not None]
+    return {**invs[-1], "invocations": invs, "wall_s": round(sum(walls), 1) if walls else None,
+            "peak_rss_gb": max(rss) if rss else None}
+
+
+def _write(path: Path, info: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(info, indent=2) + "\n")
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     wd = workdir_of(args)
-    code = code_version()
-    cmd = [sys.executable, "-m", "jaxrl_mt.train", *args]
+    wd.mkdir(parents=True, exist_ok=True)
+    earlier = earlier_invocations(wd)
+    t0 = time.time()
+    start = {"command": " ".join(["python -m experiments.train_arm", *args]), "code": code_version(),
+             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "started_s": round(t0, 1), "exit_status": None}
+    _write(wd / "run_info.json", merged([*earlier, start]))  # a kill leaves this entry (timed by the next run)
     loads: list[float] = []
     stop = threading.Event()
 
@@ -62,27 +117,19 @@ def main(argv: list[str] | None = None) -> int:
             stop.wait(30)
 
     t = threading.Thread(target=sample, daemon=True)
-    t0 = time.time()
     t.start()
-    rc = subprocess.call(cmd)
+    rc = subprocess.call([sys.executable, "-m", "jaxrl_mt.train", *args])
     stop.set()
     t.join()
-    wall = time.time() - t0
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
-    info = {"wall_s": round(wall, 1), "peak_rss_gb": round(peak_kb / 2**20, 3), "exit_status": rc,
+    info = {"wall_s": round(time.time() - t0, 1), "peak_rss_gb": round(peak_kb / 2**20, 3), "exit_status": rc,
             "load_avg_mean": round(sum(loads) / len(loads), 2) if loads else None, "cpu_count": os.cpu_count(),
-            "command": " ".join(["python -m experiments.train_arm", *args]), "code": code,
+            **{k: start[k] for k in ("command", "code", "started", "started_s")},
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    wd.mkdir(parents=True, exist_ok=True)
-    prev = wd / "run_info.json"
-    if prev.is_file():  # a resumed run: keep the earlier invocations' wall time
-        old = json.loads(prev.read_text())
-        info["invocations"] = old.get("invocations", [old]) + [dict(info)]
-        info["wall_s"] = round(sum(i["wall_s"] for i in info["invocations"]), 1)
-        info["peak_rss_gb"] = max(i["peak_rss_gb"] for i in info["invocations"])
-    prev.write_text(json.dumps(info, indent=2) + "\n")
-    print(f"run_info: {prev}: wall {info['wall_s']:.0f} s, peak RSS {info['peak_rss_gb']:.2f} GB, exit {rc}",
-          file=sys.stderr)
+    info = merged([*earlier, info])
+    _write(wd / "run_info.json", info)
+    print(f"run_info: {wd / 'run_info.json'}: wall {info['wall_s']:.0f} s, peak RSS {info['peak_rss_gb']:.2f} GB, "
+          f"exit {rc}", file=sys.stderr)
     return rc
 
 
