@@ -201,7 +201,9 @@ def _evaluated_on(report: dict[str, Any]) -> list[str]:
                 continue
             steps = [_code(e["code"]) + (f" (from conversation {e['conversations_on_disk']})"
                                          if e.get("conversations_on_disk") else "")
-                     + (f", {e['n_generated']} conversations in {e['seconds']:.0f} s" if "seconds" in e else "")
+                     + (f", {e['n_generated']} conversations in {e['seconds']:.0f} s" if "seconds" in e else
+                        f", killed after {e['seconds_to_last_write']:.0f} s (to its last write)"
+                        if "seconds_to_last_write" in e else "")
                      for e in entries]
             note = entries[0].get("note")
             if note and note not in notes:
@@ -214,21 +216,32 @@ def _evaluated_on(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def _seconds(entry: dict[str, Any]) -> float | None:
+    """An evaluation invocation's wall time: measured, or (killed) to its last write; None: not timed."""
+    return entry.get("seconds", entry.get("seconds_to_last_write"))
+
+
 def _compute(report: dict[str, Any]) -> list[str]:
     """The comparison's total compute: training wall time (``run_info.json``, every invocation) and the
-    evaluations' (``code.json``: an invocation killed before it ended left no time, and is listed)."""
-    train = {n: r.get("info", {}).get("wall_s") for n, r in report.get("runs", {}).items()}
+    evaluations' (``code.json``). An invocation killed before it ended is counted to its last write and
+    listed; one that left no time (killed before the code recorded starts) is listed as not timed."""
+    runs = report.get("runs", {})
+    train = {n: r.get("info", {}).get("wall_s") for n, r in runs.items()}
     entries = {f"{n}/{sub}": en for n, subs in report.get("code", {}).items() for sub, en in subs.items() if en}
-    evals = {k: sum(e.get("seconds", 0.0) for e in en) for k, en in entries.items() if any("seconds" in e for e in en)}
+    evals = {k: sum(_seconds(e) or 0.0 for e in en) for k, en in entries.items()
+             if any(_seconds(e) is not None for e in en)}
     if not any(train.values()) and not evals:
         return []
     t, e = sum(v for v in train.values() if v), sum(evals.values())
     untimed = [n for n, v in train.items() if not v] + [k for k, en in entries.items()
-                                                        if any("seconds" not in x for x in en)]
+                                                        if any(_seconds(x) is None for x in en)]
+    killed = [n for n, r in runs.items() if any(i.get("killed") for i in r.get("info", {}).get("invocations", []))] \
+        + [k for k, en in entries.items() if any("seconds" not in x and _seconds(x) is not None for x in en)]
     parts = ([f"training {t / 3600:.2f} h ({sum(1 for v in train.values() if v)} runs)"] if t else []) + \
         ([f"evaluation {e / 3600:.2f} h ({len(evals)} evaluations)"] if evals else [])
     return ["Total compute: " + ", ".join(parts) + (f", {(t + e) / 3600:.2f} h in all" if len(parts) == 2 else "")
             + " (wall time: each run's `run_info.json`, each evaluation's `code.json`)"
+            + (f"; killed and resumed, timed to the last write before the kill: {', '.join(killed)}" if killed else "")
             + (f"; not timed (or an invocation of it): {', '.join(untimed)}" if untimed else "") + "."]
 
 

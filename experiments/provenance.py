@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,13 @@ def _conversations_on_disk(workdir: Path) -> int:
     return len(TranscriptStore(path).load()) if path.is_file() else 0
 
 
+def _time_killed(entry: dict[str, Any], transcripts: Path) -> None:
+    """Sets ``seconds_to_last_write`` on an invocation's entry that has a start but no time (it was killed)."""
+    if "seconds" in entry or "started" not in entry or not transcripts.is_file():
+        return
+    entry["seconds_to_last_write"] = round(max(0.0, transcripts.stat().st_mtime - entry["started"]), 1)
+
+
 def record_evaluation(workdir: str | Path, root: Path = ROOT) -> list[dict[str, Any]]:
     """Appends this invocation's code version to ``workdir/code.json`` before an evaluation (re)starts.
 
@@ -46,13 +54,21 @@ def record_evaluation(workdir: str | Path, root: Path = ROOT) -> list[dict[str, 
     invocation, each with the number of conversations already on disk when it started, so the
     report can say which code wrote which part.
 
+    An invocation killed before it ended (no ``seconds``) is timed by the next one: from its start to
+    the transcript file's last write, as ``seconds_to_last_write`` (a lower bound: the conversation it
+    was generating when killed is generated again).
+
     Returns:
-      The list now in the file: ``[{"code": code_version(), "conversations_on_disk": n}, ...]``.
+      The list now in the file: ``[{"code": code_version(), "conversations_on_disk": n, "started": epoch
+      seconds}, ...]``.
     """
     wd = Path(workdir)
     wd.mkdir(parents=True, exist_ok=True)
     entries = read_evaluation_code(wd)
-    entries.append({"code": code_version(root), "conversations_on_disk": _conversations_on_disk(wd)})
+    if entries:
+        _time_killed(entries[-1], wd / "transcripts.jsonl")  # before the resume's load rewrites the file
+    entries.append({"code": code_version(root), "conversations_on_disk": _conversations_on_disk(wd),
+                    "started": round(time.time(), 1)})
     tmp = wd / (CODE_FILE + ".tmp")
     tmp.write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
     tmp.replace(wd / CODE_FILE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -64,19 +65,25 @@ def test_a_resumed_evaluation_keeps_one_entry_per_invocation(tmp_path: Path) -> 
     repo.mkdir()
     first = _checkout(repo)
     assert read_evaluation_code(wd) == []
-    assert record_evaluation(wd, repo) == [{"code": {"commit": first, "dirty": []}, "conversations_on_disk": 0}]
+    started = record_evaluation(wd, repo)
+    assert started == [{"code": {"commit": first, "dirty": []}, "conversations_on_disk": 0,
+                        "started": started[0]["started"]}] and started[0]["started"] > 0
     # the first invocation wrote two conversations and a torn third line ending in "}", then was killed
     rec = {"task_id": "t", "kind": "full", "run": 0, "score": 1.0, "turns": [{"assistant": "{x}"}]}
     lines = [json.dumps({"conv_id": c, **rec}) for c in "abc"]
     (wd / "transcripts.jsonl").write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:-4])
+    t_last = started[0]["started"] + 42.0  # its last write, 42 s after it started
+    os.utime(wd / "transcripts.jsonl", (t_last, t_last))
     assert lines[2][:-4].endswith("}")
     (repo / "jaxrl_mt" / "a.py").write_text("x = 2\n")
     _git(repo, "commit", "-qam", "two")
     second = _git(repo, "rev-parse", "HEAD")
     assert second != first
     entries = record_evaluation(wd, repo)
-    assert entries == [{"code": {"commit": first, "dirty": []}, "conversations_on_disk": 0},
-                       {"code": {"commit": second, "dirty": []}, "conversations_on_disk": 2}]
+    assert entries == [{**started[0], "seconds_to_last_write": 42.0},  # the killed invocation, timed
+                       {"code": {"commit": second, "dirty": []}, "conversations_on_disk": 2,
+                        "started": entries[1]["started"]}]
+    assert entries[1]["started"] >= started[0]["started"]
     assert read_evaluation_code(wd) == entries
     from experiments.provenance import record_evaluation_time
 
@@ -104,6 +111,8 @@ def test_the_report_names_the_code_of_each_evaluation() -> None:
     report = {"manifest": {"greedy_only": ["abl"]},
               "code": {"base": {"greedy": [{"code": a, "conversations_on_disk": 0}], "lic": []},
                        "abl": {"greedy": [{"code": a, "conversations_on_disk": 0}], "lic": []},
+                       "k": {"greedy": [{"code": a, "conversations_on_disk": 0, "seconds_to_last_write": 99.6},
+                                        {"code": a, "conversations_on_disk": 5, "seconds": 10.0, "n_generated": 2}]},
                        "rl": {"greedy": [{"code": a, "conversations_on_disk": 0},
                                          {"code": b, "conversations_on_disk": 17}],
                               "lic": [{"code": b, "conversations_on_disk": 0, "note": "recorded later"}]}}}
@@ -112,5 +121,7 @@ def test_the_report_names_the_code_of_each_evaluation() -> None:
     assert "- abl: greedy commit aaaaaaaaaaaa; lic not run (--greedy-only)" in lines
     assert ("- rl: greedy commit aaaaaaaaaaaa; then commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py "
             "(from conversation 17); lic commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py [1]") in lines
+    assert ("- k: greedy commit aaaaaaaaaaaa, killed after 100 s (to its last write); then commit aaaaaaaaaaaa "
+            "(from conversation 5), 2 conversations in 10 s") in lines
     assert lines[-1] == "[1] recorded later"
     assert _evaluated_on({}) == []

@@ -131,6 +131,15 @@ def test_total_compute_sums_every_training_invocation_and_evaluation() -> None:
         "Total compute: training 2.00 h (2 runs) (wall time: each run's `run_info.json`, each evaluation's "
         "`code.json`); not timed (or an invocation of it): c, b/greedy."]
 
+    # a killed training invocation (timed to its last write by the resume) and a killed evaluation one
+    killed = {"runs": {"d": {"info": {"wall_s": 900.0, "invocations": [{"wall_s": 300.0, "killed": True},
+                                                                      {"wall_s": 600.0}]}}},
+              "code": {"d": {"greedy": [{"code": {}, "seconds_to_last_write": 1000.0}, {"seconds": 800.0}]}}}
+    assert _compute(killed) == [
+        "Total compute: training 0.25 h (1 runs), evaluation 0.50 h (1 evaluations), 0.75 h in all (wall time: "
+        "each run's `run_info.json`, each evaluation's `code.json`); killed and resumed, timed to the last write "
+        "before the kill: d, d/greedy."]
+
 
 def test_icpo_view_rows_and_differences() -> None:
     from experiments.markdown_behaviour import icpo_view
