@@ -80,10 +80,10 @@ def test_report_structure(smoke: dict) -> None:
     assert here and len(here["commit"]) == 40
     for name in rep["models"]:  # each evaluation ran once, from nothing, on the invocation's code
         runs = {"greedy": 30, "lic": 8}  # conversations generated: 10 problems x 3 scenarios; 2 x 2 scenarios x N 2
-        assert {sub: [{k: v for k, v in e.items() if k != "seconds"} for e in entries]
+        assert {sub: [{k: v for k, v in e.items() if k not in ("seconds", "started")} for e in entries]
                 for sub, entries in rep["code"][name].items()} == \
             {sub: [{"code": here, "conversations_on_disk": 0, "n_generated": n}] for sub, n in runs.items()}
-        assert all(e["seconds"] > 0 for entries in rep["code"][name].values() for e in entries)
+        assert all(e["seconds"] > 0 and e["started"] > 1.7e9 for entries in rep["code"][name].values() for e in entries)
         assert f"- {name}: greedy " in md
     assert f"--recompute --out {smoke['md'].resolve()}`" in md  # the command that rebuilds this very report
 
