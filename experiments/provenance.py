@@ -11,7 +11,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 CODE_FILE = "code.json"
 
-__all__ = ["CODE_FILE", "code_version", "read_evaluation_code", "record_evaluation"]
+__all__ = ["CODE_FILE", "code_version", "read_evaluation_code", "record_evaluation", "record_evaluation_time",
+           "write_json_atomic"]
 
 
 def code_version(root: Path = ROOT) -> dict[str, Any] | None:
@@ -29,6 +30,13 @@ def code_version(root: Path = ROOT) -> dict[str, Any] | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return {"commit": sha.stdout.strip(), "dirty": sorted(line[3:] for line in st.stdout.splitlines() if line)}
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Writes ``obj`` as indented JSON to ``path`` through ``<path>.tmp``: a kill leaves the old file or the new."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 def _conversations_on_disk(workdir: Path) -> int:
@@ -69,9 +77,7 @@ def record_evaluation(workdir: str | Path, root: Path = ROOT) -> list[dict[str, 
         _time_killed(entries[-1], wd / "transcripts.jsonl")  # before the resume's load rewrites the file
     entries.append({"code": code_version(root), "conversations_on_disk": _conversations_on_disk(wd),
                     "started": round(time.time(), 1)})
-    tmp = wd / (CODE_FILE + ".tmp")
-    tmp.write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(wd / CODE_FILE)
+    write_json_atomic(wd / CODE_FILE, entries)
     return entries
 
 
@@ -83,9 +89,7 @@ def record_evaluation_time(workdir: str | Path, seconds: float, n_generated: int
     if not entries:
         raise ValueError(f"{wd / CODE_FILE}: no entry to add the time to (record_evaluation first)")
     entries[-1].update(seconds=round(float(seconds), 1), n_generated=int(n_generated))
-    tmp = wd / (CODE_FILE + ".tmp")
-    tmp.write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(wd / CODE_FILE)
+    write_json_atomic(wd / CODE_FILE, entries)
     return entries
 
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.provenance import code_version
+from experiments.provenance import code_version, write_json_atomic
 
 __all__ = ["earlier_invocations", "main", "merged", "workdir_of"]
 
@@ -63,8 +63,9 @@ def earlier_invocations(wd: Path) -> list[dict[str, Any]]:
     """The invocations ``wd/run_info.json`` records ([] when none), an invocation killed before it ended
     (its entry written at the start: exit status None, no wall time) timed to the workdir's last write.
 
-    A killed invocation's work after its last checkpoint is redone by the next, so its time to the last
-    write is what it spent; its peak memory is unknown (None).
+    The time to the last write is a lower bound of what the killed invocation spent (it ran on until the
+    kill, and the next invocation redoes its steps since the last checkpoint); its peak memory is unknown
+    (None).
     """
     prev = wd / "run_info.json"
     if not prev.is_file():
@@ -93,12 +94,6 @@ def merged(invs: list[dict[str, Any]]) -> dict[str, Any]:
             "peak_rss_gb": max(rss) if rss else None}
 
 
-def _write(path: Path, info: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(info, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     wd = workdir_of(args)
@@ -107,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     start = {"command": " ".join(["python -m experiments.train_arm", *args]), "code": code_version(),
              "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "started_s": round(t0, 1), "exit_status": None}
-    _write(wd / "run_info.json", merged([*earlier, start]))  # a kill leaves this entry (timed by the next run)
+    write_json_atomic(wd / "run_info.json", merged([*earlier, start]))  # a kill leaves this (the resume times it)
     loads: list[float] = []
     stop = threading.Event()
 
@@ -127,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             **{k: start[k] for k in ("command", "code", "started", "started_s")},
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
     info = merged([*earlier, info])
-    _write(wd / "run_info.json", info)
+    write_json_atomic(wd / "run_info.json", info)
     print(f"run_info: {wd / 'run_info.json'}: wall {info['wall_s']:.0f} s, peak RSS {info['peak_rss_gb']:.2f} GB, "
           f"exit {rc}", file=sys.stderr)
     return rc
