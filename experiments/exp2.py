@@ -212,7 +212,8 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra:
 
 def model_spec(name: str, runs: Path, results: Path, base: str = BASE) -> str:
     """The model spec ``compare`` evaluates for arm ``name``: its committed bfloat16 adapter on the base
-    model, or (full fine-tuning: too large to commit) its workdir's latest checkpoint."""
+    model, or (full fine-tuning: too large to commit) the policy its workdir exports (``load_policy``: the kept
+    best checkpoint of a run that keeps one, SFT's lowest validation loss; else the latest)."""
     adapter = results / name / "adapter"
     if (adapter / "adapter_config.json").is_file():
         return f"{base}+lora:{adapter}"

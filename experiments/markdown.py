@@ -278,6 +278,11 @@ def _runs(report: dict[str, Any]) -> list[str]:
         out += ["", "Code each run trained on (`run_info.json`, `code`):", ""]
         for n, code in codes:
             out.append(f"- {n}: {_code(code)}")
+    best_runs = [(n, r["best"]) for n, r in runs.items() if r.get("best")]
+    if best_runs:
+        out += ["", "Runs that keep a best checkpoint (`best.json`: the policy evaluated, not the last step):", ""]
+        out += [f"- {n}: step {b['step']} of {runs[n].get('config', {}).get('steps')}, {b['metric']} {b['value']:.4f}"
+                for n, b in best_runs]
     reasons = [(n, r["filter"]) for n, r in runs.items() if r.get("filter", {}).get("kept") is not None]
     if reasons:
         out += ["", "Latent-capability filtering (why histories were kept or dropped):", ""]

@@ -6,7 +6,7 @@ Folder layout (``OUT`` = the report's markdown path without ``.md``)::
     OUT/models/<name>/greedy/transcripts.jsonl   T = 0, FULL + MT-Add + MT-Refine, one run each
     OUT/models/<name>/lic/transcripts.jsonl      T = 1, FULL + SHARDED, N runs (LiC protocol)
     OUT/models/<name>/{greedy,lic}/code.json     the code version of each invocation that wrote them
-    OUT/runs/<name>/{metrics.jsonl, config.json, run_info.json, train_items.jsonl.stats.json}
+    OUT/runs/<name>/{metrics.jsonl, config.json, run_info.json, train_items.jsonl.stats.json, best.json}
     OUT/report.json, OUT/*.png           written by :func:`write`
 
 :func:`build` reads only these files, so ``compare --recompute`` rebuilds the same report. Besides the
@@ -32,7 +32,7 @@ from experiments.seeds import seeds_section
 
 __all__ = ["CURVE_KEYS", "GREEDY_KINDS", "build", "kind_scores", "read_curves", "write"]
 
-RUN_FILES = ("metrics.jsonl", "config.json", "run_info.json", "train_items.jsonl.stats.json")
+RUN_FILES = ("metrics.jsonl", "config.json", "run_info.json", "train_items.jsonl.stats.json", "best.json")
 
 
 def kind_scores(recs: list[dict], mode: str) -> dict[str, dict[str, float]]:
@@ -122,7 +122,7 @@ def read_curves(run_dir: Path) -> dict[str, list[list[float]]]:
 
 def _run_section(run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"curves": read_curves(run_dir)}
-    for name, key in (("run_info.json", "info"), ("train_items.jsonl.stats.json", "filter")):
+    for name, key in (("run_info.json", "info"), ("train_items.jsonl.stats.json", "filter"), ("best.json", "best")):
         if (run_dir / name).is_file():
             out[key] = json.loads((run_dir / name).read_text())
     if (run_dir / "config.json").is_file():

@@ -15,7 +15,18 @@ from typing import Any, Callable
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.rl.workdir import check_finite_state
 
-__all__ = ["BestKeeper"]
+__all__ = ["BestKeeper", "kept_best"]
+
+BEST_DIR, BEST_INFO = "best", "best.json"
+
+
+def kept_best(workdir: Path) -> tuple[Path, int] | None:
+    """The folder and step of the best checkpoint a run keeps (``<workdir>/best.json``), or None when it
+    keeps none (a run without a held-out selection metric, or none evaluated yet)."""
+    info = Path(workdir) / BEST_INFO
+    if not info.is_file():
+        return None
+    return Path(workdir) / BEST_DIR, int(json.loads(info.read_text())["step"])
 
 
 class BestKeeper:
@@ -26,7 +37,7 @@ class BestKeeper:
         if mode not in ("min", "max"):
             raise ValueError(f"BestKeeper: mode must be min|max, got {mode!r}")
         self.metric, self.mode, self.enabled, self.log = metric, mode, enabled, log
-        self.dir, self.info_path = workdir / "best", workdir / "best.json"
+        self.dir, self.info_path = workdir / BEST_DIR, workdir / BEST_INFO
         self.info: dict[str, Any] | None = json.loads(self.info_path.read_text()) if self.info_path.exists() else None
 
     def _better(self, value: float) -> bool:

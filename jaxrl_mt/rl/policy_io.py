@@ -11,6 +11,7 @@ import jax
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.models.lora import LoraConfig, init_adapters, merge
 from jaxrl_mt.models.registry import Model, load_model
+from jaxrl_mt.rl.best import kept_best
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.state import RETIRED_KEYS
 
@@ -18,8 +19,14 @@ __all__ = ["load_policy"]
 
 
 def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
-    """The policy of a training run: its base model with the checkpoint's parameters (a LoRA run's
-    checkpoint holds adapters: merged onto the base)."""
+    """The policy of a training run: its base model with a checkpoint's parameters (a LoRA run's
+    checkpoint holds adapters: merged onto the base).
+
+    Args:
+      workdir: the run's workdir (``config.json``, ``checkpoints/``).
+      step: a training checkpoint's step; None: the policy the run exports, i.e. its kept best
+        checkpoint (``<workdir>/best``: SFT's lowest validation loss) when it keeps one, else its latest.
+    """
     wd = Path(workdir)
     cfg_path = wd / "config.json"
     if not cfg_path.is_file():
@@ -27,16 +34,23 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
     conf = json.loads(cfg_path.read_text())
     model = load_model(conf["model"], param_dtype=conf.get("param_dtype", "float32"),
                        dtype=conf.get("dtype", "float32"))
-    ck = Checkpointer(wd / "checkpoints", read_only=True)
-    if ck.latest_step() is None:
-        raise FileNotFoundError(f"{wd}/checkpoints: no checkpoint")
-    opt = optimizer_from_config(conf["rl"])
     lo = conf.get("lora") or {}
     lc = LoraConfig(rank=lo["rank"], alpha=lo["alpha"], targets=lo["targets"]) if lo.get("rank") else None
     trained = model.params if lc is None else init_adapters(model.params, lc, jax.random.key(0))  # the structure
-    target = {"params": trained, "opt_state": opt.init(trained)}
-    state, _ = ck.restore(step, target=target, retired=RETIRED_KEYS)
-    ck.close()
+    best = kept_best(wd) if step is None else None
+    if best is not None:  # the kept best: its parameters alone
+        ck = Checkpointer(best[0], read_only=True)
+        target = {"params": trained}
+        step = best[1]
+    else:
+        ck = Checkpointer(wd / "checkpoints", read_only=True)
+        if ck.latest_step() is None:
+            raise FileNotFoundError(f"{wd}/checkpoints: no checkpoint")
+        target = {"params": trained, "opt_state": optimizer_from_config(conf["rl"]).init(trained)}
+    try:
+        state, _ = ck.restore(step, target=target, retired=RETIRED_KEYS)
+    finally:
+        ck.close()
     model.params = state["params"] if lc is None else merge(model.params, state["params"], lc.scale)
     model.spec = f"workdir:{wd}"
     return model

@@ -160,3 +160,17 @@ def test_icpo_view_rows_and_differences() -> None:
     for m in report["models"].values():  # no conversation with turns before the last: no table
         m["early_turns"]["non_answer"] = ci(None, None, None, n=0)
     assert icpo_view(report) == []
+
+
+def test_a_run_that_keeps_a_best_checkpoint_says_which_step_is_evaluated(tmp_path) -> None:
+    from experiments.markdown import _runs
+    from experiments.report import _run_section
+
+    run = tmp_path / "sft_s0"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"method": "sft", "rl": {"steps": 95}}))
+    (run / "best.json").write_text(json.dumps({"step": 38, "value": 0.62968, "metric": "eval/val_loss"}))
+    (tmp_path / "grpo_s0").mkdir()
+    lines = _runs({"runs": {"sft_s0": _run_section(run), "grpo_s0": _run_section(tmp_path / "grpo_s0")}})
+    assert lines[lines.index("- sft_s0: step 38 of 95, eval/val_loss 0.6297") - 2].startswith("Runs that keep a best")
+    assert not any(line.startswith("- grpo_s0: step") for line in lines)
