@@ -15,18 +15,27 @@ from typing import Any, Callable
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.rl.workdir import check_finite_state
 
-__all__ = ["BestKeeper", "kept_best"]
+__all__ = ["BestKeeper", "kept_params"]
 
 BEST_DIR, BEST_INFO = "best", "best.json"
 
 
-def kept_best(workdir: Path) -> tuple[Path, int] | None:
-    """The folder and step of the best checkpoint a run keeps (``<workdir>/best.json``), or None when it
-    keeps none (a run without a held-out selection metric, or none evaluated yet)."""
+def _restore(directory: Path, step: int, like: Any) -> Any:
+    ck = Checkpointer(directory, read_only=True)
+    try:
+        arrays, _ = ck.restore(step, target={"params": like})
+    finally:
+        ck.close()
+    return arrays["params"]
+
+
+def kept_params(workdir: Path, like: Any) -> Any | None:
+    """The parameters of the best checkpoint a run keeps (``<workdir>/best.json``), restored into ``like``'s
+    structure; None when it keeps none (a run without a held-out selection metric, or none evaluated yet)."""
     info = Path(workdir) / BEST_INFO
     if not info.is_file():
         return None
-    return Path(workdir) / BEST_DIR, int(json.loads(info.read_text())["step"])
+    return _restore(Path(workdir) / BEST_DIR, int(json.loads(info.read_text())["step"]), like)
 
 
 class BestKeeper:
@@ -68,11 +77,4 @@ class BestKeeper:
 
     def params(self, like: Any) -> Any | None:
         """The kept parameters (restored into ``like``'s structure), or None when none is kept."""
-        if self.info is None:
-            return None
-        ck = Checkpointer(self.dir, max_to_keep=1)
-        try:
-            arrays, _ = ck.restore(self.info["step"], target={"params": like})
-        finally:
-            ck.close()
-        return arrays["params"]
+        return None if self.info is None else _restore(self.dir, self.info["step"], like)

@@ -11,7 +11,7 @@ import jax
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.models.lora import LoraConfig, init_adapters, merge
 from jaxrl_mt.models.registry import Model, load_model
-from jaxrl_mt.rl.best import kept_best
+from jaxrl_mt.rl.best import kept_params
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.state import RETIRED_KEYS
 
@@ -37,20 +37,15 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
     lo = conf.get("lora") or {}
     lc = LoraConfig(rank=lo["rank"], alpha=lo["alpha"], targets=lo["targets"]) if lo.get("rank") else None
     trained = model.params if lc is None else init_adapters(model.params, lc, jax.random.key(0))  # the structure
-    best = kept_best(wd) if step is None else None
-    if best is not None:  # the kept best: its parameters alone
-        ck = Checkpointer(best[0], read_only=True)
-        target = {"params": trained}
-        step = best[1]
-    else:
+    kept = kept_params(wd, trained) if step is None else None
+    if kept is None:
         ck = Checkpointer(wd / "checkpoints", read_only=True)
         if ck.latest_step() is None:
             raise FileNotFoundError(f"{wd}/checkpoints: no checkpoint")
         target = {"params": trained, "opt_state": optimizer_from_config(conf["rl"]).init(trained)}
-    try:
         state, _ = ck.restore(step, target=target, retired=RETIRED_KEYS)
-    finally:
         ck.close()
-    model.params = state["params"] if lc is None else merge(model.params, state["params"], lc.scale)
+        kept = state["params"]
+    model.params = kept if lc is None else merge(model.params, kept, lc.scale)
     model.spec = f"workdir:{wd}"
     return model

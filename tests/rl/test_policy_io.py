@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from jaxrl_mt.checkpointing import Checkpointer
-from jaxrl_mt.rl.best import BestKeeper, kept_best
+from jaxrl_mt.rl.best import BestKeeper, kept_params
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.policy_io import load_policy
 
@@ -31,12 +31,12 @@ def test_the_kept_best_is_the_policy_and_a_step_reads_its_checkpoint(tmp_path, t
         ck.save(s, {"params": at_step[s], "opt_state": optimizer_from_config(RL).init(at_step[s])}, {"step": s},
                 force=True)
     ck.close()
-    assert kept_best(wd) is None
+    assert kept_params(wd, tiny_model.params) is None
     np.testing.assert_array_equal(_first_leaf(load_policy(wd).params), _first_leaf(at_step[4]))  # no best: latest
 
     keeper = BestKeeper(wd, "eval/val_loss", "min", log=lambda _: None)
     assert keeper.offer(2, at_step[2], {"eval/val_loss": 0.5})
     assert not keeper.offer(4, at_step[4], {"eval/val_loss": 0.7})  # worse: step 2 stays the best
-    assert kept_best(wd) == (wd / "best", 2)
+    np.testing.assert_array_equal(_first_leaf(kept_params(wd, tiny_model.params)), _first_leaf(at_step[2]))
     np.testing.assert_array_equal(_first_leaf(load_policy(wd).params), _first_leaf(at_step[2]))
     np.testing.assert_array_equal(_first_leaf(load_policy(wd, step=4).params), _first_leaf(at_step[4]))
