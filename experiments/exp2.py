@@ -23,8 +23,9 @@ Each arm trains through ``experiments.train_arm`` (wall time, peak RSS and load 
 command is run again. A finished arm's small files (``RUN_FILES``) and, for a LoRA arm, its adapter
 stored in bfloat16 (about 9.8 MB at rank 16) are copied to ``docs/results/exp2/runs/<arm>/`` for
 commit: the comparison evaluates the committed adapter, so anyone can evaluate the same model again.
-A fully fine-tuned arm (``FULL``: the plan's LoRA rule chose full fine-tuning) is evaluated from its
-workdir's last checkpoint; its weights (270 MB in bfloat16) are not committed. ``evaluate`` runs
+A fully fine-tuned arm (``FULL``: the plan's LoRA rule chose full fine-tuning) is evaluated from the policy
+its workdir exports (the last checkpoint; SFT's and DPO's kept best by validation loss); its weights (270 MB
+in bfloat16) are not committed. ``evaluate`` runs
 ``experiments.compare`` on the held-out set at the chosen budget and prompt; a rerun resumes the
 evaluations already on disk.
 """
