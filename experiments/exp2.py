@@ -25,9 +25,8 @@ stored in bfloat16 (about 9.8 MB at rank 16) are copied to ``docs/results/exp2/r
 commit: the comparison evaluates the committed adapter, so anyone can evaluate the same model again.
 A fully fine-tuned arm (``FULL``: the plan's LoRA rule chose full fine-tuning) is evaluated from the policy
 its workdir exports (the last checkpoint; SFT's and DPO's kept best by validation loss); its weights (270 MB
-in bfloat16) are not committed. ``evaluate`` runs
-``experiments.compare`` on the held-out set at the chosen budget and prompt; a rerun resumes the
-evaluations already on disk.
+in bfloat16) are not committed. ``evaluate`` runs ``experiments.compare`` on the held-out set at the chosen
+budget and prompt; a rerun resumes the evaluations already on disk.
 """
 
 from __future__ import annotations
@@ -214,7 +213,7 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra:
 def model_spec(name: str, runs: Path, results: Path, base: str = BASE) -> str:
     """The model spec ``compare`` evaluates for arm ``name``: its committed bfloat16 adapter on the base
     model, or (full fine-tuning: too large to commit) the policy its workdir exports (``load_policy``: the kept
-    best checkpoint of a run that keeps one, SFT's lowest validation loss; else the latest)."""
+    best checkpoint of a run that keeps one, SFT's and DPO's lowest validation loss; else the latest)."""
     adapter = results / name / "adapter"
     if (adapter / "adapter_config.json").is_file():
         return f"{base}+lora:{adapter}"

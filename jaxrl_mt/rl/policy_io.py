@@ -25,7 +25,7 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
     Args:
       workdir: the run's workdir (``config.json``, ``checkpoints/``).
       step: a training checkpoint's step; None: the policy the run exports, i.e. its kept best
-        checkpoint (``<workdir>/best``: SFT's lowest validation loss) when it keeps one, else its latest.
+        checkpoint (``<workdir>/best``: SFT's and DPO's lowest validation loss) when it keeps one, else its latest.
     """
     wd = Path(workdir)
     cfg_path = wd / "config.json"
