@@ -2,6 +2,8 @@
 
     python -m experiments.exp2 list                      # the arms, their commands and what is done
     python -m experiments.exp2 train [--arms a,b,...]    # train the arms not finished yet, in ARMS order
+                                                         # (--again: also the fully fine-tuned arms trained
+                                                         # in an earlier checkout, to evaluate them here)
     python -m experiments.exp2 evaluate [--lic-extra a]  # base, the finished arms, SeDT and RECAP: the report
                                                          # (other arguments go to experiments.compare;
                                                          # --lic-extra best: the plan's best other arm)
@@ -44,7 +46,7 @@ from experiments.common import ROOT
 from experiments.report import RUN_FILES
 
 __all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "best_other_arm", "compare_args", "finished", "main",
-           "model_spec", "reproduce_args"]
+           "model_spec", "reproduce_args", "same_training", "unevaluable", "weights_here"]
 
 RUNS = Path("runs/exp2")
 RESULTS = Path("docs/results/exp2/runs")
@@ -176,18 +178,44 @@ def keep_small_files(workdir: Path, dst: Path) -> list[Path]:
     return out
 
 
-def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra: Sequence[str] = ()) -> int:
+def same_training(committed: Path, new: Path) -> list[str]:
+    """The differences between two runs' ``metrics.jsonl`` (``perf/`` timings ignored): one line per
+    differing record, ``[]`` when the retrained run repeats the committed one number for number."""
+    def rows(path: Path) -> list[dict]:
+        recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in recs]
+
+    old, cur = rows(committed / "metrics.jsonl"), rows(new / "metrics.jsonl")
+    diff = [f"record {i}: {a} != {b}" for i, (a, b) in enumerate(zip(old, cur)) if a != b]
+    if len(old) != len(cur):
+        diff.append(f"{len(old)} records committed, {len(cur)} now")
+    return diff
+
+
+def weights_here(name: str, runs: Path, results: Path) -> bool:
+    """Arm ``name``'s model can be evaluated here: a committed adapter, or a finished workdir."""
+    return (results / name / "adapter" / "adapter_config.json").is_file() or finished(runs / name)
+
+
+def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra: Sequence[str] = (),
+          again: bool = False) -> int:
     """Trains ``names`` in order (finished ones skipped); returns the first non-zero exit status.
 
     The data stage's files are kept in ``data`` once written, and copied from there into the data
     arm's workdir when it lacks them (a fresh checkout resumes after the data stage) and into every
     arm that shares them. An arm whose committed files (``results/<arm>``) say it finished, with no
-    workdir here, is skipped: it was trained in an earlier checkout.
+    workdir here, is skipped: it was trained in an earlier checkout. With ``again``, such an arm
+    without a committed adapter (a fully fine-tuned one, whose weights are not committed) is trained
+    again, and must repeat its committed ``metrics.jsonl`` (``same_training``; else status 1 and the
+    committed files are kept).
     """
     for name in names:
         wd = runs / name
+        retrain = False
         if finished(results / name) and not wd.is_dir():
-            continue  # trained in an earlier checkout: its committed files are the record
+            if not again or weights_here(name, runs, results):
+                continue  # trained in an earlier checkout: its committed files are the record
+            retrain = True
         if not finished(wd):
             if name == DATA_ARM and data.is_dir():  # what the stage kept: histories, and items once filtered
                 copy_shared_items(data, wd, require_items=False)
@@ -206,6 +234,13 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra:
                 shutil.copyfile(wd / FILTER_TEXTS, data / FILTER_TEXTS)  # the next supervised arm reads it
             if rc != 0:
                 return rc
+        if retrain:
+            diff = same_training(results / name, wd)
+            if diff:
+                print(f"exp2: {name} trained again differs from its committed run:\n  " + "\n  ".join(diff[:5]),
+                      file=sys.stderr, flush=True)
+                return 1
+            print(f"exp2: {name} trained again repeats its committed metrics.jsonl", file=sys.stderr, flush=True)
         keep_small_files(wd, results / name)
     return 0
 
@@ -243,6 +278,16 @@ def best_other_arm(report_dir: Path, names: Sequence[str]) -> tuple[str, dict[st
     if not acc:
         raise SystemExit(f"--lic-extra best: no candidate with a multi-turn accuracy among {cands}")
     return max(acc, key=lambda n: (acc[n], -cands.index(n))), acc
+
+
+def unevaluable(names: Sequence[str], runs: Path, results: Path, report_dir: Path, lic: set[str]) -> list[str]:
+    """The arms among ``names`` with an evaluation still to run (greedy; LiC for those in ``lic``) whose
+    weights are not here (``weights_here``)."""
+    def todo(n: str) -> bool:
+        subs = ("greedy", "lic") if n in lic else ("greedy",)
+        return any(not (report_dir / "models" / n / s / "transcripts.jsonl.gz").is_file() for s in subs)
+
+    return [n for n in names if todo(n) and not weights_here(n, runs, results)]
 
 
 def _settings(names: Sequence[str], base: str) -> list[str]:
@@ -311,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default=BASE, help="evaluate: the base model (the adapters' base too)")
     ap.add_argument("--lic-extra", default="", help="evaluate: arms also run through LiC at T = 1 (comma-separated; "
                     "'best': the plan's best other arm, by greedy multi-turn accuracy once every greedy one is done)")
+    ap.add_argument("--again", action="store_true", help="train: also train again the finished, fully fine-tuned "
+                    "arms whose weights are not here (an earlier checkout's), checked against their committed metrics")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (default: all, in order)")
     ap.add_argument("--runs", default=str(RUNS), help="the arms' workdirs go under this folder")
     ap.add_argument("--results", default=str(RESULTS), help="the arms' small files are copied under this folder")
@@ -318,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     a, passed = ap.parse_known_args(argv)
     if passed and a.stage not in ("evaluate", "reproduce", "all"):
         ap.error(f"unrecognized arguments: {' '.join(passed)}")
+    if a.again and a.stage not in ("train", "all"):
+        ap.error("--again: only with train or all")
     names = [n.strip() for n in a.arms.split(",") if n.strip()]
     unknown = [n for n in names if n not in ARMS]
     if unknown:
@@ -344,12 +393,17 @@ def main(argv: list[str] | None = None) -> int:
         if set(lic_extra) - set(done) - set(INFERENCE):
             raise SystemExit(f"--lic-extra: {sorted(set(lic_extra) - set(done) - set(INFERENCE))} are not finished "
                              "arms")
+        lost = unevaluable(done, runs, results, Path(a.out).with_suffix(""), {*LIC_MODELS, *lic_extra})
+        if lost:
+            raise SystemExit(f"evaluate: {lost} have evaluations to run but their weights are not here (fully "
+                             f"fine-tuned in an earlier checkout): run `train --again --arms {','.join(lost)}` first")
         print(f"exp2: evaluating base, {', '.join(done)}, {', '.join(INFERENCE)}", file=sys.stderr, flush=True)
         return compare.main(compare_args(done, runs, results, Path(a.out), lic_extra, a.base) + passed)
     if a.stage == "all":  # each stage resumes what an earlier invocation left
         where = ["--runs", a.runs, "--results", a.results, "--data", a.data, "--arms", a.arms]
         evaluate = [*where, "--out", a.out, "--base", a.base, *passed]
-        for stage in (["train", *where, *(x for kv in a.set for x in ("--set", kv))], ["evaluate", *evaluate],
+        train_args = ["train", *where, *(["--again"] if a.again else []), *(x for kv in a.set for x in ("--set", kv))]
+        for stage in (train_args, ["evaluate", *evaluate],
                       ["evaluate", "--lic-extra", "best", *evaluate],
                       ["reproduce", *evaluate, "--arms", REPRODUCED if REPRODUCED in names else names[0]]):
             print(f"exp2 all: {' '.join(stage[:3])}", file=sys.stderr, flush=True)
@@ -361,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.arms == ap.get_default("arms"):
             ap.error("reproduce: name the arms (--arms a,b)")
         return reproduce(names, runs, results, Path(a.out), a.base, passed)
-    return train(names, runs, results, Path(a.data), extra)
+    return train(names, runs, results, Path(a.data), extra, again=a.again)
 
 
 if __name__ == "__main__":

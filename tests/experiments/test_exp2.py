@@ -252,3 +252,56 @@ def test_best_other_arm_is_the_plans_rule_on_the_greedy_evaluations(tmp_path: Pa
     assert exp2.best_other_arm(tmp_path, ["dpo_full_s0", "sft_full_s0"])[0] == "dpo_full_s0"
     with pytest.raises(SystemExit, match=r"\['rlaar_full_s0'\] are not finished"):
         exp2.best_other_arm(tmp_path, [*names, "rlaar_full_s0"])
+
+
+def test_again_retrains_lost_full_weights_and_checks_the_committed_metrics(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fully fine-tuned arm's weights live only in its workdir; a new checkout trains it again (``--again``)
+    and the new run must repeat the committed metrics.jsonl, timings aside."""
+    metrics = {"grpo_full_s1": [{"step": 1, "train/loss": 0.5, "perf/step_s": 9.0}]}
+    trained = []
+
+    def fake_train_arm(cmd: list[str], cwd: Path) -> int:
+        wd = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("--config.workdir=")))
+        trained.append(wd.name)
+        (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics[wd.name]))
+        (wd / "run_info.json").write_text(json.dumps({"exit_status": 0, "wall_s": 7.0}))
+        return 0
+
+    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    results, data = tmp_path / "results", tmp_path / "data"
+    data.mkdir()
+    for f in ("histories.jsonl", "train_items.jsonl"):
+        (data / f).write_text(f)
+    committed = results / "grpo_full_s1"
+    committed.mkdir(parents=True)
+    (committed / "run_info.json").write_text(json.dumps({"exit_status": 0, "wall_s": 3.0}))
+    (committed / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 0.5, "perf/step_s": 4.0}) + "\n")
+    (results / "grpo_s0" / "adapter").mkdir(parents=True)  # a LoRA arm: its adapter is committed
+    (results / "grpo_s0" / "run_info.json").write_text(json.dumps({"exit_status": 0}))
+    (results / "grpo_s0" / "adapter" / "adapter_config.json").write_text("{}")
+    runs = tmp_path / "runs"
+    assert exp2.train(["grpo_s0", "grpo_full_s1"], runs, results, data) == 0 and trained == []  # without --again
+    assert exp2.unevaluable(["grpo_s0", "grpo_full_s1"], runs, results, tmp_path / "report", set()) == ["grpo_full_s1"]
+    with pytest.raises(SystemExit, match="train --again --arms grpo_full_s1"):
+        exp2.main(["evaluate", "--arms", "grpo_full_s1", "--runs", str(runs), "--results", str(results),
+                   "--out", str(tmp_path / "report.md")])
+    assert exp2.train(["grpo_s0", "grpo_full_s1"], runs, results, data, again=True) == 0
+    assert trained == ["grpo_full_s1"]  # the adapter arm is not trained again
+    assert json.loads((committed / "run_info.json").read_text())["wall_s"] == 7.0  # the new run's files kept
+    assert exp2.unevaluable(["grpo_s0", "grpo_full_s1"], runs, results, tmp_path / "report", set()) == []
+    # a retraining that does not repeat the committed run: status 1, the committed files untouched
+    shutil.rmtree(runs)
+    metrics["grpo_full_s1"] = [{"step": 1, "train/loss": 0.25, "perf/step_s": 9.0}]
+    (committed / "run_info.json").write_text(json.dumps({"exit_status": 0, "wall_s": 3.0}))
+    assert exp2.train(["grpo_full_s1"], runs, results, data, again=True) == 1
+    assert json.loads((committed / "run_info.json").read_text())["wall_s"] == 3.0
+    assert exp2.same_training(committed, runs / "grpo_full_s1") == [
+        "record 0: {'step': 1, 'train/loss': 0.5} != {'step': 1, 'train/loss': 0.25}"]
+    # an evaluation already on disk needs no weights
+    for sub in ("greedy",):
+        (tmp_path / "report" / "models" / "grpo_full_s1" / sub).mkdir(parents=True)
+        (tmp_path / "report" / "models" / "grpo_full_s1" / sub / "transcripts.jsonl.gz").write_bytes(b"")
+    shutil.rmtree(runs)
+    assert exp2.unevaluable(["grpo_full_s1"], runs, results, tmp_path / "report", set()) == []
+    assert exp2.unevaluable(["grpo_full_s1"], runs, results, tmp_path / "report", {"grpo_full_s1"}) == ["grpo_full_s1"]
