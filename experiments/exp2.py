@@ -211,11 +211,10 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra:
     """
     for name in names:
         wd = runs / name
-        retrain = False
-        if finished(results / name) and not wd.is_dir():
-            if not again or weights_here(name, runs, results):
-                continue  # trained in an earlier checkout: its committed files are the record
-            retrain = True
+        # a fully fine-tuned arm of an earlier checkout trained again (or resumed doing so): checked at the end
+        retrain = again and finished(results / name) and not (results / name / "adapter").is_dir()
+        if finished(results / name) and not wd.is_dir() and not retrain:
+            continue  # trained in an earlier checkout: its committed files are the record
         if not finished(wd):
             if name == DATA_ARM and data.is_dir():  # what the stage kept: histories, and items once filtered
                 copy_shared_items(data, wd, require_items=False)

@@ -296,6 +296,8 @@ def test_again_retrains_lost_full_weights_and_checks_the_committed_metrics(tmp_p
     (committed / "run_info.json").write_text(json.dumps({"exit_status": 0, "wall_s": 3.0}))
     assert exp2.train(["grpo_full_s1"], runs, results, data, again=True) == 1
     assert json.loads((committed / "run_info.json").read_text())["wall_s"] == 3.0
+    assert exp2.train(["grpo_full_s1"], runs, results, data, again=True) == 1  # run again: checked again, kept
+    assert json.loads((committed / "run_info.json").read_text())["wall_s"] == 3.0 and len(trained) == 2
     assert exp2.same_training(committed, runs / "grpo_full_s1") == [
         "record 0: {'step': 1, 'train/loss': 0.5} != {'step': 1, 'train/loss': 0.25}"]
     # an evaluation already on disk needs no weights
