@@ -192,9 +192,20 @@ def same_training(committed: Path, new: Path) -> list[str]:
     return diff
 
 
+def committed_adapter(name: str, results: Path) -> Path | None:
+    """Arm ``name``'s committed adapter (a LoRA arm's bfloat16 PEFT folder), or None (full fine-tuning)."""
+    adapter = results / name / "adapter"
+    return adapter if (adapter / "adapter_config.json").is_file() else None
+
+
+def evaluated(report_dir: Path, name: str, sub: str = "greedy") -> bool:
+    """Model ``name``'s evaluation ``sub`` (greedy, lic) is finished: its transcripts were compressed."""
+    return (report_dir / "models" / name / sub / "transcripts.jsonl.gz").is_file()
+
+
 def weights_here(name: str, runs: Path, results: Path) -> bool:
     """Arm ``name``'s model can be evaluated here: a committed adapter, or a finished workdir."""
-    return (results / name / "adapter" / "adapter_config.json").is_file() or finished(runs / name)
+    return committed_adapter(name, results) is not None or finished(runs / name)
 
 
 def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra: Sequence[str] = (),
@@ -212,7 +223,7 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra:
     for name in names:
         wd = runs / name
         # a fully fine-tuned arm of an earlier checkout trained again (or resumed doing so): checked at the end
-        retrain = again and finished(results / name) and not (results / name / "adapter").is_dir()
+        retrain = again and finished(results / name) and committed_adapter(name, results) is None
         if finished(results / name) and not wd.is_dir() and not retrain:
             continue  # trained in an earlier checkout: its committed files are the record
         if not finished(wd):
@@ -248,8 +259,8 @@ def model_spec(name: str, runs: Path, results: Path, base: str = BASE) -> str:
     """The model spec ``compare`` evaluates for arm ``name``: its committed bfloat16 adapter on the base
     model, or (full fine-tuning: too large to commit) the policy its workdir exports (``load_policy``: the kept
     best checkpoint of a run that keeps one, SFT's and DPO's lowest validation loss; else the latest)."""
-    adapter = results / name / "adapter"
-    if (adapter / "adapter_config.json").is_file():
+    adapter = committed_adapter(name, results)
+    if adapter is not None:
         return f"{base}+lora:{adapter}"
     return f"workdir:{runs / name}"
 
@@ -266,7 +277,7 @@ def best_other_arm(report_dir: Path, names: Sequence[str]) -> tuple[str, dict[st
     from experiments.report import kind_scores
 
     cands = [n for n in names if not n.startswith(NOT_OTHER)]
-    todo = [n for n in cands if not (report_dir / "models" / n / "greedy" / "transcripts.jsonl.gz").is_file()]
+    todo = [n for n in cands if not evaluated(report_dir, n)]
     if todo:
         raise SystemExit(f"--lic-extra best: the greedy evaluations of {todo} are not finished; run evaluate first")
     acc = {}
@@ -284,7 +295,7 @@ def unevaluable(names: Sequence[str], runs: Path, results: Path, report_dir: Pat
     weights are not here (``weights_here``)."""
     def todo(n: str) -> bool:
         subs = ("greedy", "lic") if n in lic else ("greedy",)
-        return any(not (report_dir / "models" / n / s / "transcripts.jsonl.gz").is_file() for s in subs)
+        return not all(evaluated(report_dir, n, s) for s in subs)
 
     return [n for n in names if todo(n) and not weights_here(n, runs, results)]
 
