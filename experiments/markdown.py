@@ -268,9 +268,13 @@ def _runs(report: dict[str, Any]) -> list[str]:
         wall, rss = info.get("wall_s"), info.get("peak_rss_gb")
         wall_s = "-" if wall is None else f"{wall / 60:.1f}"
         rss_s = "-" if rss is None else f"{rss:.2f}"
+        # SFT and DPO sample nothing while they train: no group, temperature or anchor weight to show.
+        rl = c.get("method") not in ("sft", "dpo")
+        alpha, temp = (c.get("alpha"), c.get("temperature")) if rl else ("-", "-")
+        batch = f"{c.get('batch_size')} x {c.get('group_size')}" if rl else f"{c.get('batch_size')}"
         out.append(
-            f"| {n} | {c.get('method')} | {c.get('alpha')} | {c.get('steps')} | {c.get('batch_size')} x "
-            f"{c.get('group_size')} | {c.get('lr')} | {c.get('temperature')} | {kept} | {wall_s} | {rss_s} | "
+            f"| {n} | {c.get('method')} | {alpha} | {c.get('steps')} | {batch} | {c.get('lr')} | {temp} | "
+            f"{kept} | {wall_s} | {rss_s} | "
             f"{info.get('load_avg_mean', '-')} | {fl('reward/total')} | {fl('probe/multi_turn_strict')} |"
         )
     codes = [(n, r.get("info", {}).get("code")) for n, r in runs.items()]

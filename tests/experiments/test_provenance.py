@@ -125,3 +125,15 @@ def test_the_report_names_the_code_of_each_evaluation() -> None:
             "(from conversation 5), 2 conversations in 10 s") in lines
     assert lines[-1] == "[1] recorded later"
     assert _evaluated_on({}) == []
+
+
+def test_the_training_table_shows_no_group_or_temperature_for_sft_and_dpo() -> None:
+    from experiments.markdown import _runs
+
+    conf = {"steps": 19, "batch_size": 4, "group_size": 6, "lr": 1e-5, "alpha": 0.0, "temperature": 0.5}
+    runs = {"dpo_full_s0": {"config": {"method": "dpo", **conf}, "curves": {}, "info": {}},
+            "grpo_full_s0": {"config": {"method": "grpo", **conf}, "curves": {}, "info": {}}}
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in _runs({"runs": runs}) if line.startswith("| ")
+            and line[2:].startswith(("dpo", "grpo"))}
+    assert rows["dpo_full_s0"][1:7] == ["dpo", "-", "19", "4", "1e-05", "-"]
+    assert rows["grpo_full_s0"][1:7] == ["grpo", "0.0", "19", "4 x 6", "1e-05", "0.5"]
