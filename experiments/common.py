@@ -92,6 +92,11 @@ def compress_transcripts(workdir: str | Path) -> Path:
     return gz
 
 
+def evaluation_finished(workdir: str | Path) -> bool:
+    """An evaluation workdir is finished once its transcripts were compressed (``compress_transcripts``)."""
+    return (Path(workdir) / "transcripts.jsonl.gz").is_file()
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
     """Writes ``obj`` as indented JSON (NaN as null) and returns the path."""
     p = Path(path)

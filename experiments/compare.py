@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.common import compress_transcripts, eval_config, write_json
+from experiments.common import compress_transcripts, eval_config, evaluation_finished, write_json
 from experiments.provenance import code_version, record_evaluation, record_evaluation_time
 from experiments.report import RUN_FILES, build, write
 
@@ -159,7 +159,7 @@ def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: arg
     model = None
     for sub, kw in evaluation_jobs(m, greedy, lic, a):
         wd = base / sub
-        if (wd / "transcripts.jsonl.gz").is_file():
+        if evaluation_finished(wd):
             continue  # finished and compressed by an earlier invocation
         model = model or load_eval_model(m["spec"])
         cfg = eval_config(model=m["spec"], limit=0, max_new_tokens=a.max_new_tokens, system_prompt=a.system,

@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from experiments.common import ROOT
+from experiments.common import ROOT, evaluation_finished
 from experiments.report import RUN_FILES
 
 __all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "best_other_arm", "compare_args", "finished", "main",
@@ -199,8 +199,8 @@ def committed_adapter(name: str, results: Path) -> Path | None:
 
 
 def evaluated(report_dir: Path, name: str, sub: str = "greedy") -> bool:
-    """Model ``name``'s evaluation ``sub`` (greedy, lic) is finished: its transcripts were compressed."""
-    return (report_dir / "models" / name / sub / "transcripts.jsonl.gz").is_file()
+    """Model ``name``'s evaluation ``sub`` (greedy, lic) is finished (``evaluation_finished``)."""
+    return evaluation_finished(report_dir / "models" / name / sub)
 
 
 def weights_here(name: str, runs: Path, results: Path) -> bool:
