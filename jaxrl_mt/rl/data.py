@@ -122,7 +122,7 @@ def validate_config(c: Any) -> None:
                        f"lora.targets {lo.targets!r} matches none of {', '.join(LORA_TARGETS)}"))
         checks.append((getattr(lo, "forward", "unmerged") in ("unmerged", "merged"),
                        f"lora.forward must be 'unmerged' or 'merged', got {getattr(lo, 'forward', None)!r}"))
-    if c.method in ("sft", "dpo"):
+    if is_supervised(c.method):
         sec = getattr(c, c.method, None)
         checks.append((sec is not None, f"method {c.method!r} needs its config section {c.method!r} "
                                         f"(configs/{c.method}.py)"))
