@@ -27,7 +27,7 @@ from typing import Any
 
 from experiments.analysis import bootstrap_mean, last_reply_scores
 from experiments.calibrate import cut_shares
-from experiments.common import compress_transcripts, load_records, write_json
+from experiments.common import compress_transcripts, evaluation_finished, load_records, write_json
 
 __all__ = ["BUDGETS", "CEILING", "FAMILIES", "LIMIT", "PROMPTS", "choose", "main", "summarize"]
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for name in names:
             folder = out / name
-            if (folder / "T0" / "transcripts.jsonl.gz").is_file():
+            if evaluation_finished(folder / "T0"):  # compressed by an earlier invocation
                 continue
             calibrate.main(["--out", str(folder), "--families", FAMILIES, "--temps", "0", "--scenarios", "full",
                             "--max-new-tokens", str(CEILING), "--system", PROMPTS[name], "--max-batch",
