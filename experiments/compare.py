@@ -35,8 +35,8 @@ from experiments.common import compress_transcripts, eval_config, evaluation_fin
 from experiments.provenance import code_version, record_evaluation, record_evaluation_time
 from experiments.report import RUN_FILES, build, write
 
-__all__ = ["attach_run_files", "evaluation_jobs", "greedy_only", "inference_arms", "main", "pairs_with",
-           "resolve_models"]
+__all__ = ["attach_run_files", "evaluation_jobs", "extra_pairs", "greedy_only", "inference_arms", "main",
+           "pairs_with", "resolve_models"]
 
 BASE = "builtin:smollm2-135m-instruct"
 # The experiment presets' reply budget and system prompt (configs/rlsta.py:experiment, eval.max_new_tokens and
@@ -101,6 +101,26 @@ def pairs_with(a: argparse.Namespace, models: list[dict[str, Any]]) -> list[str]
     if unknown:
         raise SystemExit(f"--pairs-with: {unknown} are not among the --models names {[m['name'] for m in models]}")
     return names
+
+
+def extra_pairs(a: argparse.Namespace, models: list[dict[str, Any]]) -> list[list[str]]:
+    """The ``--pairs`` items as ``[[b, a], ...]`` (``B:A``: the paired difference B - A, whatever
+    ``--pairs-with`` keeps; both must be models' names).
+
+    Raises:
+      SystemExit: an item that is not ``B:A``, or a name that is not among the models.
+    """
+    names = {m["name"] for m in models}
+    out = []
+    for item in [x.strip() for x in a.pairs.split(",") if x.strip()]:
+        pair = item.split(":")
+        if len(pair) != 2 or not all(pair):
+            raise SystemExit(f"--pairs: {item!r} is not B:A")
+        unknown = sorted(set(pair) - names)
+        if unknown:
+            raise SystemExit(f"--pairs: {unknown} are not among the --models names {sorted(names)}")
+        out.append(pair)
+    return out
 
 
 def greedy_only(a: argparse.Namespace) -> list[str]:
@@ -199,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                     "a model without a run folder takes FOLDER/<name> when it is there")
     ap.add_argument("--pairs-with", default="", help="comma-separated model names: the paired differences are "
                     "those that involve one of them (default: every pair)")
+    ap.add_argument("--pairs", default="", help="comma-separated B:A items: the paired difference B - A as "
+                    "well (e.g. an arm against its control, when neither is in --pairs-with)")
     ap.add_argument("--title", default="", help="the report's title (default: the first experiment's)")
     ap.add_argument("--abstain-models", default="", help="comma-separated model names that get the abstain "
                     "instruction (as --abstain gives it to every model)")
@@ -222,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"--greedy-only: {unknown} are not among the --models names "
                              f"{[m['name'] for m in models]}")
+        pairs = extra_pairs(a, models)
         out.mkdir(parents=True, exist_ok=True)
         greedy, lic, tasks = _subset(Path(a.heldout), out, a.limit, a.lic_every)
         from experiments.analysis import family_of
@@ -234,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                     **({"abstain": True} if a.abstain else {}), "code": code_version(),
                     **({"title": a.title} if a.title else {}),
                     **({"pairs_with": pairs_with(a, models)} if a.pairs_with else {}),
+                    **({"pairs": pairs} if pairs else {}),
                     "command": "python -m experiments.compare " + shlex.join(argv if argv is not None
                                                                                        else sys.argv[1:])}
         write_json(out / "manifest.json", manifest)

@@ -65,7 +65,10 @@ LIC_MODELS = ("base", "grpo_full_s0", "rlsta_full_s0", "grpo_s0", "rlsta_s0")
 NOT_OTHER = ("base", "grpo_", "rlsta_s", "rlsta_full_s")  # not candidates for the plan's "best other arm" (prefixes)
 REPRODUCED = "rlsta_s0"  # the committed adapter evaluated a second time (`reproduce`) by `all`
 PAIRS_WITH = ("base", "grpo_full_s0", "rlsta_full_s0")  # paired differences against these (seeds: "Seeds")
-INFERENCE = ("sedt", "recap")  # inference-time arms on the base model (compare --strategy / --recap)
+# inference-time arms on the base model (compare --strategy / --recap / --abstain-models): SeDT, RECAP, and
+# RLAAR's control, the base model with RLAAR's abstain instruction (added after RLAAR's evaluation, see the plan)
+INFERENCE = ("sedt", "recap", "base_abstain")
+ABSTAIN_CONTROL = "base_abstain"
 FILTER_TEXTS = "filter_texts.jsonl"  # jaxrl_mt.rl.supervised.FILTER_TEXTS (not imported: no JAX in `list`)
 
 
@@ -305,7 +308,7 @@ def _settings(names: Sequence[str], base: str) -> list[str]:
     held-out set, the chosen budget and system prompt, RLAAR's abstain instruction (as in its training)."""
     from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
 
-    abstain = [n for n in names if n.startswith("rlaar")]
+    abstain = [n for n in names if n.startswith("rlaar") or n == ABSTAIN_CONTROL]
     return ["--base", base, *(["--abstain-models", ",".join(abstain)] if abstain else []), "--heldout", str(HELDOUT),
             "--max-new-tokens", str(EXP2_BUDGET), "--system", EXP2_SYSTEM, "--gzip"]
 
@@ -316,16 +319,18 @@ def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_ext
 
     Every model gets the chosen budget and system prompt (``_settings``); greedy FULL / MT-Add /
     MT-Refine for all (RECAP in place of MT-Add and MT-Refine), LiC at T = 1 for ``LIC_MODELS`` and
-    ``lic_extra`` (the plan's "best other arm").
+    ``lic_extra`` (the plan's "best other arm"). RLAAR's arms get the paired difference against their
+    control (``ABSTAIN_CONTROL``: the base model with the same instruction).
     """
     models = ["base", *(f"{n}={model_spec(n, runs, results, base)}" for n in names),
               *(f"{n}={base}" for n in INFERENCE)]
     lic = {*LIC_MODELS, *lic_extra}
     greedy_only = [n for n in ("base", *names, *INFERENCE) if n not in lic]
     refs = [n for n in PAIRS_WITH if n == "base" or n in names]
-    return ["--title", TITLE, "--pairs-with", ",".join(refs), "--models", ",".join(models),
-            "--strategy", "sedt=sedt", "--recap", "recap", "--run-files", str(results), "--out", str(out),
-            "--greedy-only", ",".join(greedy_only), *_settings(names, base)]
+    controls = [f"{n}:{ABSTAIN_CONTROL}" for n in names if n.startswith("rlaar")]
+    return ["--title", TITLE, "--pairs-with", ",".join(refs), *(["--pairs", ",".join(controls)] if controls else []),
+            "--models", ",".join(models), "--strategy", "sedt=sedt", "--recap", "recap", "--run-files", str(results),
+            "--out", str(out), "--greedy-only", ",".join(greedy_only), *_settings([*names, *INFERENCE], base)]
 
 
 def reproduce_args(name: str, runs: Path, results: Path, out: Path, base: str = BASE) -> list[str]:

@@ -190,7 +190,9 @@ def build(out_dir: str | Path) -> dict[str, Any]:
         if run_dir.is_dir():
             report["runs"][m["name"]] = _run_section(run_dir)
     refs = set(manifest.get("pairs_with") or names)  # compare --pairs-with: only the pairs that involve these
-    for a, b in [(a, b) for a, b in itertools.combinations(names, 2) if a in refs or b in refs]:
+    pairs = [(a, b) for a, b in itertools.combinations(names, 2) if a in refs or b in refs]
+    pairs += [(a, b) for b, a in manifest.get("pairs", []) if (a, b) not in pairs]  # compare --pairs: B - A
+    for a, b in pairs:
         report["pairs"][f"{b} - {a}"] = {
             k: A.bootstrap_paired(scores[a][k], scores[b][k], n_boot=n_boot, seed=seed)
             for k in TABLE_KINDS

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.compare import attach_run_files, evaluation_jobs, greedy_only, inference_arms, main, resolve_models
+from experiments.compare import (attach_run_files, evaluation_jobs, extra_pairs, greedy_only, inference_arms, main,
+                                 resolve_models)
 
 
 def _args(lic_runs: int = 4, only: str = "", strategy: str = "", recap: str = "", abstain: str = ""
@@ -58,6 +59,19 @@ def test_a_greedy_only_name_that_is_not_a_model_fails_before_anything_runs(tmp_p
     out = tmp_path / "r.md"
     with pytest.raises(SystemExit, match=r"--greedy-only: \['rlsta_a5'\] are not among the --models names"):
         main(["--models", "base", "--greedy-only", "rlsta_a5", "--out", str(out)])
+    assert not out.with_suffix("").exists()
+
+
+def test_extra_pairs_name_two_models_each_and_a_wrong_one_fails_before_anything_runs(tmp_path: Path) -> None:
+    models = [_m("base"), _m("rlaar_s0"), _m("base_abstain")]
+    assert extra_pairs(argparse.Namespace(pairs=" rlaar_s0:base_abstain,"), models) == [["rlaar_s0", "base_abstain"]]
+    assert extra_pairs(argparse.Namespace(pairs=""), models) == []
+    for bad in ("rlaar_s0", "rlaar_s0:", "a:b:c"):
+        with pytest.raises(SystemExit, match="is not B:A"):
+            extra_pairs(argparse.Namespace(pairs=bad), models)
+    out = tmp_path / "r.md"
+    with pytest.raises(SystemExit, match=r"--pairs: \['rlaar'\] are not among the --models names"):
+        main(["--models", "base", "--pairs", "rlaar:base", "--out", str(out)])
     assert not out.with_suffix("").exists()
 
 

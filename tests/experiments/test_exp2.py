@@ -177,13 +177,16 @@ def test_the_evaluation_command_gives_every_model_the_same_settings(tmp_path: Pa
         ("grpo_full_s0", f"workdir:{runs / 'grpo_full_s0'}"),  # full fine-tuning: not committed
         ("rlsta_full_s0", f"workdir:{runs / 'rlsta_full_s0'}"),
         ("rlaar_full_s0", f"workdir:{runs / 'rlaar_full_s0'}"),
-        ("sedt", exp2.BASE), ("recap", exp2.BASE)]
+        ("sedt", exp2.BASE), ("recap", exp2.BASE), ("base_abstain", exp2.BASE)]
     # LiC: base, GRPO and RLSTA (fully fine-tuned, and the LoRA ones run before the LoRA rule's outcome) + extra
-    assert opt["--greedy-only"].split(",") == ["sedt", "recap"]
+    assert opt["--greedy-only"].split(",") == ["sedt", "recap", "base_abstain"]
     assert (opt["--max-new-tokens"], opt["--system"]) == (str(EXP2_BUDGET), EXP2_SYSTEM)
-    assert (opt["--strategy"], opt["--recap"], opt["--abstain-models"]) == ("sedt=sedt", "recap", "rlaar_full_s0")
+    assert (opt["--strategy"], opt["--recap"]) == ("sedt=sedt", "recap")
+    assert opt["--abstain-models"] == "rlaar_full_s0,base_abstain"  # RLAAR and its control: the same instruction
     assert opt["--run-files"] == str(results) and opt["--heldout"] == str(exp2.HELDOUT)
     assert opt["--pairs-with"] == "base,grpo_full_s0,rlsta_full_s0"  # differences against base, GRPO and RLSTA
+    assert opt["--pairs"] == "rlaar_full_s0:base_abstain"  # and RLAAR against its control
+    assert "--pairs" not in exp2.compare_args(["grpo_s0"], runs, results, tmp_path / "r.md", [])  # no RLAAR arm
     with pytest.raises(SystemExit, match="--lic-extra"):
         exp2.main(["evaluate", "--runs", str(runs), "--results", str(results), "--lic-extra", "sft_full_s0"])
 

@@ -94,6 +94,12 @@ def test_pairs_with_keeps_the_pairs_that_involve_the_named_models(folder: Path) 
     rep = build(folder)
     assert list(rep["pairs"]) == ["a_s0 - base", "a_s1 - base"]
     assert rep["pairs"]["a_s0 - base"]["full"]["diff"] == 0.5  # FULL: a_s0 1, 1 against base 1, 0
+    _write(folder / "manifest.json", [{**manifest, "pairs_with": ["base"], "pairs": [["a_s0", "a_s1"]]}])
+    rep = build(folder)  # compare --pairs a_s0:a_s1: that difference as well, in the order given
+    assert list(rep["pairs"]) == ["a_s0 - base", "a_s1 - base", "a_s0 - a_s1"]
+    assert rep["pairs"]["a_s0 - a_s1"]["full"]["diff"] == 0.5  # FULL: a_s0 1, 1 against a_s1 0, 1
+    _write(folder / "manifest.json", [{**manifest, "pairs": [["a_s1", "a_s0"]]}])
+    assert list(build(folder)["pairs"]) == ["a_s0 - base", "a_s1 - base", "a_s1 - a_s0"]  # not twice
 
 
 def test_markdown_and_figure_are_written_the_same_twice(folder: Path) -> None:

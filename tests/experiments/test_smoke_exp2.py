@@ -104,7 +104,7 @@ def test_each_arm_trained_from_the_shared_data_and_a_lora_arm_left_a_bf16_adapte
 
 def test_the_report_holds_every_arm_and_the_inference_arms(smoke2: dict) -> None:
     rep, out = smoke2["report"], smoke2["out"]
-    assert list(rep["models"]) == ["base", *ARMS, "sedt", "recap"]
+    assert list(rep["models"]) == ["base", *ARMS, "sedt", "recap", "base_abstain"]
     greedy = {m: _records(out / "models" / m / "greedy") for m in rep["models"]}
     for m, recs in greedy.items():
         kinds = {r["kind"] for r in recs}
@@ -112,7 +112,8 @@ def test_the_report_holds_every_arm_and_the_inference_arms(smoke2: dict) -> None
         assert len(recs) == (8 if m == "recap" else 12), m  # 4 problems, every scenario
     cfg = {m: json.loads((out / "models" / m / "greedy" / "eval_config.json").read_text()) for m in rep["models"]}
     assert {c["system_prompt"] for c in cfg.values()} == {EXP2_SYSTEM}  # one prompt; RLAAR's instruction on top:
-    assert {m for m, c in cfg.items() if c.get("abstain")} == {"rlaar_full_s0"}
+    assert {m for m, c in cfg.items() if c.get("abstain")} == {"rlaar_full_s0", "base_abstain"}  # and its control
+    assert "rlaar_full_s0 - base_abstain" in rep["pairs"]
     assert {m for m, c in cfg.items() if c["strategy"] != "plain"} == {"sedt"}
     assert {c["max_new_tokens"] for c in cfg.values()} == {6}
     # LiC for base and the best other arm: the random model answers nothing right, every candidate ties at 0
