@@ -304,6 +304,13 @@ def _md_arg(out_dir: Path) -> str:
         return str(md)
 
 
+def _how(m: dict[str, Any]) -> str:
+    """What a manifest model adds to its spec: its strategy, RECAP, the abstain instruction."""
+    how = [*([f"strategy {m['strategy']}"] if m.get("strategy") else []), *(["RECAP"] if m.get("recap") else []),
+           *(["with the abstain instruction"] if m.get("abstain") else [])]
+    return "".join(f", {h}" for h in how)
+
+
 def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
     """The whole markdown report; image links are relative to ``md_dir``."""
     man = report["manifest"]
@@ -312,7 +319,7 @@ def render(report: dict[str, Any], out_dir: Path, md_dir: Path) -> str:
     lines = [
         f"# {report['manifest'].get('title') or 'RLSTA on CPU: held-out multi-turn reliability'}",
         "",
-        "Models: " + ", ".join(f"`{m['name']}` (`{m['spec']}`)" for m in man["models"]) + ".",
+        "Models: " + ", ".join(f"`{m['name']}` (`{m['spec']}`{_how(m)})" for m in man["models"]) + ".",
         f"Held-out set: `{man['heldout']}` ({man['n_problems']} problems, families "
         f"{', '.join(man['families'])}; each as FULL, MT-Add and MT-Refine).",
         f"Greedy replies of at most {man['max_new_tokens']} tokens; LiC: {man['lic_runs']} runs at T = 1 on "

@@ -180,3 +180,14 @@ def test_a_run_that_keeps_a_best_checkpoint_says_which_step_is_evaluated(tmp_pat
     lines = _runs({"runs": {"sft_s0": _run_section(run), "grpo_s0": _run_section(tmp_path / "grpo_s0")}})
     assert lines[lines.index("- sft_s0: step 38 of 95, eval/val_loss 0.6297") - 2].startswith("Runs that keep a best")
     assert not any(line.startswith("- grpo_s0: step") for line in lines)
+
+
+def test_the_models_line_says_what_each_model_adds_to_its_spec(folder: Path) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["models"][1]["strategy"] = "sedt"
+    manifest["models"][2].update(recap=True, abstain=True)
+    _write(folder / "manifest.json", [manifest])
+    md = folder.with_suffix(".md")
+    write(build(folder), folder, md)
+    assert "Models: `base` (`base`), `a_s0` (`a_s0`, strategy sedt), `a_s1` (`a_s1`, RECAP, with the abstain " \
+           "instruction).\n" in md.read_text()
