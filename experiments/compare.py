@@ -45,6 +45,11 @@ MAX_NEW_TOKENS = 64
 SYSTEM = ""
 
 
+def _items(text: str | None) -> list[str]:
+    """The non-empty items of a comma-separated option, stripped."""
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
 def resolve_models(names: str, base: str) -> list[dict[str, Any]]:
     """``[{"name", "spec", "run_dir"}]`` for the ``--models`` list (names must be unique).
 
@@ -52,7 +57,7 @@ def resolve_models(names: str, base: str) -> list[dict[str, Any]]:
     adapter ``grpo_s0=builtin:smollm2-135m-instruct+lora:docs/results/exp2/runs/grpo_s0/adapter``.
     """
     out: list[dict[str, Any]] = []
-    for item in [x.strip() for x in names.split(",") if x.strip()]:
+    for item in _items(names):
         named = re.fullmatch(r"([A-Za-z0-9_.-]+)=(.+)", item)
         if named:
             out.append({"name": named.group(1), "spec": named.group(2), "run_dir": None})
@@ -96,7 +101,7 @@ def pairs_with(a: argparse.Namespace, models: list[dict[str, Any]]) -> list[str]
     Raises:
       SystemExit: a name that is not among the models.
     """
-    names = [x.strip() for x in a.pairs_with.split(",") if x.strip()]
+    names = _items(a.pairs_with)
     unknown = sorted(set(names) - {m["name"] for m in models})
     if unknown:
         raise SystemExit(f"--pairs-with: {unknown} are not among the --models names {[m['name'] for m in models]}")
@@ -112,7 +117,7 @@ def extra_pairs(a: argparse.Namespace, models: list[dict[str, Any]]) -> list[lis
     """
     names = {m["name"] for m in models}
     out = []
-    for item in [x.strip() for x in a.pairs.split(",") if x.strip()]:
+    for item in _items(a.pairs):
         pair = item.split(":")
         if len(pair) != 2 or not all(pair):
             raise SystemExit(f"--pairs: {item!r} is not B:A")
@@ -125,7 +130,7 @@ def extra_pairs(a: argparse.Namespace, models: list[dict[str, Any]]) -> list[lis
 
 def greedy_only(a: argparse.Namespace) -> list[str]:
     """The model names of ``--greedy-only`` (evaluated without the LiC runs, e.g. ablations)."""
-    return [x.strip() for x in (a.greedy_only or "").split(",") if x.strip()]
+    return _items(a.greedy_only)
 
 
 def inference_arms(a: argparse.Namespace, names: list[str]) -> dict[str, dict[str, Any]]:
@@ -137,14 +142,14 @@ def inference_arms(a: argparse.Namespace, names: list[str]) -> dict[str, dict[st
       SystemExit: a name that is not among ``names``, or a malformed ``NAME=STRATEGY`` item.
     """
     out: dict[str, dict[str, Any]] = {}
-    for item in [x.strip() for x in (a.strategy or "").split(",") if x.strip()]:
+    for item in _items(a.strategy):
         m = re.fullmatch(r"([A-Za-z0-9_.-]+)=([A-Za-z0-9_.-]+)", item)
         if not m:
             raise SystemExit(f"--strategy: {item!r} is not NAME=STRATEGY")
         out.setdefault(m.group(1), {})["strategy"] = m.group(2)
-    for name in [x.strip() for x in (a.recap or "").split(",") if x.strip()]:
+    for name in _items(a.recap):
         out.setdefault(name, {})["recap"] = True
-    for name in [x.strip() for x in (a.abstain_models or "").split(",") if x.strip()]:
+    for name in _items(a.abstain_models):
         out.setdefault(name, {})["abstain"] = True
     unknown = sorted(set(out) - set(names))
     if unknown:

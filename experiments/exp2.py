@@ -4,7 +4,7 @@
     python -m experiments.exp2 train [--arms a,b,...]    # train the arms not finished yet, in ARMS order
                                                          # (--again: also the fully fine-tuned arms trained
                                                          # in an earlier checkout, to evaluate them here)
-    python -m experiments.exp2 evaluate [--lic-extra a]  # base, the finished arms, SeDT and RECAP: the report
+    python -m experiments.exp2 evaluate [--lic-extra a]  # base, the finished arms, SeDT, RECAP, RLAAR's control
                                                          # (other arguments go to experiments.compare;
                                                          # --lic-extra best: the plan's best other arm)
     python -m experiments.exp2 reproduce --arms a        # arm a's committed adapter evaluated again (greedy,
@@ -67,8 +67,8 @@ REPRODUCED = "rlsta_s0"  # the committed adapter evaluated a second time (`repro
 PAIRS_WITH = ("base", "grpo_full_s0", "rlsta_full_s0")  # paired differences against these (seeds: "Seeds")
 # inference-time arms on the base model (compare --strategy / --recap / --abstain-models): SeDT, RECAP, and
 # RLAAR's control, the base model with RLAAR's abstain instruction (added after RLAAR's evaluation, see the plan)
-INFERENCE = ("sedt", "recap", "base_abstain")
 ABSTAIN_CONTROL = "base_abstain"
+INFERENCE = ("sedt", "recap", ABSTAIN_CONTROL)
 FILTER_TEXTS = "filter_texts.jsonl"  # jaxrl_mt.rl.supervised.FILTER_TEXTS (not imported: no JAX in `list`)
 
 
@@ -303,19 +303,24 @@ def unevaluable(names: Sequence[str], runs: Path, results: Path, report_dir: Pat
     return [n for n in names if todo(n) and not weights_here(n, runs, results)]
 
 
+def _abstains(name: str) -> bool:
+    """Arm ``name`` trains with RLAAR's abstain instruction (and so is evaluated with it)."""
+    return name.startswith("rlaar")
+
+
 def _settings(names: Sequence[str], base: str) -> list[str]:
     """The ``experiments.compare`` arguments every evaluation of this comparison shares: base model,
     held-out set, the chosen budget and system prompt, RLAAR's abstain instruction (as in its training)."""
     from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
 
-    abstain = [n for n in names if n.startswith("rlaar") or n == ABSTAIN_CONTROL]
+    abstain = [n for n in names if _abstains(n) or n == ABSTAIN_CONTROL]
     return ["--base", base, *(["--abstain-models", ",".join(abstain)] if abstain else []), "--heldout", str(HELDOUT),
             "--max-new-tokens", str(EXP2_BUDGET), "--system", EXP2_SYSTEM, "--gzip"]
 
 
 def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_extra: list[str],
                  base: str = BASE) -> list[str]:
-    """``experiments.compare`` arguments: base, the arms ``names``, SeDT and RECAP on the base model.
+    """``experiments.compare`` arguments: base, the arms ``names``, and ``INFERENCE`` on the base model.
 
     Every model gets the chosen budget and system prompt (``_settings``); greedy FULL / MT-Add /
     MT-Refine for all (RECAP in place of MT-Add and MT-Refine), LiC at T = 1 for ``LIC_MODELS`` and
@@ -327,7 +332,7 @@ def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_ext
     lic = {*LIC_MODELS, *lic_extra}
     greedy_only = [n for n in ("base", *names, *INFERENCE) if n not in lic]
     refs = [n for n in PAIRS_WITH if n == "base" or n in names]
-    controls = [f"{n}:{ABSTAIN_CONTROL}" for n in names if n.startswith("rlaar")]
+    controls = [f"{n}:{ABSTAIN_CONTROL}" for n in names if _abstains(n)]
     return ["--title", TITLE, "--pairs-with", ",".join(refs), *(["--pairs", ",".join(controls)] if controls else []),
             "--models", ",".join(models), "--strategy", "sedt=sedt", "--recap", "recap", "--run-files", str(results),
             "--out", str(out), "--greedy-only", ",".join(greedy_only), *_settings([*names, *INFERENCE], base)]
