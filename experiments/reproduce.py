@@ -3,7 +3,9 @@
 ``python -m experiments.exp2 reproduce --arms rlsta_s0`` evaluates a committed adapter again (greedy,
 the report's held-out set, budget and system prompt) into a separate folder; ``same_evaluation``
 then compares the two evaluation folders: every conversation's record (the replies, token counts,
-labels and scores) and the per-scenario numbers of the two ``report.json`` files.
+labels and scores) and the per-scenario numbers: the two ``report.md`` files (committed with the
+transcripts) and, where both folders still have one, the two ``report.json`` files (git-ignored: a
+new checkout has none for an evaluation made in an earlier one).
 """
 
 from __future__ import annotations
@@ -17,25 +19,39 @@ from experiments.common import load_records
 __all__ = ["same_evaluation", "summary"]
 
 
-def _scenarios(folder: Path) -> dict[str, Any]:
-    """The per-scenario numbers of an evaluation's ``report.json`` (P, A90, U90-10, CIs, response types...)."""
-    return json.loads((folder / "report.json").read_text())["scenarios"]
+def _numbers(folder: Path) -> dict[str, Any]:
+    """An evaluation's per-scenario numbers: ``report.md``'s text and ``report.json``'s ``scenarios`` (None
+    when the folder has no ``report.json``).
+
+    Raises:
+      FileNotFoundError: the folder has no ``report.md``.
+    """
+    md = folder / "report.md"
+    if not md.is_file():
+        raise FileNotFoundError(f"{md}: no report.md: not an evaluation folder")
+    js = folder / "report.json"
+    return {"md": md.read_text(encoding="utf-8"),
+            "json": json.loads(js.read_text(encoding="utf-8"))["scenarios"] if js.is_file() else None}
 
 
 def same_evaluation(ref: Path, new: Path) -> dict[str, Any]:
-    """Compares two evaluation folders (``transcripts.jsonl[.gz]`` and ``report.json`` each).
+    """Compares two evaluation folders (``transcripts.jsonl[.gz]``, ``report.md`` and, if any,
+    ``report.json`` each).
 
     Returns:
       ``{"n_ref", "n_new", "n_identical", "different": [conv_id, ...] (first 10), "missing": [...]
-      (in one folder only, first 10), "scenarios_identical": bool, "identical": bool}``; ``identical``
-      is every conversation's record and every scenario's numbers equal.
+      (in one folder only, first 10), "scenarios_identical": bool, "identical": bool}``;
+      ``scenarios_identical`` is the two ``report.md`` equal and, where both folders have a
+      ``report.json``, their ``scenarios`` equal; ``identical`` is that and every conversation's record
+      equal.
     """
     a = {r["conv_id"]: r for r in load_records(ref)}
     b = {r["conv_id"]: r for r in load_records(new)}
     common = sorted(set(a) & set(b))
     different = [c for c in common if a[c] != b[c]]
     missing = sorted(set(a) ^ set(b))
-    scen = _scenarios(ref) == _scenarios(new)
+    x, y = _numbers(ref), _numbers(new)
+    scen = x["md"] == y["md"] and (x["json"] is None or y["json"] is None or x["json"] == y["json"])
     return {"n_ref": len(a), "n_new": len(b), "n_identical": len(common) - len(different),
             "different": different[:10], "missing": missing[:10], "scenarios_identical": scen,
             "identical": not different and not missing and scen}
