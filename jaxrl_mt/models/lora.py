@@ -27,6 +27,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxrl_mt.models.config import ModelConfig, ModelError
 from jaxrl_mt.models.decoder import Params
+from jaxrl_mt.models.lora_check import check_tensors, load_tensors, read_config
 
 __all__ = ["LoraConfig", "TARGETS", "attach", "copy_peft", "init_adapters", "load_peft", "merge", "save_peft"]
 
@@ -124,18 +125,20 @@ def _peft_files(folder: str | os.PathLike) -> tuple[Path, Path]:
 def load_peft(folder: str | os.PathLike, cfg: ModelConfig) -> tuple[Params, LoraConfig]:
     """A PEFT LoRA folder as ``(adapters, LoraConfig)`` for a base model of config ``cfg``.
 
+    The folder is checked first (``models.lora_check``): config schema, rank and alpha against the
+    tensors, layer count and shapes against the base, dtypes, finite values.
+
     Raises:
-      ModelError: a folder that is not a PEFT LoRA adapter of this model (naming the file and why).
+      ModelError: a folder that is not a PEFT LoRA adapter of this model (one line naming the file
+        and why).
     """
     cpath, wpath = _peft_files(folder)
-    conf = json.loads(cpath.read_text())
-    if conf.get("peft_type") != "LORA" or conf.get("use_rslora") or conf.get("fan_in_fan_out"):
-        raise ModelError(f"{cpath}: only plain LoRA adapters are supported (peft_type LORA, no rsLoRA, "
-                         "no fan_in_fan_out)")
-    tensors = load_file(str(wpath))
+    _, rank, alpha = read_config(cpath)
+    tensors = load_tensors(wpath)
+    check_tensors(wpath, tensors, cfg, rank)
     adapters: dict[str, dict[str, np.ndarray]] = {}
     for ours, path in TARGETS.items():
-        if not any(f".{path}.lora_A." in name for name in tensors):
+        if not any(f".{path}.lora_A." in name or f".{path}.lora_B." in name for name in tensors):
             continue
         a = [tensors.get(f"{_PREFIX}.{i}.{path}.lora_A.weight") for i in range(cfg.num_layers)]
         b = [tensors.get(f"{_PREFIX}.{i}.{path}.lora_B.weight") for i in range(cfg.num_layers)]
@@ -145,8 +148,7 @@ def load_peft(folder: str | os.PathLike, cfg: ModelConfig) -> tuple[Params, Lora
                           "b": np.stack([x.T for x in b]).astype(np.float32)}
     if not adapters:
         raise ModelError(f"{wpath}: no LoRA weights of a known projection ({', '.join(TARGETS.values())})")
-    rank = int(conf["r"])
-    lc = LoraConfig(rank=rank, alpha=float(conf.get("lora_alpha", rank)), targets="|".join(adapters))
+    lc = LoraConfig(rank=rank, alpha=alpha, targets="|".join(adapters))
     return {"layers": adapters}, lc
 
 
