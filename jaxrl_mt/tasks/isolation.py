@@ -5,10 +5,13 @@ half. The strongest mode that works on the machine is found once per process by
 :func:`isolation` (a probe that really starts a child) and used for every run:
 
 ``full`` (root, Linux namespaces; measured to work on the project's machines)
-  The child, before ``exec``: ``unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID)`` (a network
-  namespace with only a down loopback: no network at all, not even the host's 127.0.0.1, and no
-  host abstract Unix sockets), mount propagation made private, the whole mount tree remounted
-  read-only with one recursive ``mount_setattr`` (per-mount remounts on kernels older than 5.12).
+  The child, before ``exec``: ``unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC |
+  CLONE_NEWUTS)`` (a network namespace with only a down loopback: no network at all, not even the
+  host's 127.0.0.1, and no host abstract Unix sockets; an IPC namespace: the host's SysV shared
+  memory, semaphores and message queues are invisible and whatever the run makes dies with it; a
+  UTS namespace with the host name ``sandbox``), mount propagation made private, the whole mount
+  tree remounted read-only and ``nosuid`` with one recursive ``mount_setattr`` (per-mount remounts
+  on kernels older than 5.12).
   Its fresh interpreter, still root, then runs :mod:`jaxrl_mt.tasks.sandbox_init` first: it
   forks (cheap: a small new process, not a copy of this one) into the new PID namespace, where
   the forked process is PID 1 and runs the program; the first one only relays its exit status.
@@ -17,18 +20,25 @@ half. The strongest mode that works on the machine is found once per process by
   interpreter's own directory and prefix when they lie elsewhere: :attr:`Isolation.ro_paths`),
   five device nodes (``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``), a fresh
   ``/proc`` of the new PID namespace, and a fresh size-limited tmpfs at the work directory's
-  path (its only writable place). It moves in with ``pivot_root`` and detaches the host tree, so
+  path (its only writable place). Every mount is ``nosuid``, and all but the device nodes
+  ``nodev``. It moves in with ``pivot_root`` and detaches the host tree, so
   no host file, host ``/tmp``, host Unix-domain socket or other process is there to reach:
   ``/proc`` lists the run's own processes only. Then resource limits, all groups dropped and
   ``setgid``/``setuid`` to a random unused uid (no capabilities left, so nothing can be
-  remounted; RLIMIT_NPROC counts only its own processes). When PID 1 ends, the kernel kills
+  remounted; RLIMIT_NPROC counts only its own processes) and ``PR_SET_NO_NEW_PRIVS`` (no ``exec``
+  regains a privilege). When PID 1 ends, the kernel kills
   everything left in its PID namespace; every process of the uid is also killed.
 ``uid`` (root, namespaces refused)
-  The same limits and the throwaway uid, on a real temporary directory. NOT isolated: network,
+  The same limits, the throwaway uid and ``PR_SET_NO_NEW_PRIVS``, on a real temporary directory.
+  NOT isolated: network, SysV IPC, the host name,
   host Unix sockets, world-writable directories (/tmp), world-readable files, the process list.
 ``none`` (not root)
-  Resource limits, an empty environment and a temporary directory only. NOT isolated: network,
+  Resource limits, ``PR_SET_NO_NEW_PRIVS``, an empty environment and a temporary directory
+  only. NOT isolated: network, SysV IPC,
   host Unix sockets, every file of the calling user, the process list and ``/proc/<parent>``.
+
+In every mode the run's memory as a whole is bounded by :mod:`jaxrl_mt.tasks.memcap` (a cgroup
+per run where the host allows it; the child joins it in the same ``preexec`` hook).
 
 Anything weaker than ``full`` is logged once as a warning and named in every result, with what is
 not isolated (:attr:`Isolation.label`). The interpreter for the child must be executable by the
@@ -67,9 +77,13 @@ _SYSTEM_PATHS = (
 )
 _NOT_ISOLATED = {
     "full": "",
-    "uid": "network, host Unix sockets, world-writable dirs (/tmp), world-readable host files, host processes (/proc)",
+    "uid": (
+        "network, SysV IPC, host Unix sockets, world-writable dirs (/tmp), world-readable host files, "
+        "host processes (/proc)"
+    ),
     "none": (
-        "network, host Unix sockets, the calling user's files, host processes and /proc/<parent> (environ, cmdline)"
+        "network, SysV IPC, host Unix sockets, the calling user's files, host processes and /proc/<parent> "
+        "(environ, cmdline)"
     ),
 }
 with open(sandbox_init.__file__, encoding="utf-8") as _f:
@@ -96,7 +110,7 @@ class Isolation:
     def label(self) -> str:
         """One line for results: what is isolated; when degraded, why and what is NOT isolated."""
         what = {
-            "full": "netns+pidns+min-ro-root+tmpfs+uid",
+            "full": "netns+pidns+ipcns+utsns+min-ro-root+tmpfs+uid+nnp",
             "uid": "uid-only (degraded)",
             "none": "rlimits-only (degraded)",
         }[self.mode]
@@ -131,7 +145,7 @@ def new_uid() -> int:
     return _UID_BASE + secrets.randbelow(_UID_SPAN)
 
 
-def make_preexec(plan: Plan):
+def make_preexec(plan: Plan, join=None):
     """The function ``subprocess`` runs in the child between ``fork`` and ``exec``.
 
     Runs after ``setsid`` (``start_new_session=True``). In ``full`` mode it only enters the
@@ -143,9 +157,15 @@ def make_preexec(plan: Plan):
     log, and makes only system calls (ctypes ``unshare``/``mount``/``mount_setattr``,
     ``setrlimit``, ``setgroups``/``setgid``/``setuid``; ``open`` of /proc/self/mountinfo only on
     kernels without ``mount_setattr``).
+
+    Args:
+      plan: what to set up.
+      join: called first when given (:meth:`jaxrl_mt.tasks.memcap.RunCgroup.join`: one ``write``).
     """
 
     def preexec() -> None:
+        if join is not None:
+            join()
         if plan.mode == "full":
             sandbox_init.enter_namespaces()
         else:

@@ -49,6 +49,7 @@ import subprocess
 import tempfile
 import time
 
+from jaxrl_mt.tasks import memcap
 from jaxrl_mt.tasks.isolation import Plan, child_argv, isolation, kill_uid, make_preexec, new_uid
 
 __all__ = ["VERDICTS", "SandboxLimits", "SandboxResult", "check_code", "run_python"]
@@ -100,10 +101,12 @@ class SandboxLimits:
 
     Attributes:
       timeout_s: wall-clock limit (the CPU-time limit is this rounded up, plus one second).
-      memory_mb: address-space limit (RLIMIT_AS).
+      memory_mb: memory of the whole run, all its processes together (a cgroup where the host
+        allows one, else RLIMIT_AS x RLIMIT_NPROC within it: :mod:`jaxrl_mt.tasks.memcap`).
       max_output_bytes: cap on stdout and on stderr each; more kills the run (``crashed``).
       max_file_bytes: largest file the program may write (RLIMIT_FSIZE).
-      max_processes: RLIMIT_NPROC (with the throwaway uid: the run's own processes only).
+      max_processes: RLIMIT_NPROC (with the throwaway uid: the run's own processes only); lower
+        under the ``rlimit`` memory bound (:func:`jaxrl_mt.tasks.memcap.split`).
       max_open_files: RLIMIT_NOFILE.
       max_code_bytes: larger programs are ``rejected``.
       workdir_mb: size of the private tmpfs work directory (``full`` isolation).
@@ -118,14 +121,22 @@ class SandboxLimits:
     max_code_bytes: int = 256 << 10
     workdir_mb: int = 64
 
-    def rlimits(self) -> tuple[tuple[int, int, int], ...]:
+    def rlimits(self, cgroup: bool = False) -> tuple[tuple[int, int, int], ...]:
+        """The ``(resource, soft, hard)`` limits of a run.
+
+        Args:
+          cgroup: whether a cgroup bounds the whole run's memory; if not, the processes and the
+            address space of each are split so that their product stays within ``memory_mb``.
+        """
         cpu = math.ceil(self.timeout_s) + 1
-        mem = self.memory_mb << 20
+        procs, mem_mb = (self.max_processes, self.memory_mb) if cgroup else memcap.split(
+            self.memory_mb, self.max_processes)
+        mem = mem_mb << 20
         return (
             (resource.RLIMIT_CPU, cpu, cpu + 1),
             (resource.RLIMIT_AS, mem, mem),
             (resource.RLIMIT_FSIZE, self.max_file_bytes, self.max_file_bytes),
-            (resource.RLIMIT_NPROC, self.max_processes, self.max_processes),
+            (resource.RLIMIT_NPROC, procs, procs),
             (resource.RLIMIT_NOFILE, self.max_open_files, self.max_open_files),
             (resource.RLIMIT_CORE, 0, 0),
         )
@@ -143,6 +154,8 @@ class SandboxResult:
       wall_s: wall time from start to the last process gone, seconds.
       returncode: the child's exit status (negative: killed by that signal); None if never started.
       isolation: the isolation used (see :attr:`jaxrl_mt.tasks.isolation.Isolation.label`).
+      memory: how the run's memory was bounded as a whole (``cgroup2``/``cgroup1``: one limit
+        for all its processes; ``rlimit``: processes x address space each).
     """
 
     verdict: str
@@ -152,6 +165,7 @@ class SandboxResult:
     wall_s: float
     returncode: int | None = None
     isolation: str = ""
+    memory: str = ""
 
     @property
     def stdout_tail(self) -> str:
@@ -252,6 +266,22 @@ def _classify(report: bytes, nonce: bytes, rc: int | None, stop: str, allow_exit
     return "crashed", f"exited with status {rc} before the end of the program"
 
 
+def _memory_bound(limits: SandboxLimits, uid: int | None) -> tuple[memcap.RunCgroup | None, tuple, str]:
+    """(the run's cgroup or None, its rlimits, how its memory is bounded, in words)."""
+    bound = memcap.memory_bound()
+    if bound.kind != "rlimit":
+        try:
+            cg = memcap.RunCgroup(bound, f"{os.getpid()}_{uid or secrets.token_hex(4)}", limits.memory_mb << 20,
+                                  limits.max_processes)
+            return cg, limits.rlimits(cgroup=True), f"{bound.kind}: {limits.memory_mb} MiB for the whole run"
+        except OSError as e:
+            why = f"{bound.kind} refused this run ({e.strerror})"
+    else:
+        why = bound.notice
+    procs, each = memcap.split(limits.memory_mb, limits.max_processes)
+    return None, limits.rlimits(cgroup=False), f"rlimit: {procs} processes x {each} MiB ({why})"
+
+
 def _tail(b: bytes | bytearray, n: int = TAIL_CHARS) -> str:
     return bytes(b).decode("utf-8", "replace")[-n:]
 
@@ -287,7 +317,8 @@ def run_python(
     os.write(nonce_w, nonce)
     os.close(nonce_w)
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-    plan = Plan(iso.mode, workdir, uid, limits.rlimits(), limits.workdir_mb, iso.ro_paths)
+    cgroup, rlimits, memory = _memory_bound(limits, uid)
+    plan = Plan(iso.mode, workdir, uid, rlimits, limits.workdir_mb, iso.ro_paths)
     start = time.monotonic()
     proc = None
     try:
@@ -301,18 +332,11 @@ def run_python(
                 env=env,
                 pass_fds=(prog_fd, nonce_r, report_w),
                 start_new_session=True,
-                preexec_fn=make_preexec(plan),  # noqa: PLW1509 (thread-safe: see isolation.make_preexec)
+                preexec_fn=make_preexec(plan, cgroup and cgroup.join),  # noqa: PLW1509 (see make_preexec)
             )
         except (OSError, subprocess.SubprocessError) as e:
-            return SandboxResult(
-                "crashed",
-                f"the sandbox could not start the child: {e}",
-                "",
-                "",
-                time.monotonic() - start,
-                None,
-                iso.label,
-            )
+            why = f"the sandbox could not start the child: {e}"
+            return SandboxResult("crashed", why, "", "", time.monotonic() - start, None, iso.label, memory)
         finally:
             for fd in (prog_fd, nonce_r, report_w) + ((in_fd,) if in_fd is not None else ()):
                 os.close(fd)
@@ -325,6 +349,8 @@ def run_python(
     finally:
         if proc is not None:
             _kill_all(proc, uid)
+        if cgroup is not None:
+            cgroup.close()
         os.close(report_r)
         shutil.rmtree(workdir, ignore_errors=True)
     rc = proc.returncode
@@ -332,7 +358,8 @@ def run_python(
     if verdict == "crashed" and not reason.startswith("line") and bufs["stderr"].strip():
         reason = f"{reason}; stderr: {_tail(bufs['stderr'], 200).strip().splitlines()[-1]}"
     out = bytes(bufs["stdout"]).decode("utf-8", "replace")
-    return SandboxResult(verdict, reason[:500], out, _tail(bufs["stderr"]), time.monotonic() - start, rc, iso.label)
+    return SandboxResult(verdict, reason[:500], out, _tail(bufs["stderr"]), time.monotonic() - start, rc, iso.label,
+                         memory)
 
 
 def _kill_all(proc: subprocess.Popen, uid: int | None) -> None:

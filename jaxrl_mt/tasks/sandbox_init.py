@@ -18,11 +18,16 @@ import os
 import resource
 
 _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_CLONE_NEWIPC, _CLONE_NEWUTS = 0x08000000, 0x04000000
+_NAMESPACES = _CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 1, 2, 4, 8, 2
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
-_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
+_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE = 442, -100, 0x8000
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 1, 2, 4
+_BIND_ATTRS = _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV  # the system paths' binds
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}.get(os.uname().machine)
-_PR_SET_DUMPABLE = 4
+_PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 4, 38
+HOSTNAME = b"sandbox"  # the UTS namespace's host name (the host's own name is not shown)
 DEVICES = ("null", "zero", "full", "random", "urandom")
 SETUP_FAILED = 125  # PID 1's exit status when the root could not be built (the reason is on stderr)
 
@@ -50,24 +55,39 @@ def _mount(src: str | None, dst: str, fstype: str | None, flags: int, opts: str 
     _check(_LIBC.mount(enc[0], enc[1], enc[2], flags, enc[3]), what)
 
 
-def _remount_each_read_only() -> None:
-    """Fallback for kernels without ``mount_setattr``: remount every mount point read-only."""
+def _remount_each(path: str, extra: int) -> None:
+    """Fallback for kernels without ``mount_setattr``: remounts every mount point at or under
+    ``path`` read-only, with the flags ``extra`` added to the ones it has."""
     flag_of = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         rows = [line.split() for line in f]
     for row in reversed(rows):
-        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | sum(flag_of.get(o, 0) for o in row[5].split(","))
+        if path != "/" and row[4] != path and not row[4].startswith(path + "/"):
+            continue
+        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | extra | sum(flag_of.get(o, 0) for o in row[5].split(","))
         _mount(None, row[4], None, flags, None, f"remount {row[4]} read-only")
 
 
-def enter_namespaces() -> None:
-    """New net + mount + PID namespaces (the PID one for the next child), the host tree read-only."""
-    _check(_LIBC.unshare(_CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWPID), "unshare(NEWNET|NEWNS|NEWPID)")
-    _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None, "make / private")
-    attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-    ret = _LIBC.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
+def _set_attrs(path: str, attrs: int, fallback_flags: int) -> None:
+    """Sets ``attrs`` (``MOUNT_ATTR_*``) on the mount tree at ``path``, recursively."""
+    attr = _MountAttr(attrs, 0, 0, 0)
+    ret = _LIBC.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, path.encode(), _AT_RECURSIVE, ctypes.byref(attr),
+                        ctypes.sizeof(attr))
     if ret != 0:
-        _remount_each_read_only()
+        _remount_each(path, fallback_flags)
+
+
+def enter_namespaces() -> None:
+    """New net, mount, IPC and UTS namespaces and a PID one (for the next child); the host tree
+    private, read-only and ``nosuid`` (``nodev`` is added per bind: the device nodes need it off).
+
+    The IPC namespace holds every SysV object and POSIX message queue the program makes; the
+    kernel destroys them with the namespace when the run's last process is gone.
+    """
+    _check(_LIBC.unshare(_NAMESPACES), "unshare(NEWNET|NEWNS|NEWPID|NEWIPC|NEWUTS)")
+    _check(_LIBC.sethostname(HOSTNAME, len(HOSTNAME)), "sethostname")
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None, "make / private")
+    _set_attrs("/", _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, _MS_NOSUID)
 
 
 def _mkdirs(path: str) -> None:
@@ -97,6 +117,8 @@ def enter_minimal_root(workdir: str, uid: int, workdir_mb: int, ro_paths: tuple[
     for path in ro_paths:
         if os.path.lexists(path):
             _bind(path, root + path)
+            if not os.path.islink(path):
+                _set_attrs(root + path, _BIND_ATTRS, _MS_NOSUID | _MS_NODEV)
     for dev in DEVICES:
         _bind(f"/dev/{dev}", f"{root}/dev/{dev}")
     os.mkdir(f"{root}/proc", 0o555)
@@ -117,7 +139,8 @@ def enter_minimal_root(workdir: str, uid: int, workdir_mb: int, ro_paths: tuple[
 
 
 def drop(rlimits: tuple[tuple[int, int, int], ...], uid: int | None) -> None:
-    """Lowers the resource limits (while still root), then all groups and the uid."""
+    """Lowers the resource limits (while still root), then all groups and the uid; sets
+    ``PR_SET_NO_NEW_PRIVS`` (no later ``exec`` gains privileges: setuid bits, file capabilities)."""
     for res, soft, hard in rlimits:
         resource.setrlimit(res, (soft, hard))
     if uid is not None:
@@ -125,6 +148,8 @@ def drop(rlimits: tuple[tuple[int, int, int], ...], uid: int | None) -> None:
         os.setgid(uid)
         os.setuid(uid)
         _LIBC.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after an exec: its /proc/self files are its own
+    if _LIBC is not None:
+        _check(_LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
 def _relay(pid: int) -> None:

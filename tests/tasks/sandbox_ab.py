@@ -5,7 +5,8 @@ Usage (from the repository root, as root so that both get their ``full`` mode)::
     PYTHONPATH=$PWD python tests/tasks/sandbox_ab.py --runs 50 --ballast-mb 0
     PYTHONPATH=$PWD python tests/tasks/sandbox_ab.py --runs 50 --ballast-mb 1024
 
-"before" is ``jaxrl_mt/tasks/{isolation,sandbox}.py`` at ``--before`` (default: the commit before
+"before" is ``jaxrl_mt/tasks/{sandbox_init,memcap,isolation,sandbox}.py`` at ``--before`` (default:
+main before issue 53's IPC/UTS namespaces and whole-run memory bound; ``b1b4386`` is the one before
 the PID namespace and the minimal root), loaded from ``git show`` under other module names. Each
 round runs one HumanEval-style program (HumanEval/0 with its check) through both, alternating,
 so host load hits both alike; ``--ballast-mb`` touches that much memory in this process first (a
@@ -47,12 +48,20 @@ check(has_close_elements)
 '''
 
 
+_MODULES = ("sandbox_init", "memcap", "isolation", "sandbox")
+
+
 def _load_before(commit: str, folder: Path):
-    """The sandbox module of ``commit``, importing that commit's isolation module."""
-    for name in ("isolation", "sandbox"):
-        src = subprocess.run(["git", "show", f"{commit}:jaxrl_mt/tasks/{name}.py"], capture_output=True, text=True,
-                             check=True).stdout
-        src = src.replace("from jaxrl_mt.tasks.isolation import", "from before_isolation import")
+    """The sandbox module of ``commit``, importing that commit's other sandbox modules."""
+    for name in _MODULES:
+        r = subprocess.run(["git", "show", f"{commit}:jaxrl_mt/tasks/{name}.py"], capture_output=True, text=True,
+                           check=False)
+        if r.returncode:
+            continue  # not in that commit
+        src = r.stdout
+        for other in _MODULES:
+            src = src.replace(f"from jaxrl_mt.tasks import {other}\n", f"import before_{other} as {other}\n")
+            src = src.replace(f"from jaxrl_mt.tasks.{other} import", f"from before_{other} import")
         (folder / f"before_{name}.py").write_text(src)
     sys.path.insert(0, str(folder))
     return importlib.import_module("before_sandbox")
@@ -60,7 +69,7 @@ def _load_before(commit: str, folder: Path):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", default="b1b4386", help="git commit of the 'before' sandbox")
+    ap.add_argument("--before", default="562155e", help="git commit of the 'before' sandbox")
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--ballast-mb", type=int, default=0)
     args = ap.parse_args()

@@ -32,7 +32,7 @@ def test_degraded_mode_is_logged_once_and_named_in_every_result(monkeypatch, cap
         iso.isolation()
         r = run_python("print(1)", limits=SandboxLimits(timeout_s=5))
     label = (
-        "rlimits-only (degraded): no namespaces in this test; NOT isolated: network, host Unix sockets, "
+        "rlimits-only (degraded): no namespaces in this test; NOT isolated: network, SysV IPC, host Unix sockets, "
         "the calling user's files, host processes and /proc/<parent> (environ, cmdline)"
     )
     assert [rec.getMessage() for rec in caplog.records] == [f"sandbox isolation degraded: {label}"]

@@ -187,8 +187,8 @@ def test_a_user_without_namespaces_gets_the_weaker_mode_named_with_what_is_not_i
     assert mode == "none"
     assert label == (
         "rlimits-only (degraded): not running as root on Linux: no namespaces, no minimal root, no uid drop; "
-        "NOT isolated: network, host Unix sockets, the calling user's files, host processes and /proc/<parent> "
-        "(environ, cmdline)"
+        "NOT isolated: network, SysV IPC, host Unix sockets, the calling user's files, host processes and "
+        "/proc/<parent> (environ, cmdline)"
     )
     assert r.stderr.strip() == f"sandbox isolation degraded: {label}"
 
