@@ -20,7 +20,6 @@ backend is given; that default is not a chat backend.
 from __future__ import annotations
 
 import dataclasses
-import email.utils
 import http.client
 import json
 import os
@@ -33,11 +32,15 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["BackendError", "ChatBackend", "ChatReply", "HTTPBackend", "make_backend"]
+from jaxrl_mt.http_safety import MAX_RETRY_AFTER_S, CrossOrigin, SameOriginRedirects, redact
+from jaxrl_mt.http_safety import error_message as _error_message
+from jaxrl_mt.http_safety import retry_after as _retry_after
+from jaxrl_mt.text_safety import clean_text
+
+__all__ = ["MAX_RETRY_AFTER_S", "BackendError", "ChatBackend", "ChatReply", "HTTPBackend", "make_backend"]
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 Conversation = Sequence[Message]
-MAX_RETRY_AFTER_S = 60.0  # longest Retry-After honoured; longer server requests are capped
 
 
 @runtime_checkable
@@ -97,36 +100,6 @@ def _check_conversations(conversations: Sequence[Conversation]) -> None:
                     )
 
 
-def _error_message(body: bytes) -> str:
-    """The error text of a response body: ``error.message`` of OpenAI-style JSON, else the text."""
-    text = body.decode("utf-8", errors="replace").strip()
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text[:500]
-    if isinstance(data, Mapping):
-        error = data.get("error", data.get("message", data.get("detail")))
-        if isinstance(error, Mapping) and "message" in error:
-            return str(error["message"])
-        if error is not None:
-            return str(error)
-    return text[:500]
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds to wait from a Retry-After header (seconds or an HTTP date), capped, if given."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
-
-
 class HTTPBackend:
     """A ``ChatBackend`` for any OpenAI-compatible chat-completions endpoint.
 
@@ -136,7 +109,9 @@ class HTTPBackend:
     that is not answered within it fails: its queued requests are cancelled, retries stop, and
     no request attempt outlives the deadline by more than its own socket timeout. A failure raises
     ``BackendError`` with one line naming the endpoint, the status and the server's error message.
-    The API key is sent as a bearer token and never appears in a message, ``repr`` or ``stats``.
+    The API key is sent as a bearer token to the configured origin only (``http_safety``: a redirect
+    elsewhere fails in one line naming it) and never appears in a message (redacted), ``repr`` or
+    ``stats``. A lone surrogate in a reply becomes U+FFFD (``text_safety.clean_text``).
     """
 
     def __init__(
@@ -187,6 +162,11 @@ class HTTPBackend:
         self._name = f"HTTP backend {self.base_url}" + (f" ({role}, model {model})" if role else "")
         self.stats: Counter = Counter()  # requests, retries, failures, cancelled (thread-safe updates)
         self._lock = threading.Lock()
+        self._opener = urllib.request.build_opener(SameOriginRedirects())
+
+    def _error(self, text: str) -> BackendError:
+        """A ``BackendError`` of ``text`` with the API key (and any bearer token) redacted."""
+        return BackendError(redact(text, self.api_key))
 
     def __repr__(self) -> str:
         return f"HTTPBackend({self.base_url!r}, model={self.model!r})"
@@ -267,8 +247,8 @@ class HTTPBackend:
                     stop.set()
                 except Exception as exc:  # noqa: BLE001 (a worker must report, never die silently)
                     with cond:
-                        errors.append(BackendError(f"{self._name}: {type(exc).__name__}: "
-                                                   f"{_one_line(str(exc))}"))
+                        errors.append(self._error(f"{self._name}: {type(exc).__name__}: "
+                                                  f"{_one_line(redact(str(exc), self.api_key))}"))
                     stop.set()
                 with cond:
                     state["done"] += 1
@@ -315,15 +295,18 @@ class HTTPBackend:
             delay = self.backoff * 2**attempt
             self._count("requests" if attempt == 0 else "retries")
             try:
-                with urllib.request.urlopen(request, timeout=timeout) as response:
+                with self._opener.open(request, timeout=timeout) as response:
                     body = response.read()
                 return self._parse_reply(body)
+            except CrossOrigin as exc:
+                self._count("failures")
+                raise self._error(f"{self._name}: {exc}") from None
             except urllib.error.HTTPError as exc:
-                message = _one_line(_error_message(exc.read() or b""))
+                message = _one_line(redact(_error_message(exc.read() or b""), self.api_key))
                 failure = f"HTTP {exc.code}"
                 if exc.code != 429 and exc.code < 500:
                     self._count("failures")
-                    raise BackendError(f"{self._name}: {failure}: {message}") from None
+                    raise self._error(f"{self._name}: {failure}: {message}") from None
                 wait = _retry_after(exc.headers.get("Retry-After") if exc.headers else None)
                 delay = delay if wait is None else wait
                 last = f"{failure} after {attempts} attempts: {message}"
@@ -340,7 +323,7 @@ class HTTPBackend:
                 if stop.wait(delay):
                     raise _Cancelled()
         self._count("failures")
-        raise BackendError(f"{self._name}: {last}")
+        raise self._error(f"{self._name}: {last}")
 
     def _parse_reply(self, body: bytes) -> ChatReply:
         """The ``ChatReply`` of a 200 body; ``_BadReply`` when it is not a chat completion."""
@@ -349,9 +332,10 @@ class HTTPBackend:
             choice = data["choices"][0]
             content = choice["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
-            raise _BadReply(f"reply lacks choices[0].message.content: {body[:200]!r}") from None
+            raise _BadReply(f"reply lacks choices[0].message.content: {redact(repr(body[:200]), self.api_key)}"
+                            ) from None
         if content is not None and not isinstance(content, str):
-            raise _BadReply(f"choices[0].message.content is not a string: {content!r:.200}")
+            raise _BadReply(redact(f"choices[0].message.content is not a string: {content!r:.200}", self.api_key))
         usage = data.get("usage") if isinstance(data.get("usage"), Mapping) else {}
 
         def count(key: str) -> int | None:
@@ -359,7 +343,7 @@ class HTTPBackend:
             return value if isinstance(value, int) and value >= 0 else None
 
         finish = choice.get("finish_reason") if isinstance(choice, Mapping) else None
-        return ChatReply(content or "", finish if isinstance(finish, str) and finish else "stop",
+        return ChatReply(clean_text(content or ""), finish if isinstance(finish, str) and finish else "stop",
                          count("prompt_tokens"), count("completion_tokens"))
 
 

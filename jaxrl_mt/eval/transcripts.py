@@ -11,6 +11,7 @@ from typing import Any
 
 from jaxrl_mt.data.jsonl_log import read_jsonl_log
 from jaxrl_mt.eval.errors import EvalError
+from jaxrl_mt.text_safety import clean, first_lone_surrogate
 
 log = logging.getLogger(__name__)
 _REQUIRED = ("conv_id", "task_id", "kind", "run", "score", "turns")
@@ -41,12 +42,21 @@ class TranscriptStore:
         return out
 
     def append(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Appends records, one line each, and flushes them to disk."""
+        """Appends records, one line each, and flushes them to disk.
+
+        Text UTF-8 cannot encode (a lone surrogate in a model's reply) is written as U+FFFD, with
+        one warning per record, never an error.
+        """
         if not records:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             for rec in records:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                line = json.dumps(rec, ensure_ascii=False)
+                if first_lone_surrogate(line) is not None:
+                    log.warning("%s: conversation %s: lone surrogates written as U+FFFD", self.path,
+                                str(rec.get("conv_id"))[:80].encode("utf-8", "replace").decode("utf-8"))
+                    line = json.dumps(clean(rec), ensure_ascii=False)
+                f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())

@@ -8,7 +8,9 @@ developer (as system), user, assistant; content a string or a list of text parts
 value of a known field is a :class:`RequestError` (HTTP 400) naming the field. The body must be
 strict JSON: ``NaN``, ``Infinity`` and numbers that overflow to infinity (``1e999``), which
 Python's parser accepts, are refused wherever they stand, naming the field (JSON has no
-non-finite numbers; a NaN temperature would pass every range check).
+non-finite numbers; a NaN temperature would pass every range check). Text the model cannot take
+(a lone surrogate, which JSON's ``\ud800`` escape yields and UTF-8 cannot encode) in ``model``, a
+message or a stop string is refused the same way, naming the field.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from jaxrl_mt.text_safety import first_lone_surrogate
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_DRAIN_BYTES", "MAX_N", "ChatRequest", "Choice", "RequestError", "chunk_body",
            "completion_body", "error_body", "loads_strict", "models_body", "parse_chat_request"]
@@ -74,6 +78,14 @@ def _bad(param: str, message: str) -> RequestError:
     return RequestError(400, f"'{param}': {message}", param=param, code="invalid_value")
 
 
+def _text(value: str, where: str) -> str:
+    """``value``, or a 400 naming ``where`` when it holds a lone surrogate (UTF-8 cannot encode it)."""
+    at = first_lone_surrogate(value)
+    if at is not None:
+        raise _bad(where, f"invalid text: a lone surrogate U+{ord(value[at]):04X} at character {at}")
+    return value
+
+
 def _number(body: Mapping[str, Any], field: str, default: float, lo: float, hi: float, *, lo_open: bool = False
             ) -> float:
     value = body.get(field)
@@ -101,13 +113,13 @@ def _integer(body: Mapping[str, Any], field: str, lo: int, hi: int | None = None
 
 def _content(value: Any, where: str) -> str:
     if isinstance(value, str):
-        return value
+        return _text(value, where)
     if isinstance(value, list):
         parts = []
         for j, part in enumerate(value):
             if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise _bad(f"{where}[{j}]", "only text content parts ({'type': 'text', 'text': ...}) are supported")
-            parts.append(part["text"])
+            parts.append(_text(part["text"], f"{where}[{j}].text"))
         return "".join(parts)
     raise _bad(where, "expected a string or a list of text parts")
 
@@ -133,7 +145,7 @@ def _stops(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
         raise _bad("stop", f"expected a non-empty string or a list of at most {MAX_STOPS} of them")
-    return tuple(stops)
+    return tuple(_text(s, "stop" if isinstance(value, str) else f"stop[{i}]") for i, s in enumerate(stops))
 
 
 class _NonFinite:
@@ -198,6 +210,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         raise RequestError(400, "the body must be a JSON object", code="invalid_json")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise _bad("model", "a model name (string) is required")
+    _text(body["model"], "model")
     max_tokens = _integer(body, "max_completion_tokens", 1)
     max_tokens = _integer(body, "max_tokens", 1) if max_tokens is None else max_tokens
     stream = False if body.get("stream") is None else body["stream"]
