@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxrl_mt.rewards.alternatives import final_sentence, offers_alternatives
 from jaxrl_mt.rewards.think import answer_part
 
 __all__ = [
@@ -97,16 +98,6 @@ _ANSWER_RE = re.compile(
 )
 # Arithmetic right after a marker, up to its last '=': numbers, operators, brackets, spaces only.
 _EQUATION_RE = re.compile(r"[\s$\d.,+\-\u2212*/x\u00d7\u00f7()^]*=(?:[\s$\d.,+\-\u2212*/x\u00d7\u00f7()^]*=)*")
-_SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+|\n+")  # a decimal point is followed by a digit, not a space
-_NUM_WORD = r"[-\u2212]?\$?\d[\d,]*(?:\.\d+)?"
-_ALTERNATIVES_RE = re.compile(_NUM_WORD + r"(?:\s+[A-Za-z$]+){0,2}\s*(?:,\s*)?\bor\b\s*" + _NUM_WORD, re.IGNORECASE)
-# A range offered as the answer: "85-90" (no spaces, not inside an equation) or "between 10 and 20".
-_RANGE_RE = re.compile(
-    r"(?<![\d.,=+*/\u00d7\u00f7(\-\u2212])(?P<lo>\d[\d,]*(?:\.\d+)?)[-\u2013]\$?(?P<hi>\d[\d,]*(?:\.\d+)?)"
-    r"(?![\d]|[.,]\d|\s*[=+*/\u00d7\u00f7)\-\u2212])"
-    r"|\bbetween\s+\$?(?P<blo>\d[\d,]*(?:\.\d+)?)(?:\s+[A-Za-z]+)?\s+and\s+\$?(?P<bhi>\d[\d,]*(?:\.\d+)?)",
-    re.IGNORECASE,
-)
 # Wrappers allowed around a bare number in ``parse_number``.
 _STRIP_RE = re.compile(r"^(?:\\\(|\\\[|\$\$?)\s*|\s*(?:\\\)|\\\]|\$\$?)$")
 
@@ -303,21 +294,8 @@ def offers_several_candidates(text: str) -> bool:
     marked = _marked_values(text)
     if any(not math.isclose(v, marked[0], rel_tol=STRICT_REL_TOL, abs_tol=1e-12) for v in marked[1:]):
         return True
-    sentences = [x for x in _SENTENCE_END_RE.split(text.strip()) if x.strip()]
-    if not sentences:
-        return False
-    return _ALTERNATIVES_RE.search(sentences[-1]) is not None or _offers_range(sentences[-1])
-
-
-def _offers_range(sentence: str) -> bool:
-    """Whether a sentence offers a range of values ("85-90 beads", "between 10 and 20"), low < high."""
-    for m in _RANGE_RE.finditer(sentence):
-        if sentence[: m.start()].rstrip()[-1:] in ("=", "+", "*", "/", "\u00d7", "\u00f7"):
-            continue  # a term of a computation ("x = 3-5")
-        lo, hi = (m.group("lo"), m.group("hi")) if m.group("lo") else (m.group("blo"), m.group("bhi"))
-        if _magnitude(lo) < _magnitude(hi):
-            return True
-    return False
+    sentence = final_sentence(text)
+    return sentence is not None and offers_alternatives(sentence)
 
 
 def _extract_value(text: str) -> float | None:
