@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxrl_mt.tasks.brackets import json_matcher, python_matcher
+from jaxrl_mt.tasks.fences import backtick_fences
 
 __all__ = [
     "MAX_DEPTH",
@@ -60,7 +61,6 @@ class Call:
     arguments: Mapping[str, Any]
 
 
-_FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.S)
 _INLINE_RE = re.compile(r"`([^`\n]+)`")
 _OPEN_RE = re.compile(r"[\[{]")
 _CALL_START_RE = re.compile(r"(?<![\w.])[A-Za-z_][\w.]*\(")
@@ -108,14 +108,37 @@ def _too_deep(node: ast.AST, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
+_MAX_INT_BITS = 4000 * 3  # fewer than 4,000 decimal digits: str() and json.dumps() work (their cap is 4,300)
+
+
+def _plain_value(v: Any) -> bool:
+    """Whether a literal holds only values that print and serialize: no ``...`` (Ellipsis) and no
+    integer of thousands of digits (``0x`` + 5,000 ``f``: ``repr`` of it raises ValueError)."""
+    todo = [v]
+    while todo:
+        x = todo.pop()
+        if x is Ellipsis or (isinstance(x, int) and x.bit_length() > _MAX_INT_BITS):
+            return False
+        if isinstance(x, Mapping):
+            todo += [*x.keys(), *x.values()]
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            todo += x
+    return True
+
+
 def _value(node: ast.AST, source: str) -> Any:
+    """An argument's value: the literal, or an :class:`Expr` of its source (a non-literal, one
+    nested too deeply, or one holding ``...`` or a huge integer)."""
     if _too_deep(node):
         return Expr(ast.get_source_segment(source, node) or "<too deeply nested>")
     node = _json_names(node)
     try:
-        return ast.literal_eval(node)
+        v = ast.literal_eval(node)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return Expr(ast.unparse(node))
+        v = Ellipsis
+    if _plain_value(v):
+        return v
+    return Expr((ast.get_source_segment(source, node) or "<not a literal>")[:10_000])
 
 
 def _call(node: ast.AST, order: Mapping[str, Sequence[str]], source: str) -> Call | None:
@@ -193,10 +216,15 @@ def _json_call(obj: Any) -> list[Call] | None:
 _NOT_JSON = object()
 
 
+def _json_int(digits: str) -> int | Expr:
+    """A JSON integer; one of thousands of digits (``int()`` refuses it) as an :class:`Expr`."""
+    return int(digits) if len(digits) < 4000 else Expr(digits[:10_000])
+
+
 def _decode(text: str) -> Any:
     try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError, MemoryError):
+        return json.loads(text, parse_int=_json_int)
+    except (ValueError, RecursionError, MemoryError):  # JSONDecodeError is a ValueError
         return _NOT_JSON
 
 
@@ -264,7 +292,7 @@ def find_calls(reply: str, order: Mapping[str, Sequence[str]] | None = None) -> 
     """
     if not isinstance(reply, str) or not reply.strip():
         return None
-    for block in reversed(_FENCE_RE.findall(reply)):
+    for _, block in reversed(backtick_fences(reply)):  # linear: no regular expression to backtrack
         calls = parse_calls(block, order)
         if calls:
             return calls

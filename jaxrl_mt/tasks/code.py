@@ -36,6 +36,7 @@ import re
 from jaxrl_mt.data.records import DataError, ShardedTask
 from jaxrl_mt.tasks.base import MAX_REPLY_CHARS, Verdict, oversized
 from jaxrl_mt.tasks.code_tests import CodeTests, code_tests, run_tests
+from jaxrl_mt.tasks.fences import fence_tag, line_fences
 from jaxrl_mt.tasks.sandbox import SandboxLimits
 
 __all__ = ["CODE_SYSTEM_PROMPT", "CodeTask", "extract_code", "looks_like_code"]
@@ -47,7 +48,6 @@ CODE_SYSTEM_PROMPT = (
     "every import it needs. Keep the function name and parameters the user asked for."
 )
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
 _PY_TAGS = {"", "python", "py", "python3", "py3"}
 _CODE_START = re.compile(r"^(def |async def |class |import |from \S+ import )", re.MULTILINE)
 _CODE_NODES = (
@@ -90,8 +90,8 @@ def looks_like_code(code: str) -> bool:
 def _fenced(reply: str) -> list[str]:
     """Python blocks of ``reply`` in order (tagged python, or untagged and parseable)."""
     out = []
-    for m in _FENCE.finditer(reply):
-        tag, body = m.group(1).lower(), m.group(2).rstrip()
+    for info, block in line_fences(reply):  # linear: no regular expression to backtrack
+        tag, body = fence_tag(info).lower(), block.rstrip()
         if tag not in _PY_TAGS or not body.strip():
             continue
         if tag == "" and _parse(body) is None:

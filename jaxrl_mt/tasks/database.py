@@ -24,6 +24,7 @@ from pathlib import Path
 
 from jaxrl_mt.data.records import ShardedTask
 from jaxrl_mt.tasks.base import MAX_REPLY_CHARS, Verdict, lic_extra, oversized
+from jaxrl_mt.tasks.fences import backtick_fences, fence_tag
 from jaxrl_mt.tasks.sql_exec import (
     QueryResult,
     guard,
@@ -44,7 +45,7 @@ DATABASE_SYSTEM_PROMPT = (
     "request, in a ```sql code block. If you write several blocks, the last one counts as your answer."
 )
 
-_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n`]*\n(.*?)(?:```|\Z)", re.S)
+_TAG_RE = re.compile(r"[ \t]*([A-Za-z0-9_+.-]*)")  # a fence's tag (fences: jaxrl_mt.tasks.fences, linear)
 _SQL_TAGS = {"sql", "sqlite", "sqlite3", "mysql", "postgresql", "postgres", "psql", "tsql", "plsql"}
 _PROSE_RE = re.compile(r"\b(select|with)\b[^;`]*?(?=;|`|\n[ \t]*\n|\Z)", re.I | re.S)
 _STARTS_QUERY = re.compile(r"\s*\(*\s*(select|with)\b", re.I)
@@ -85,7 +86,7 @@ def extract_sql(reply: str) -> str | None:
     """
     if not isinstance(reply, str) or len(reply) > MAX_REPLY_CHARS:
         return None
-    blocks = [(m.group(1).lower(), m.group(2).strip()) for m in _FENCE_RE.finditer(reply)]
+    blocks = [(fence_tag(info, _TAG_RE).lower(), body.strip()) for info, body in backtick_fences(reply)]
     tagged = [b for tag, b in blocks if tag in _SQL_TAGS and strip_comments(b).strip()]
     if tagged:
         return tagged[-1].rstrip().rstrip(";").rstrip()
