@@ -41,7 +41,9 @@ PROBES = {
     "hex integer of 20,000 bits": f"[{FN}(radius=0x{'f' * 5000})]",
     "... argument": f"{FN}(radius=...)",
     "... positional": f"```python\n{FN}(..., unit=[...])\n```",
-    "fenced JSON, negative huge integer": f'```json\n[{{"name": "{FN}", "arguments": {{"radius": -{"9" * 5000}}}}}]\n```',
+    "fenced JSON, negative huge integer": (
+        f'```json\n[{{"name": "{FN}", "arguments": {{"radius": -{"9" * 5000}}}}}]\n```'
+    ),
 }
 
 
