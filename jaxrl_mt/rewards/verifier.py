@@ -8,12 +8,13 @@ One verifier serves RLSTA training rewards and the LiC evaluator, in two modes:
   (absolute) of the gold number.
 
 Extraction priority (``extract_answer``): the last ``\\boxed{...}`` (nested braces handled) >
-the last ``#### x`` > the last "the answer is x" / "final answer: x" > the last number in the text.
-A marker whose span holds no number is skipped, and the next priority is tried. A reply longer
-than ``MAX_CHECKED_CHARS`` holds no answer (every scan here is linear, nothing recurses). After a
-``####`` or answer-phrase marker the value is the first number that follows, unless the marker
-is followed directly by an equation: then its result ("The answer is 2024-18=2006" reads 2006,
-not 2024; "The answer is 12 because 3+4=7" still reads 12).
+the later of the last ``#### x`` and the last "the answer is x" / "final answer: x" (a final "The
+answer is 15." outranks a stray "#### 1" line before it, and a final "#### 15" an earlier answer
+phrase) > the last number in the text. A marker whose span holds no number is skipped, and the
+next priority is tried. A reply longer than ``MAX_CHECKED_CHARS`` holds no answer (every scan
+here is linear, nothing recurses). After a ``####`` or answer-phrase marker the value is the first
+number that follows, unless the marker is followed directly by an equation: then its result ("The
+answer is 2024-18=2006" reads 2006, not 2024; "The answer is 12 because 3+4=7" still reads 12).
 
 Lenient mode refuses a reply that offers several different final candidates: explicit markers
 that disagree ("The answer is 12 ... #### 14"), or alternatives in the final sentence ("12 or
@@ -236,12 +237,12 @@ class _Span:
         return self.tail if value is None else value
 
 
-def _marker_values(text: str, marker: re.Pattern) -> list[float]:
-    """The value after each ``marker`` match (the first number on the rest of its line, or an
-    equation's result: "2024 - 18 = 2006" reads 2006), last match first, those without one left
-    out. Linear: each stretch between two markers of a line is read a bounded number of times."""
+def _marker_hits(text: str, marker: re.Pattern) -> list[tuple[int, float]]:
+    """``(start, value)`` of each ``marker`` match with a value (the first number on the rest of its
+    line, or an equation's result: "2024 - 18 = 2006" reads 2006), last match first. Linear: each
+    stretch between two markers of a line is read a bounded number of times."""
     newlines = [m.start() for m in re.finditer("\n", text)]
-    values: list[float] = []
+    hits: list[tuple[int, float]] = []
     nxt: tuple[int, int, float | None] | None = None  # (line end, next marker's start, its full-scan value)
     for m in reversed(list(marker.finditer(text))):
         k = m.end()
@@ -257,15 +258,14 @@ def _marker_values(text: str, marker: re.Pattern) -> list[float]:
         if value is None:
             value = span.first(k)
         if value is not None:
-            values.append(value)
+            hits.append((m.start(), value))
         full = _first_valid(text, k, end)
         nxt = (line_end, m.start(), tail if full is None else full)
-    return values
+    return hits
 
 
-def _marked_values(text: str) -> list[float]:
-    """Every explicit answer's value, most authoritative first: boxed (last first), then ####,
-    then answer phrases (each last first)."""
+def _boxed_values(text: str) -> list[float]:
+    """The value of each ``\\boxed{...}`` holding a number (its last one), last box first."""
     values, budget = [], _BOXED_BUDGET * len(text) + 1000
     for c in reversed(_boxed_contents(text)):
         budget -= len(c)
@@ -274,15 +274,27 @@ def _marked_values(text: str) -> list[float]:
         v = _last_number(c)
         if v is not None:
             values.append(v)
+    return values
+
+
+def _marked_values(text: str) -> list[float]:
+    """Every explicit answer's value: boxed (last first), then ####, then answer phrases (each last
+    first). ``offers_several_candidates`` compares them; ``_marked_value`` picks the answer."""
+    values = _boxed_values(text)
     for marker in (_HASH_RE, _ANSWER_RE):
-        values += _marker_values(text, marker)
+        values += [v for _, v in _marker_hits(text, marker)]
     return values
 
 
 def _marked_value(text: str) -> float | None:
-    """The value after an explicit answer marker (boxed > #### > answer phrase), if any."""
-    values = _marked_values(text)
-    return values[0] if values else None
+    """The explicit answer's value, if any: the last boxed one; else whichever of the last ####
+    line and the last answer phrase comes later ("#### 1\\nThe answer is 15." reads 15: a stray
+    "####" line before the final sentence does not outrank it; "The answer is 4.\\n#### 5" reads 5)."""
+    boxed = _boxed_values(text)
+    if boxed:
+        return boxed[0]
+    last = [hits[0] for hits in (_marker_hits(text, _HASH_RE), _marker_hits(text, _ANSWER_RE)) if hits]
+    return max(last)[1] if last else None
 
 
 def offers_several_candidates(text: str) -> bool:
@@ -320,9 +332,9 @@ def extract_marked_answer(text: str) -> str | None:
 def extract_answer(text: str) -> str | None:
     """Extracts the final numeric answer of a response.
 
-    Priority: the last ``\\boxed{...}`` > the last ``#### x`` > the last "the answer is x" /
-    "final answer: x" (case-insensitive; the first number on the rest of that line) > the last
-    number in the text.
+    Priority: the last ``\\boxed{...}`` > whichever comes later of the last ``#### x`` and the
+    last "the answer is x" / "final answer: x" (case-insensitive; the first number on the rest of
+    that line) > the last number in the text.
 
     Args:
       text: a model response.

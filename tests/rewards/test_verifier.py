@@ -92,9 +92,14 @@ def test_format_number(value, expected):
         ("\\boxed{x = \\frac{1}{2}}", "0.5"),
         ("\\boxed{1,000} dollars; #### 5", "1000"),
         ("\\boxed{\\text{none}} so the answer is 9", "9"),  # numberless box: next priority
-        # #### beats answer phrases and the last number.
+        # #### beats an earlier answer phrase and the last number.
         ("16 - 3 - 4 = 9, 9 * 2 = 18\n#### 18\nThanks, 99", "18"),
         ("#### $1,234.50", "1234.5"),
+        ("The answer is 4.\n#### 5", "5"),
+        # A final answer phrase beats an earlier stray #### line (issue 56).
+        ("11 + 4 = 15 cars.\n#### 1\nThe answer is 15.", "15"),
+        ("#### 1\nThe answer is below.\nThe answer is 15 cars, 15 in all.", "15"),
+        ("\\boxed{7}\n#### 1\nThe answer is 15.", "7"),  # a box still outranks both
         # Answer phrases: last occurrence, first number on its line, case-insensitive.
         ("The answer is 12. Check: 12 + 3 = 15", "12"),
         ("The answer is 3. Wait, no. The final answer is 4 apples, from 2+2.", "4"),
@@ -243,3 +248,13 @@ def test_lenient_refuses_listed_candidates_strict_unchanged():
     assert verify("The answer is 30.\n#### 31", "31", "lenient") == 0.0
     assert verify("She has 42 - 10 = 32 marbles.", "32", "lenient") == 1.0
     assert verify("The answer is 30.\n#### 31", "31", "strict") == 1.0  # #### outranks the phrase
+
+
+def test_final_answer_phrase_outranks_an_earlier_hash_line():
+    # rlsta_full_s1's greedy FULL reply to family/heldout/1/0/91/parking (docs/results/exp2), verbatim:
+    # the strict verifier used to read the stray "#### 1" (issue 56).
+    reply = ("If 4 more cars drive in, then the total number of cars in the parking lot is 11 + 4 = 15 cars."
+             "\n#### 1\nThe answer is 15.\n\nThe answer is 15.")
+    assert extract_answer(reply) == extract_marked_answer(reply) == "15"
+    assert verify_both(reply, "15") == {"strict": 1.0, "lenient": 0.0}  # lenient: two markers disagree
+    assert verify(reply, "1", "strict") == 0.0
