@@ -59,6 +59,7 @@ from jaxrl_mt.models.attention import IMPLS as ATTENTION_IMPLS
 from jaxrl_mt.eval.task_scoring import conversation_system
 from jaxrl_mt.rewards.abstain import with_abstain
 from jaxrl_mt.models.config import ModelError
+from jaxrl_mt.workdir_lock import hold_workdir
 from jaxrl_mt.rewards.verifier import MODES, verify
 
 __all__ = ["RESULT_FIELDS", "evaluate", "load_eval_model", "load_tasks", "make_sampler", "normalize_config"]
@@ -289,7 +290,8 @@ def _run_todo(c: EvalConfig, todo: list[Any], store: TranscriptStore | None, plu
 
 def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
              log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Runs (or resumes) an evaluation and writes its outputs.
+    """Runs (or resumes) an evaluation and writes its outputs, holding the workdir's lock
+    (``workdir_lock``: a second live evaluation or trainer there is refused naming its pid).
 
     Args:
       cfg: the config (see ``configs/eval_lic.py``).
@@ -301,12 +303,23 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     Returns:
       ``{"report", "files", "n_planned", "n_resumed", "n_generated", "seconds"}``.
     """
-    from jaxrl_mt.parallel import broadcast_json, is_main_process, maybe_initialize_distributed
+    from jaxrl_mt.parallel import is_main_process, maybe_initialize_distributed
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    c = normalize_config(cfg)
+    maybe_initialize_distributed()
+    if is_main_process():
+        check_writable_dir(c.workdir, "config field 'workdir':")  # OSError: one line, exit 2
+    with hold_workdir(c.workdir, what="evaluation", log=log, enabled=is_main_process()):
+        return _evaluate(c, model=model, sampler=sampler, log=log)
+
+
+def _evaluate(c: EvalConfig, *, model: Any, sampler: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """``evaluate`` under the workdir's lock."""
+    from jaxrl_mt.parallel import broadcast_json, is_main_process, maybe_initialize_distributed
+
     multi = maybe_initialize_distributed()  # several processes: every one simulates every conversation
     main = is_main_process()  # (replicated rows on the global mesh); process 0 alone writes the workdir
-    c = normalize_config(cfg)
     seen: dict[str, str] = {}
     tasks = [t for name, specs in c.sources.items()
              for t in load_tasks(specs, task=name, limit=c.limit, seen=seen)]

@@ -57,6 +57,7 @@ from jaxrl_mt.rl.setup import check_micro_batch, load_policy_model, make_mesh, r
 from jaxrl_mt.rl.state import TrainState, fresh_state, restore_state, save_state
 from jaxrl_mt.rl.step import choose_remat, loss_config, loss_fn, make_train_step, micro_seed
 from jaxrl_mt.rl.workdir import NonFiniteUpdate, check_resume_config, last_good
+from jaxrl_mt.workdir_lock import hold_workdir
 from jaxrl_mt.sampling import Sampler, bucket
 from jaxrl_mt.scoring import Scorer
 
@@ -104,6 +105,7 @@ class Trainer:
         self._stop_signal: int | None = None
         self.hooks: list[Callable[[StepInfo], None]] = []
         self.data = METHODS.get(c.method)()
+        self.lock = hold_workdir(self.wd, what="trainer", log=self.log, enabled=self.is_main)  # one live writer
         # a resumed workdir: changed data or optimizer-structure fields are refused before config.json is written
         self.resumed_config = check_resume_config(c, write=self.is_main, log=self.log)
         self.train_scen, self.held_scen = self.data.load(c)  # fails fast on bad or empty data
