@@ -134,11 +134,14 @@ def _value(node: ast.AST, source: str) -> Any:
     node = _json_names(node)
     try:
         v = ast.literal_eval(node)
+        if _plain_value(v):
+            return v
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        v = Ellipsis
-    if _plain_value(v):
-        return v
-    return Expr((ast.get_source_segment(source, node) or "<not a literal>")[:10_000])
+        pass
+    try:
+        return Expr(ast.unparse(node))
+    except (ValueError, RecursionError):  # a huge integer inside: repr() refuses it
+        return Expr((ast.get_source_segment(source, node) or "<not a literal>")[:10_000])
 
 
 def _call(node: ast.AST, order: Mapping[str, Sequence[str]], source: str) -> Call | None:

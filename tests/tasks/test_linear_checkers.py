@@ -39,6 +39,7 @@ PROBES = {
     "5,000-digit JSON integer": json.dumps({"name": FN, "arguments": {"radius": 0}}).replace("0}", "1" * 5000 + "}"),
     "5,000-digit Python integer": f"{FN}(radius={'1' * 5000})",
     "hex integer of 20,000 bits": f"[{FN}(radius=0x{'f' * 5000})]",
+    "hex integer of 20,000 bits in an expression": f"{FN}(radius=0x{'f' * 5000} + 1)",
     "... argument": f"{FN}(radius=...)",
     "... positional": f"```python\n{FN}(..., unit=[...])\n```",
     "fenced JSON, negative huge integer": (
