@@ -3,7 +3,9 @@
 :func:`guard` locks a connection: ``PRAGMA query_only=ON``, an authorizer that allows only
 reading (SELECT, column reads, functions, recursive CTEs) and denies every write, schema change,
 ATTACH/DETACH, PRAGMA and transaction, and a 10 MB cap on one value. :func:`execute` runs one
-statement with a deadline (a progress handler interrupts the virtual machine) and caps the rows.
+statement with a deadline (a progress handler interrupts the virtual machine) and caps the rows
+and the bytes of the result (``MAX_RESULT_BYTES``: ``zeroblob(9000000)`` over 30 rows is an
+error after 2 rows, not 270 MB sent to the parent).
 
 A progress handler cannot stop what SQLite does inside one step (parsing, one ``printf`` of a
 huge width), so untrusted queries run in this module's worker process
@@ -31,7 +33,8 @@ except ImportError:  # run as the worker script: the sibling file, without the p
     _spec.loader.exec_module(_schema)
     split_statements = _schema.split_statements
 
-__all__ = ["MAX_VALUE_BYTES", "WORKER_MEMORY_BYTES", "execute", "guard", "read_record", "write_record"]
+__all__ = ["MAX_RESULT_BYTES", "MAX_VALUE_BYTES", "WORKER_MEMORY_BYTES", "execute", "guard", "read_record",
+           "write_record"]
 
 _ALLOWED = {
     sqlite3.SQLITE_SELECT,
@@ -41,6 +44,7 @@ _ALLOWED = {
 }
 _DENIED_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"}
 MAX_VALUE_BYTES = 10_000_000  # no string or blob above 10 MB (zeroblob(1e9) fails at once)
+MAX_RESULT_BYTES = 16 << 20  # a whole result (strings and blobs by length, other values 8 bytes)
 WORKER_MEMORY_BYTES = 2 << 30  # address-space limit of a worker process
 _HEADER = struct.Struct("<I")
 
@@ -63,9 +67,24 @@ def guard(conn: sqlite3.Connection) -> sqlite3.Connection:
     return conn
 
 
-def execute(conn: sqlite3.Connection, sql: str, timeout_s: float, max_rows: int) -> tuple[str, tuple, str]:
+def _fetch(cur: sqlite3.Cursor, max_rows: int, max_bytes: int) -> tuple[list, str]:
+    """Up to ``max_rows + 1`` rows, and "" or why the result is refused (over ``max_bytes``)."""
+    rows, size = [], 0
+    for row in cur:
+        size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row)
+        if size > max_bytes:
+            return [], f"the result is over {max_bytes} bytes"
+        rows.append(row)
+        if len(rows) > max_rows:
+            break
+    return rows, ""
+
+
+def execute(conn: sqlite3.Connection, sql: str, timeout_s: float, max_rows: int,
+            max_bytes: int = MAX_RESULT_BYTES) -> tuple[str, tuple, str]:
     """Runs one statement on a guarded connection: ``(status, rows, error)`` as
-    :class:`jaxrl_mt.tasks.sql_exec.QueryResult` has them."""
+    :class:`jaxrl_mt.tasks.sql_exec.QueryResult` has them; a result over ``max_rows`` rows or
+    ``max_bytes`` bytes is an error."""
     stmts = split_statements(sql)
     if len(stmts) != 1:
         return "error", (), f"expected one SQL statement, got {len(stmts)}"
@@ -81,7 +100,7 @@ def execute(conn: sqlite3.Connection, sql: str, timeout_s: float, max_rows: int)
     conn.set_progress_handler(tick, 1000)
     try:
         cur = conn.execute(stmts[0])
-        rows = cur.fetchmany(max_rows + 1)
+        rows, too_big = _fetch(cur, max_rows, max_bytes)
         cur.close()
     except sqlite3.DatabaseError as e:
         if timed_out[0]:
@@ -92,6 +111,8 @@ def execute(conn: sqlite3.Connection, sql: str, timeout_s: float, max_rows: int)
         return "error", (), f"{type(e).__name__}: {e}"
     finally:
         conn.set_progress_handler(None, 0)
+    if too_big:
+        return "error", (), too_big
     if len(rows) > max_rows:
         return "error", (), f"more than {max_rows} rows"
     return "ok", tuple(tuple(r) for r in rows), ""
@@ -137,7 +158,7 @@ def _connect(blob: bytes | None, path: str | None) -> sqlite3.Connection:
 
 
 def serve() -> None:
-    """The worker loop: ``(slot, blob | None, path | None, sql, timeout_s, max_rows)`` in,
+    """The worker loop: ``(slot, blob | None, path | None, sql, timeout_s, max_rows, max_bytes)`` in,
     ``(status, rows, error)`` out; the database of a slot is kept until the slot is reused."""
     try:
         import resource
@@ -148,7 +169,7 @@ def serve() -> None:
     conns: dict[int, sqlite3.Connection] = {}
     while True:
         try:
-            slot, blob, path, sql, timeout_s, max_rows = read_record(0)
+            slot, blob, path, sql, timeout_s, max_rows, max_bytes = read_record(0)
         except EOFError:
             return
         try:
@@ -157,7 +178,7 @@ def serve() -> None:
                 if old is not None:
                     old.close()
                 conns[slot] = _connect(blob, path)
-            reply = execute(conns[slot], sql, timeout_s, max_rows)
+            reply = execute(conns[slot], sql, timeout_s, max_rows, max_bytes)
         except Exception as e:  # a database that does not open: the query's error, not the worker's end
             reply = ("error", (), f"{type(e).__name__}: {e}")
         write_record(1, reply)
