@@ -168,3 +168,36 @@ def test_own_host_name():
     r = run_python(prog, limits=FAST)
     assert r.stdout.splitlines() == ["sandbox", "refused 1"], r  # before: the host's name
     assert socket.gethostname() != "evil"
+
+
+def test_the_remount_fallback_for_kernels_without_mount_setattr_sets_the_same_flags():
+    """The per-mount remounts (kernels before 5.12) leave every mount read-only and nosuid, and the
+    system paths' binds nodev too: run in a forked child in its own mount namespace."""
+    _full_only()
+    from jaxrl_mt.tasks import sandbox_init as si
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (child)
+        try:
+            os.close(r)
+            si._check(si._LIBC.unshare(si._CLONE_NEWNS), "unshare")
+            si._mount(None, "/", None, si._MS_REC | si._MS_PRIVATE, None, "private")
+            si._remount_each("/", si._MS_NOSUID)
+            si._remount_each("/usr", si._MS_NOSUID | si._MS_NODEV)
+            with open("/proc/self/mountinfo", encoding="utf-8") as f:
+                os.write(w, f.read().encode())
+            os._exit(0)
+        except BaseException as e:  # noqa: BLE001
+            os.write(w, f"error {e}".encode())
+            os._exit(1)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    assert os.waitpid(pid, 0)[1] == 0, out
+    top = {row[4]: row for row in (line.split() for line in out.splitlines())}  # over-mounted ones are hidden
+    rows = list(top.values())
+    assert rows and all("ro" in row[5].split(",") and "nosuid" in row[5].split(",") for row in rows), out
+    assert all("nodev" in row[5].split(",") for row in rows if row[4] == "/usr" or row[4].startswith("/usr/"))
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:  # the host's mounts are untouched
+        assert any("rw" in line.split()[5].split(",") for line in f)
