@@ -185,14 +185,17 @@ def _try(kind: str, base: str) -> str:
         cg.close()
 
 
-def _sweep(bound: MemoryBound) -> None:
-    """Removes run cgroups an earlier process left behind (killed before its cleanup)."""
+def _sweep(bound: MemoryBound, min_age_s: float = 600.0) -> None:
+    """Removes empty run cgroups an earlier process left behind (killed before its cleanup); only
+    old ones: another process's new cgroup may not have its child yet."""
+    now = time.time()
     for name in os.listdir(bound.base):
-        if name.startswith(_PREFIX):
-            try:
-                os.rmdir(os.path.join(bound.base, name))
-            except OSError:
-                pass
+        path = os.path.join(bound.base, name)
+        try:
+            if name.startswith(_PREFIX) and now - os.stat(path).st_mtime > min_age_s:
+                os.rmdir(path)  # EBUSY while a process is in it
+        except OSError:
+            pass
 
 
 def _find() -> MemoryBound:
