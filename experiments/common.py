@@ -97,6 +97,37 @@ def evaluation_finished(workdir: str | Path) -> bool:
     return (Path(workdir) / "transcripts.jsonl.gz").is_file()
 
 
+def sha256_of(path: str | Path) -> str:
+    """The hex SHA-256 of a file's bytes."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def refresh_copy(src: str | Path, dst: str | Path) -> bool:
+    """Copies ``src`` to ``dst`` (atomically) when ``dst`` is missing or its checksum differs.
+
+    A copy damaged on its way (or copied before its source was repaired) is replaced by the source.
+
+    Returns:
+      Whether ``dst`` was (re)written.
+    """
+    import os
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    if dst.is_file() and sha256_of(dst) == sha256_of(src):
+        return False
+    tmp = dst.with_name(dst.name + ".copying")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+    return True
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
     """Writes ``obj`` as indented JSON (NaN as null) and returns the path."""
     p = Path(path)

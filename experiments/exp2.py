@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from experiments.common import ROOT, evaluation_finished
+from experiments.common import ROOT, evaluation_finished, refresh_copy
 from experiments.report import RUN_FILES
 
 __all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "best_other_arm", "compare_args", "finished", "main",
@@ -236,8 +236,11 @@ def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra:
                 copy_shared_items(data if (data / "train_items.jsonl").is_file() else runs / DATA_ARM, wd)
             if not ARMS[name].shares_items and not (data / PROBLEMS).is_file():
                 write_item_problems(data)
-            if ARMS[name].shares_texts and (data / FILTER_TEXTS).is_file() and not (wd / FILTER_TEXTS).exists():
-                shutil.copyfile(data / FILTER_TEXTS, wd / FILTER_TEXTS)
+            if ARMS[name].shares_texts and (data / FILTER_TEXTS).is_file():  # a differing copy: refreshed
+                had = (wd / FILTER_TEXTS).exists()
+                if refresh_copy(data / FILTER_TEXTS, wd / FILTER_TEXTS) and had:
+                    print(f"exp2: {wd / FILTER_TEXTS} differed from {data / FILTER_TEXTS} (checksum): copied again",
+                          file=sys.stderr, flush=True)
             print(f"exp2: training {name}", file=sys.stderr, flush=True)
             rc = subprocess.call([sys.executable, "-m", "experiments.train_arm", *arm_command(name, runs, data, extra)],
                                  cwd=ROOT)

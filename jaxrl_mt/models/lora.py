@@ -55,7 +55,10 @@ class LoraConfig:
         Raises:
           ValueError: a regex that matches no projection.
         """
-        got = tuple(k for k in TARGETS if re.fullmatch(self.targets, k))
+        try:
+            got = tuple(k for k in TARGETS if re.fullmatch(self.targets, k))
+        except (re.error, TypeError) as e:
+            raise ValueError(f"lora targets {self.targets!r} is not a regular expression ({e})") from None
         if not got:
             raise ValueError(f"lora targets {self.targets!r} match none of {', '.join(TARGETS)}")
         return got

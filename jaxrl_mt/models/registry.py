@@ -114,6 +114,20 @@ def load_tokenizer(folder: str | os.PathLike) -> Any:
         raise ModelError(f"{folder}: tokenizer failed to load ({type(e).__name__}: {e})") from None
 
 
+def attention_env_problem() -> str:
+    """Why ``JAXRL_MT_ATTENTION`` cannot be used ("" when it is unset or names one of ``IMPLS``).
+
+    The variable is read at trace time (``models.attention.resolve``); checked here, a bad value is
+    one line at start-up instead of a traceback from the first forward.
+    """
+    from jaxrl_mt.models.attention import ENV_VAR, IMPLS
+
+    value = os.environ.get(ENV_VAR)
+    if value and value not in IMPLS:
+        return f"environment variable {ENV_VAR}={value!r}: expected one of {', '.join(IMPLS)}"
+    return ""
+
+
 def load_model(spec: str = DEFAULT_MODEL, *, param_dtype: str = "float32", dtype: str = "float32",
                with_tokenizer: bool = True, attention: str = "auto") -> Model:
     """Loads a model spec into a Model (config, params on the default device, tokenizer).
@@ -126,6 +140,8 @@ def load_model(spec: str = DEFAULT_MODEL, *, param_dtype: str = "float32", dtype
 
     if attention not in IMPLS:
         raise ModelError(f"attention must be one of {IMPLS}, got {attention!r}")
+    if attention_env_problem():
+        raise ModelError(attention_env_problem())
     base_spec, _, adapter = spec.partition("+lora:")
     folder = resolve(base_spec)
     cfg, params = load_hf_folder(folder, param_dtype=param_dtype, dtype=dtype)

@@ -19,6 +19,7 @@ from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError, Scenario
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.models.attention import IMPLS as ATTENTION_IMPLS
+from jaxrl_mt.models.registry import attention_env_problem
 from jaxrl_mt.models.lora import TARGETS as LORA_TARGETS
 from jaxrl_mt.registry import Registry
 from jaxrl_mt.rewards.registry import reward_names
@@ -79,6 +80,16 @@ class ConfigError(ValueError):
 # ----------------------------------------------------------------------------- config checks
 
 
+def _targets_check(lo: Any) -> tuple[bool, str]:
+    """``lora.targets`` is a regular expression, matching a projection when LoRA is on (rank > 0)."""
+    try:
+        pattern = re.compile(lo.targets)
+    except (re.error, TypeError) as e:
+        return False, f"lora.targets {lo.targets!r} is not a regular expression ({e})"
+    return (lo.rank == 0 or any(pattern.fullmatch(k) for k in LORA_TARGETS),
+            f"lora.targets {lo.targets!r} matches none of {', '.join(LORA_TARGETS)}")
+
+
 def validate_config(c: Any) -> None:
     """Fails fast on values that cannot work (keys are checked by the locked ConfigDict)."""
     rl = c.rl
@@ -114,12 +125,12 @@ def validate_config(c: Any) -> None:
         checks.append((0.0 <= r <= 1.0, f"icpo.underspecified_ratio must be in [0, 1], got {r}"))
     checks.append((getattr(c, "attention", "auto") in ATTENTION_IMPLS,
                    f"attention must be one of {ATTENTION_IMPLS}, got {getattr(c, 'attention', None)!r}"))
+    checks.append((not attention_env_problem(), attention_env_problem()))
     lo = getattr(c, "lora", None)
     if lo is not None:
         checks.append((lo.rank >= 0, f"lora.rank must be >= 0, got {lo.rank}"))
         checks.append((lo.rank == 0 or lo.alpha > 0, f"lora.alpha must be > 0, got {lo.alpha}"))
-        checks.append((lo.rank == 0 or any(re.fullmatch(lo.targets, k) for k in LORA_TARGETS),
-                       f"lora.targets {lo.targets!r} matches none of {', '.join(LORA_TARGETS)}"))
+        checks.append(_targets_check(lo))
         checks.append((getattr(lo, "forward", "unmerged") in ("unmerged", "merged"),
                        f"lora.forward must be 'unmerged' or 'merged', got {getattr(lo, 'forward', None)!r}"))
     if is_supervised(c.method):

@@ -176,14 +176,19 @@ def load_texts(path: str | os.PathLike, key: dict[str, Any], items: Sequence[Tra
     Raises:
       ValueError: a damaged file (naming its line): bad JSON, a wrong item id or sample count.
     """
-    lines = Path(path).read_text().splitlines()
+    data = Path(path).read_bytes()
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 (byte {e.start})") from None
     try:
         if json.loads(lines[0])["key"] != key:
             return None
     except (IndexError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}:1: not a filter texts header ({type(e).__name__}: {e})") from None
     if len(lines) != len(items) + 1:
-        raise ValueError(f"{path}: {len(lines) - 1} item lines for {len(items)} items")
+        raise ValueError(f"{path}:{len(lines)}: {len(lines) - 1} item lines for {len(items)} items")
     st: list[str] = []
     mt: list[str] = []
     for n, (line, it) in enumerate(zip(lines[1:], items), 2):

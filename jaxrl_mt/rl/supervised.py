@@ -124,7 +124,10 @@ class _Supervised(MultiTurnData):
         key = texts_key(hist, model=c.model, seed=seed, k=k, temperature=sampling.temperature,
                         max_new_tokens=sampling.max_new_tokens, system=env.system)
         path = env.workdir / FILTER_TEXTS
-        cached = load_texts(path, key, hist, k=k) if path.is_file() else None
+        try:
+            cached = load_texts(path, key, hist, k=k) if path.is_file() else None
+        except ValueError as e:  # a damaged cache (a half-written line): one line naming file:line, exit 2
+            raise ConfigError(f"{e}; delete the file to sample again") from None
         if cached is not None:
             env.log(f"data: the filter's samples from {path}")
             return cached
