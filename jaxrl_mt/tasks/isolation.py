@@ -38,7 +38,8 @@ half. The strongest mode that works on the machine is found once per process by
   host Unix sockets, every file of the calling user, the process list and ``/proc/<parent>``.
 
 In every mode the run's memory as a whole is bounded by :mod:`jaxrl_mt.tasks.memcap` (a cgroup
-per run where the host allows it; the child joins it in the same ``preexec`` hook).
+per run where the host allows it; the parent moves the child in while the child waits on a gate
+before anything of the program runs: :attr:`Plan.gate`).
 
 Anything weaker than ``full`` is logged once as a warning and named in every result, with what is
 not isolated (:attr:`Isolation.label`). The interpreter for the child must be executable by the
@@ -130,6 +131,9 @@ class Plan:
       rlimits: ``(resource, soft, hard)`` triples applied before the uid change.
       workdir_mb: tmpfs size (``full`` mode).
       ro_paths: host paths bound read-only into the minimal root (``full`` mode).
+      gate: a pipe the child reads one byte from before it forks PID 1 (``full`` mode; the
+        bootstrap reads it in the other modes), -1 for none: the parent writes it once it has
+        moved the child into the run's memory cgroup.
     """
 
     mode: str
@@ -138,6 +142,7 @@ class Plan:
     rlimits: tuple[tuple[int, int, int], ...]
     workdir_mb: int = 64
     ro_paths: tuple[str, ...] = _SYSTEM_PATHS
+    gate: int = -1
 
 
 def new_uid() -> int:
@@ -145,7 +150,7 @@ def new_uid() -> int:
     return _UID_BASE + secrets.randbelow(_UID_SPAN)
 
 
-def make_preexec(plan: Plan, join=None):
+def make_preexec(plan: Plan):
     """The function ``subprocess`` runs in the child between ``fork`` and ``exec``.
 
     Runs after ``setsid`` (``start_new_session=True``). In ``full`` mode it only enters the
@@ -157,15 +162,9 @@ def make_preexec(plan: Plan, join=None):
     log, and makes only system calls (ctypes ``unshare``/``mount``/``mount_setattr``,
     ``setrlimit``, ``setgroups``/``setgid``/``setuid``; ``open`` of /proc/self/mountinfo only on
     kernels without ``mount_setattr``).
-
-    Args:
-      plan: what to set up.
-      join: called first when given (:meth:`jaxrl_mt.tasks.memcap.RunCgroup.join`: one ``write``).
     """
 
     def preexec() -> None:
-        if join is not None:
-            join()
         if plan.mode == "full":
             sandbox_init.enter_namespaces()
         else:
@@ -179,7 +178,7 @@ def child_argv(plan: Plan, python: str, program: str, args: tuple[str, ...] = ()
     preceded by :mod:`jaxrl_mt.tasks.sandbox_init`'s source and its ``enter(plan)`` (in its own
     namespace dict), so PID 1 is forked from a fresh interpreter, not from this process."""
     if plan.mode == "full":
-        spec = (plan.workdir, plan.uid, plan.workdir_mb, plan.ro_paths, plan.rlimits)
+        spec = (plan.workdir, plan.uid, plan.workdir_mb, plan.ro_paths, plan.rlimits, plan.gate)
         init = f'_sbx = {{"__name__": "sandbox_init"}}\nexec({_INIT_SOURCE!r}, _sbx)\n_sbx["enter"]({spec!r})\n'
         program = f"{init}del _sbx\n{program}"
     return [python, "-I", "-B", "-c", program, *args]

@@ -68,7 +68,11 @@ def _describe(e):
     line = (frames[-1].line or "")[:150] if frames else ""
     return f"line {frames[-1].lineno}: {line} -> {msg}" if frames else msg
 def _boot():
-    prog_fd, nonce_fd, report_fd = (int(a) for a in sys.argv[1:4])
+    prog_fd, nonce_fd, report_fd, gate = (int(a) for a in sys.argv[1:5])
+    if gate >= 0:  # wait until the parent has moved this process into the run's memory cgroup
+        if os.read(gate, 1) != b"1":
+            os._exit(125)
+        os.close(gate)
     nonce = os.read(nonce_fd, 64)
     os.close(nonce_fd)
     with os.fdopen(prog_fd, "rb") as f:
@@ -323,17 +327,7 @@ def run_python(
     proc = None
     try:
         try:
-            proc = subprocess.Popen(
-                child_argv(plan, iso.python, _BOOTSTRAP, (str(prog_fd), str(nonce_r), str(report_w))),
-                stdin=in_fd if in_fd is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=workdir,
-                env=env,
-                pass_fds=(prog_fd, nonce_r, report_w),
-                start_new_session=True,
-                preexec_fn=make_preexec(plan, cgroup and cgroup.join),  # noqa: PLW1509 (see make_preexec)
-            )
+            proc = _start(plan, iso.python, (prog_fd, nonce_r, report_w), in_fd, env, cgroup)
         except (OSError, subprocess.SubprocessError) as e:
             why = f"the sandbox could not start the child: {e}"
             return SandboxResult("crashed", why, "", "", time.monotonic() - start, None, iso.label, memory)
@@ -360,6 +354,48 @@ def run_python(
     out = bytes(bufs["stdout"]).decode("utf-8", "replace")
     return SandboxResult(verdict, reason[:500], out, _tail(bufs["stderr"]), time.monotonic() - start, rc, iso.label,
                          memory)
+
+
+def _start(plan: Plan, python: str, fds: tuple[int, ...], in_fd: int | None, env: dict,
+           cgroup: memcap.RunCgroup | None) -> subprocess.Popen:
+    """Starts the child; with a cgroup, moves it in, then lets it go on (the gate, :attr:`Plan.gate`).
+
+    Raises:
+      OSError, subprocess.SubprocessError: it did not start, or could not be moved into the
+        cgroup (then it is killed before any of the program ran).
+    """
+    gate_r, gate_w = os.pipe() if cgroup is not None else (-1, -1)
+    full = plan.mode == "full"
+    plan = dataclasses.replace(plan, gate=gate_r if full else -1)
+    try:
+        proc = subprocess.Popen(
+            child_argv(plan, python, _BOOTSTRAP, (*map(str, fds), str(-1 if full else gate_r))),
+            stdin=in_fd if in_fd is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=plan.workdir,
+            env=env,
+            pass_fds=fds + ((gate_r,) if gate_r >= 0 else ()),
+            start_new_session=True,
+            preexec_fn=make_preexec(plan),  # noqa: PLW1509 (thread-safe: see isolation.make_preexec)
+        )
+    except BaseException:
+        if cgroup is not None:
+            os.close(gate_w)
+        raise
+    finally:
+        if gate_r >= 0:
+            os.close(gate_r)
+    if cgroup is not None:
+        try:
+            cgroup.add(proc.pid)  # from here: moving it from its own preexec cost ~10 ms a run
+            os.write(gate_w, b"1")
+        except OSError as e:
+            _kill_all(proc, plan.uid)
+            raise OSError(e.errno, f"the child could not be moved into its memory cgroup: {e.strerror}") from e
+        finally:
+            os.close(gate_w)
+    return proc
 
 
 def _kill_all(proc: subprocess.Popen, uid: int | None) -> None:

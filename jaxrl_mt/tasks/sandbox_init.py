@@ -85,7 +85,8 @@ def enter_namespaces() -> None:
     kernel destroys them with the namespace when the run's last process is gone.
     """
     _check(_LIBC.unshare(_NAMESPACES), "unshare(NEWNET|NEWNS|NEWPID|NEWIPC|NEWUTS)")
-    _check(_LIBC.sethostname(HOSTNAME, len(HOSTNAME)), "sethostname")
+    if _NAMESPACES & _CLONE_NEWUTS:  # never the host's name
+        _check(_LIBC.sethostname(HOSTNAME, len(HOSTNAME)), "sethostname")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None, "make / private")
     _set_attrs("/", _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, _MS_NOSUID)
 
@@ -165,14 +166,27 @@ def _relay(pid: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
+def wait_gate(gate: int) -> None:
+    """Waits until the parent has moved this process into the run's memory cgroup (it then writes
+    one byte on the pipe ``gate``); leaves with ``SETUP_FAILED`` when the parent closed it instead."""
+    ok = os.read(gate, 1) == b"1"
+    os.close(gate)
+    if not ok:
+        os.write(2, b"sandbox setup failed: not moved into the run's memory cgroup\n")
+        os._exit(SETUP_FAILED)
+
+
 def enter(plan: tuple) -> None:
     """In the child's interpreter (namespaces already entered): fork into the PID namespace; the
     returning process is PID 1 inside the minimal root, limited and unprivileged.
 
     Args:
-      plan: ``(workdir, uid, workdir_mb, ro_paths, rlimits)``.
+      plan: ``(workdir, uid, workdir_mb, ro_paths, rlimits, gate)``; ``gate`` >= 0: first wait
+        on that pipe (:func:`wait_gate`), so that both processes are in the run's cgroup.
     """
-    workdir, uid, workdir_mb, ro_paths, rlimits = plan
+    workdir, uid, workdir_mb, ro_paths, rlimits, gate = plan
+    if gate >= 0:
+        wait_gate(gate)
     pid = os.fork()
     if pid > 0:
         _relay(pid)
