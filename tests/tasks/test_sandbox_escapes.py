@@ -9,6 +9,7 @@ whole per-process limit (4 x 100 MB under a 256 MB limit), every bind was ``suid
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import secrets
 import socket
@@ -105,17 +106,22 @@ print("touched", sum(os.waitpid(p, 0)[1] == 0 for p in pids))
 """
 
 
-@pytest.mark.parametrize("kind", ["cgroup", "rlimit"])
+@pytest.mark.parametrize("kind", ["cgroup", "cgroup, uid mode", "rlimit"])
 def test_fork_and_touch_is_stopped_at_the_configured_total(kind, monkeypatch):
-    """4 children x 100 MB under a 256 MB limit: at most 2 can hold theirs (before: all 4, 400 MB)."""
-    if kind == "cgroup" and memcap.memory_bound().kind == "rlimit":
+    """4 children x 100 MB under a 256 MB limit: at most 2 can hold theirs (before: all 4, 400 MB).
+    In ``uid`` mode the bootstrap waits on the gate; in ``full`` mode the child's init does."""
+    if kind.startswith("cgroup") and memcap.memory_bound().kind == "rlimit":
         pytest.skip(f"no cgroup on this host: {memcap.memory_bound().notice}")
     if kind == "rlimit":
         monkeypatch.setattr(memcap, "_FOUND", memcap.MemoryBound("rlimit", notice="forced by the test"))
+    if kind.endswith("uid mode"):
+        if iso.isolation().mode not in ("full", "uid"):
+            pytest.skip(f"sandbox isolation here is {iso.isolation().label!r}; this needs a throwaway uid")
+        monkeypatch.setattr(iso, "_FOUND", dataclasses.replace(iso.isolation(), mode="uid"))
     if iso.isolation().mode == "none" and os.geteuid() == 0:
         pytest.skip("as root without a throwaway uid RLIMIT_NPROC does not bind")
     r = run_python(FORK_AND_TOUCH, limits=SandboxLimits(timeout_s=5.0, memory_mb=256))
-    assert r.memory.startswith("cgroup" if kind == "cgroup" else "rlimit: 1 processes x 256 MiB"), r.memory
+    assert r.memory.startswith("cgroup" if kind.startswith("cgroup") else "rlimit: 1 processes x 256 MiB"), r.memory
     touched = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("touched")]
     if r.verdict == "crashed":  # the OOM killer may pick the parent too
         assert "SIGKILL" in r.reason and not touched, r
