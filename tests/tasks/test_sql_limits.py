@@ -99,3 +99,18 @@ def test_results_equal_compares_blobs_without_a_text_copy():
     assert not results_equal(rows, [(rb"\9" * 9_000_000, 0), *rows[1:]], ordered=False)
     assert not results_equal([(b"1",)], [("1",)], ordered=False)  # a blob is not its text
     assert results_equal([(1, "a")], [("a", 1.0)], ordered=True)  # numbers by value, columns in any order
+
+
+def test_the_database_task_refuses_the_probe_within_its_limit():
+    """Through ``DatabaseTask.verify`` (8 fuzzed instances of the first LiC record, 2 s each)."""
+    from jaxrl_mt.data.loaders import load_source
+    from jaxrl_mt.tasks import get_task
+
+    task, checker = load_source("lic:@:database")[0], get_task("database")
+    sql = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 30) SELECT zeroblob(9000000) FROM c"
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.monotonic()
+    v = checker.verify(f"```sql\n{sql}\n```", task)
+    assert v.status == "sql_error" and f"over {MAX_RESULT_BYTES} bytes" in v.reason, v
+    assert time.monotonic() - t < checker.timeout_s
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024 < 100 << 20
