@@ -56,6 +56,7 @@ from jaxrl_mt.rl.run_config import TrainConfig, typed_config
 from jaxrl_mt.rl.setup import check_micro_batch, load_policy_model, make_mesh, reference
 from jaxrl_mt.rl.state import TrainState, fresh_state, restore_state, save_state
 from jaxrl_mt.rl.step import choose_remat, loss_config, loss_fn, make_train_step, micro_seed
+from jaxrl_mt.rl.memory_plan import MemoryPlan
 from jaxrl_mt.rl.workdir import NonFiniteUpdate, check_resume_config, last_good
 from jaxrl_mt.workdir_lock import hold_workdir
 from jaxrl_mt.sampling import Sampler, bucket
@@ -127,6 +128,8 @@ class Trainer:
         self.best = BestKeeper(self.wd, *select, enabled=self.is_main, log=self.log) if select else None
         self.optimizer = optimizer_from_config(c.rl)
         self.lc = loss_config(c.rl)
+        self.plan = MemoryPlan(self.wd, chunk=self.lc.chunk, log=self.log, write=self.is_main,
+                               agree=agree_max_many if self.multi else None)  # resumed: the first start's choices
         self._steps: dict[int, Any] = {}
         self.ref_scorer = Scorer(self.ref_params, self.ref_cfg, pad_id=self.model.pad_id,
                                  batch_size=min(16, c.rl.batch_size * c.rl.group_size), mesh=self.mesh)
@@ -173,11 +176,13 @@ class Trainer:
         return grouped_layout(rl.batch_size, rl.group_size, rl.grad_accum, self.mesh, self.multi)
 
     def _remat(self, P: int) -> bool | str:
-        """`rl.remat` for the step of prompt bucket P; "auto": the cheapest whose estimated activations
-        fit (`rl.step.choose_remat`), the same on every process (the most conservative choice)."""
+        """`rl.remat` for the step of prompt bucket P, the first start's choice on a resume (`rl.memory_plan`)."""
+        return self.plan.remat(P, self.c.rl.remat, lambda: self._auto_remat(P))
+
+    def _auto_remat(self, P: int) -> bool | str:
+        """Under "auto": the cheapest remat whose estimated activations fit (`rl.step.choose_remat`), the same on
+        every process (the most conservative choice)."""
         rl = self.c.rl
-        if rl.remat != "auto":
-            return rl.remat
         rows, G = rl.batch_size * rl.group_size // rl.grad_accum, rl.group_size
         C = bucket(rl.max_new_tokens, 16)
         prompts, group = (rows // G, G) if self._grouped() else (rows, 1)  # the flat layout repeats each prompt
