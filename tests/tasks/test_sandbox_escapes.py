@@ -207,3 +207,26 @@ def test_the_remount_fallback_for_kernels_without_mount_setattr_sets_the_same_fl
     assert all("nodev" in row[5].split(",") for row in rows if row[4] == "/usr" or row[4].startswith("/usr/"))
     with open("/proc/self/mountinfo", encoding="utf-8") as f:  # the host's mounts are untouched
         assert any("rw" in line.split()[5].split(",") for line in f)
+
+
+def test_without_a_writable_cgroup_the_rlimit_split_applies_and_says_why(monkeypatch):
+    monkeypatch.setenv("JAXRL_SANDBOX_CGROUP", "off")
+    assert memcap._find() == memcap.MemoryBound("rlimit", notice="cgroups turned off by $JAXRL_SANDBOX_CGROUP")
+    if os.geteuid() != 0:
+        return
+    code = (  # a real unprivileged process, memcap alone (the package's __init__ files need the venv)
+        "import importlib.util, logging, sys\n"
+        "logging.basicConfig(format='%(message)s')\n"
+        f"spec = importlib.util.spec_from_file_location('memcap', {memcap.__file__!r})\n"
+        "m = sys.modules['memcap'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(m)\n"
+        "print(m.memory_bound())\n"
+    )
+    uid = iso.new_uid()
+    r = subprocess.run([iso.isolation().python, "-I", "-c", code], user=uid, group=uid, extra_groups=[], cwd="/",
+                       env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30, check=False)
+    assert r.stdout.strip() == "MemoryBound(kind='rlimit', base='', notice='not root: no cgroup is writable')", r
+    assert r.stderr.strip() == (
+        "sandbox memory bound: no cgroup (not root: no cgroup is writable); each run gets RLIMIT_AS x RLIMIT_NPROC "
+        "within its memory limit"
+    )
