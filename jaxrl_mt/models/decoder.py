@@ -29,6 +29,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_mt.models.attention import MaskSpec, attend, causal_spec, einsum_attention, resolve
+from jaxrl_mt.models.cache_attention import cached_attention
 from jaxrl_mt.models.config import ModelConfig, ModelError
 
 PROJ = "proj"  # checkpoint name of a weight projection's output (`dense`, `remat_layer`)
@@ -132,44 +133,6 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return (y * w.astype(jnp.float32)).astype(x.dtype)
-
-
-def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, cache_mask: jax.Array,
-                     k_new: jax.Array, v_new: jax.Array, new_mask: jax.Array) -> jax.Array:
-    """Attention over a read-only cache plus the new tokens' own keys/values.
-
-    Args:
-      q: [B, T, Hq, K] new queries.
-      k_cache, v_cache: [B, Hkv, S, K] cached keys/values (slots written by earlier calls).
-      cache_mask: [B, T, S] which cached slots each query may attend.
-      k_new, v_new: [B, T, Hkv, K] the new tokens' keys/values.
-      new_mask: [B, T, T] causal mask among the new tokens (and their padding).
-
-    Returns:
-      [B, T, Hq, K]. Equivalent to `attention` over the concatenated keys, without building it.
-    """
-    b, t, hq, kd = q.shape
-    hkv = k_new.shape[2]
-    qg = q.reshape(b, t, hkv, hq // hkv, kd)  # [B, T, Hkv, G, K]
-    neg = jnp.finfo(jnp.float32).min
-    if t == 1:  # decode: multiply-reduce fusions read the cache once, no dot/transposes
-        s_old = jnp.sum(qg[:, 0, :, :, None, :].astype(jnp.float32) * k_cache[:, :, None].astype(jnp.float32),
-                        axis=-1)[:, :, :, None, :]  # [B, Hkv, G, 1, S]
-    else:
-        s_old = jnp.einsum("btkgd,bksd->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
-    s_new = jnp.einsum("btkgd,bskd->bkgts", qg, k_new, preferred_element_type=jnp.float32)
-    s_old = jnp.where(cache_mask[:, None, None], s_old / math.sqrt(kd), neg)  # [B, Hkv, G, T, S]
-    s_new = jnp.where(new_mask[:, None, None], s_new / math.sqrt(kd), neg)  # [B, Hkv, G, T, T]
-    m = jnp.maximum(jnp.max(s_old, -1, keepdims=True), jnp.max(s_new, -1, keepdims=True))
-    p_old, p_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
-    denom = jnp.sum(p_old, -1, keepdims=True) + jnp.sum(p_new, -1, keepdims=True)
-    if t == 1:
-        o_old = jnp.sum((p_old / denom)[:, :, :, 0, :, None] * v_cache[:, :, None].astype(jnp.float32),
-                        axis=-2)[:, None].astype(v_new.dtype)  # [B, 1, Hkv, G, K]
-    else:
-        o_old = jnp.einsum("bkgts,bksd->btkgd", (p_old / denom).astype(v_cache.dtype), v_cache)
-    out = o_old + jnp.einsum("bkgts,bskd->btkgd", (p_new / denom).astype(v_new.dtype), v_new)
-    return out.reshape(b, t, hq, kd)
 
 
 def dense(h: jax.Array, lp: Params, key: str, dt: Any) -> jax.Array:
@@ -322,19 +285,17 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         slot = jnp.arange(s)[None, :]  # [1, S]
         seen = (slot < idx) & cache.valid  # [B, S]: earlier writes
         impl = attention_impl(cfg, t, s + t, self_attn=False)
-        cache_mask = jnp.broadcast_to(seen[:, None, :], (b, t, s))  # [B, T, S]
         new_mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
         spec = cache_spec(seen, token_mask) if impl != "einsum" else None
 
         def body(x, xs):
             lp, li = xs
-            # this layer's cache [B, Hkv, S, K], read only; indexed (not scanned) so that the
-            # slice fuses into the attention's multiply-reduce instead of being copied.
-            k_l = jax.lax.dynamic_index_in_dim(cache.k, li, 0, keepdims=False).astype(dt)
-            v_l = jax.lax.dynamic_index_in_dim(cache.v, li, 0, keepdims=False).astype(dt)
-            if impl == "einsum":
-                attn = lambda q, k, v: cached_attention(q, k_l, v_l, cache_mask, k, v, new_mask)  # noqa: E731
+            if impl == "einsum":  # reads this layer's slots before the write index only (`cache_attention`)
+                attn = lambda q, k, v: cached_attention(q, cache.k, cache.v, seen, k, v, new_mask,  # noqa: E731
+                                                        bound=idx, layer=li)
             else:
+                k_l = jax.lax.dynamic_index_in_dim(cache.k, li, 0, keepdims=False).astype(dt)
+                v_l = jax.lax.dynamic_index_in_dim(cache.v, li, 0, keepdims=False).astype(dt)
                 attn = lambda q, k, v: spec_attention(cfg, impl, q, k, v, spec, k_l, v_l)  # noqa: E731
             x, new_k, new_v = _layer(cfg, lp, x, cos, sin, attn)
             return x, (new_k, new_v)

@@ -60,9 +60,9 @@ def forward_grouped(params: Params, cfg: ModelConfig, prefix: jax.Array, prefix_
         spec_p = causal_spec(prefix_mask)
         attn_p = lambda q, k, v: spec_attention(cfg, impl_p, q, k, v, spec_p)  # noqa: E731
     if impl_s == "einsum":
-        cache_mask = jnp.broadcast_to(jnp.repeat(prefix_mask, g, axis=0)[:, None, :], (b, c, p))  # [B, C, P]
+        seen = jnp.repeat(prefix_mask, g, axis=0)  # [B, P]
         new_mask = jnp.tril(jnp.ones((c, c), bool))[None] & suffix_mask[:, None, :]  # [B, C, C]
-        attn_s = lambda q, k, v, kc, vc: cached_attention(q, kc, vc, cache_mask, k, v, new_mask)  # noqa: E731
+        attn_s = lambda q, k, v, kc, vc: cached_attention(q, kc, vc, seen, k, v, new_mask)  # noqa: E731
     else:
         spec_s = cache_spec(jnp.repeat(prefix_mask, g, axis=0), suffix_mask)
         attn_s = lambda q, k, v, kc, vc: spec_attention(cfg, impl_s, q, k, v, spec_s, kc, vc)  # noqa: E731

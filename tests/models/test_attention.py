@@ -122,11 +122,10 @@ def test_cache_continuation_with_holes(hq, hkv, block_k):
                 mask[r, i, s + j] = new_valid[r, j]
     q, k, v = _qkv(rng, b, t, s + t, hq, hkv)
 
-    def reference(q, k, v):  # today's cached attention (dense masks, cache and new keys apart)
-        cm = jnp.broadcast_to(jnp.asarray(seen)[:, None], (b, t, s))
+    def reference(q, k, v):  # the einsum's cache form (cache and new keys apart), reading up to the index
         nm = jnp.asarray(mask[:, :, s:])
-        return cached_attention(q, k[:, :, :s], v[:, :, :s], cm, k[:, :, s:].swapaxes(1, 2),
-                                v[:, :, s:].swapaxes(1, 2), nm)
+        return cached_attention(q, k[:, :, :s], v[:, :, :s], jnp.asarray(seen), k[:, :, s:].swapaxes(1, 2),
+                                v[:, :, s:].swapaxes(1, 2), nm, bound=jnp.int32(idx), block=8)
 
     spec = cache_spec(jnp.asarray(seen), jnp.asarray(new_valid))
     _assert_parity(q, k, v, spec, mask, block_k, reference=reference)
