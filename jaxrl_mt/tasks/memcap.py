@@ -31,12 +31,13 @@ import dataclasses
 import errno
 import logging
 import os
+import secrets
 import threading
 import time
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MIN_PROCESS_MB", "MemoryBound", "RunCgroup", "memory_bound", "split"]
+__all__ = ["MIN_PROCESS_MB", "MemoryBound", "RunCgroup", "for_run", "memory_bound", "split"]
 
 MIN_PROCESS_MB = 256  # the rlimit bound never gives a process less address space than this
 _PREFIX = "jaxrl_sbx_"
@@ -243,3 +244,18 @@ def memory_bound() -> MemoryBound:
                 log.warning("sandbox memory bound: no cgroup (%s); each run gets RLIMIT_AS x RLIMIT_NPROC "
                             "within its memory limit", _FOUND.notice)
         return _FOUND
+
+
+def for_run(memory_mb: int, max_processes: int) -> tuple[RunCgroup | None, str]:
+    """The bound of one run: ``(its cgroup, or None for the rlimit split; the bound in words)``."""
+    bound = memory_bound()
+    if bound.kind != "rlimit":
+        try:
+            cg = RunCgroup(bound, f"{os.getpid()}_{secrets.token_hex(6)}", memory_mb << 20, max_processes)
+            return cg, f"{bound.kind}: {memory_mb} MiB for the whole run"
+        except OSError as e:
+            why = f"{bound.kind} refused this run ({e.strerror})"
+    else:
+        why = bound.notice
+    procs, each = split(memory_mb, max_processes)
+    return None, f"rlimit: {procs} processes x {each} MiB ({why})"

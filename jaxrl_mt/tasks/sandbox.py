@@ -270,22 +270,6 @@ def _classify(report: bytes, nonce: bytes, rc: int | None, stop: str, allow_exit
     return "crashed", f"exited with status {rc} before the end of the program"
 
 
-def _memory_bound(limits: SandboxLimits, uid: int | None) -> tuple[memcap.RunCgroup | None, tuple, str]:
-    """(the run's cgroup or None, its rlimits, how its memory is bounded, in words)."""
-    bound = memcap.memory_bound()
-    if bound.kind != "rlimit":
-        try:
-            cg = memcap.RunCgroup(bound, f"{os.getpid()}_{uid or secrets.token_hex(4)}", limits.memory_mb << 20,
-                                  limits.max_processes)
-            return cg, limits.rlimits(cgroup=True), f"{bound.kind}: {limits.memory_mb} MiB for the whole run"
-        except OSError as e:
-            why = f"{bound.kind} refused this run ({e.strerror})"
-    else:
-        why = bound.notice
-    procs, each = memcap.split(limits.memory_mb, limits.max_processes)
-    return None, limits.rlimits(cgroup=False), f"rlimit: {procs} processes x {each} MiB ({why})"
-
-
 def _tail(b: bytes | bytearray, n: int = TAIL_CHARS) -> str:
     return bytes(b).decode("utf-8", "replace")[-n:]
 
@@ -321,8 +305,8 @@ def run_python(
     os.write(nonce_w, nonce)
     os.close(nonce_w)
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-    cgroup, rlimits, memory = _memory_bound(limits, uid)
-    plan = Plan(iso.mode, workdir, uid, rlimits, limits.workdir_mb, iso.ro_paths)
+    cgroup, memory = memcap.for_run(limits.memory_mb, limits.max_processes)
+    plan = Plan(iso.mode, workdir, uid, limits.rlimits(cgroup is not None), limits.workdir_mb, iso.ro_paths)
     start = time.monotonic()
     proc = None
     try:
