@@ -86,7 +86,7 @@ class WorkdirLock:
     def __del__(self) -> None:
         try:
             self.release()
-        except (OSError, TypeError):  # at interpreter exit the kernel releases it anyway
+        except (OSError, TypeError, AttributeError):  # at interpreter exit the kernel releases it anyway
             pass
 
 
