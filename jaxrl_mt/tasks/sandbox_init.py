@@ -3,10 +3,12 @@
 Two places run this code. The parent's ``preexec`` hook (:func:`jaxrl_mt.tasks.isolation.make_preexec`)
 calls :func:`enter_namespaces` between ``fork`` and ``exec``. Then the child's own fresh
 interpreter, still root, executes this module's source (passed on its command line, before the
-sandbox bootstrap) and calls :func:`enter`: it forks once more, now cheaply (a fresh interpreter,
-not a copy of a large parent), into the new PID namespace; the forked process is PID 1 there,
-builds the minimal root, lowers its limits, drops to the throwaway uid and returns to run the
-program, while the first one only relays PID 1's exit status.
+sandbox bootstrap) and calls :func:`enter`: it waits until the parent has moved it into the run's
+memory cgroup (:func:`wait_gate`), then forks once more, now cheaply (a fresh interpreter, not a
+copy of a large parent), into the new PID namespace; the forked process is PID 1 there, builds
+the minimal root (every mount ``nosuid``, the system binds ``nodev``), lowers its limits, drops to
+the throwaway uid with ``PR_SET_NO_NEW_PRIVS`` and returns to run the program, while the first
+one only relays PID 1's exit status.
 
 Only ``os``, ``ctypes`` and ``resource`` are imported: the child has nothing else yet.
 """
