@@ -1,16 +1,16 @@
 """Training data and config checks of the loop: sources -> scenarios (RLSTA, GRPO) or items (ICPO).
 
 Everything here runs before any model is loaded, so a bad config or an empty dataset fails at
-start-up with one line (`ConfigError`).
+start-up with one line (``ConfigError``). The recipe interface, the method registry and
+``ConfigError`` itself live in :mod:`jaxrl_mt.rl.recipe`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -21,22 +21,12 @@ from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.models.attention import IMPLS as ATTENTION_IMPLS
 from jaxrl_mt.models.registry import attention_env_problem
 from jaxrl_mt.models.lora import TARGETS as LORA_TARGETS
-from jaxrl_mt.registry import Registry
 from jaxrl_mt.rewards.registry import reward_names
 from jaxrl_mt.rewards.rlsta import verifier_weight
 from jaxrl_mt.rl.config_checks import run_field_checks
 from jaxrl_mt.rl.cov import cov_checks
 from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES
-
-# method -> its data recipe class: load(c), prepare(env, train, held), evaluate(env, params, held) (env: RecipeEnv);
-# the one list of methods (the reward is chosen apart, `reward_name`)
-METHODS: Registry = Registry("method", builtins=("jaxrl_mt.rl.multiturn", "jaxrl_mt.rl.icpo", "jaxrl_mt.rl.supervised",
-                                                 "jaxrl_mt.rl.rlaar_data"))
-
-
-def is_supervised(method: str) -> bool:
-    """Whether a method trains on fixed targets (SFT, DPO: an ``objective``) rather than on rewarded rollouts."""
-    return method in METHODS and bool(getattr(METHODS.get(method), "objective", ""))
+from jaxrl_mt.rl.recipe import METHODS, ConfigError, is_supervised
 
 
 def reward_name(c: Any) -> str:
@@ -45,36 +35,7 @@ def reward_name(c: Any) -> str:
     return name or c.method
 
 
-@dataclasses.dataclass(frozen=True)
-class RecipeEnv:
-    """What a data recipe sees of the run that hosts it: a narrow, frozen view (recipes import no trainer).
-
-    A recipe reads the config, writes its caches in the workdir, samples with ``sampler`` (the
-    policy on its initial parameters) or with ``policy_sampler(params)`` (a view of the same
-    sampler on other parameters: the shared one is never changed).
-    """
-
-    config: Any  # the validated config (``rl.run_config.TrainConfig``)
-    workdir: Path
-    is_main: bool  # process 0
-    multi: bool  # the mesh spans several processes
-    system: str | None  # the system prompt
-    sampler: Any  # the policy's sampler on its initial parameters (histories, filtering)
-    mesh: Any
-    log: Callable[[str], None]
-    ref_params: Any = None  # the frozen reference model (DPO's reference log-probs)
-    ref_cfg: Any = None
-
-    def policy_sampler(self, params: Any) -> Any:
-        """The policy's sampler on ``params`` (``Sampler.bound``: the shared sampler is unchanged)."""
-        return self.sampler.bound(params)
-
-
 REMAT_CHOICES = (False, True, "dots", "auto")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; raised at start-up, before any model is loaded."""
 
 
 # ----------------------------------------------------------------------------- config checks

@@ -21,8 +21,9 @@ from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.icpo import COMPLETE, UNDERSPECIFIED, ResponseJudge, icpo_reward
 from jaxrl_mt.rewards.judge import NON_ANSWER_TYPES, RESPONSE_TYPES
 from jaxrl_mt.rewards.verifier import verify
-from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeEnv, load_tasks
+from jaxrl_mt.rl.data import load_tasks
 from jaxrl_mt.rl.histories import TrainItem, load_items, save_items
+from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv
 from jaxrl_mt.sampling import SamplingConfig
 
 __all__ = ["COMPLETE", "UNDERSPECIFIED", "ICPOData", "icpo_reward", "make_items"]
@@ -49,7 +50,7 @@ def make_items(tasks: Sequence[Any], *, ratio: float, seed: int) -> list[TrainIt
 
 
 @METHODS.register("icpo")
-class ICPOData:
+class ICPOData(Recipe):
     """The data recipe of ``method = "icpo"`` (see the module doc)."""
 
     def __init__(self) -> None:

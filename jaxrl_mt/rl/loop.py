@@ -1,7 +1,8 @@
 """The training loop: data -> rollouts -> rewards -> advantages -> jitted step, for every method.
 
-The loop is the same for RLSTA, GRPO and ICPO; a method brings a data recipe (``RECIPES``:
-``jaxrl_mt.rl.multiturn.MultiTurnData`` for RLSTA and GRPO, ``jaxrl_mt.rl.icpo.ICPOData``) and a
+The loop is the same for every method; a method brings a recipe (``rl.recipe.Recipe``, registered
+in ``rl.recipe.METHODS``: ``jaxrl_mt.rl.multiturn.MultiTurnData`` for RLSTA and GRPO,
+``jaxrl_mt.rl.icpo.ICPOData``, ...), whose hooks the loop calls unconditionally, and a
 reward, a pure function of (items, generations) registered by name
 (``jaxrl_mt.rewards.registry``; the config's ``reward``, default the method's own).
 
@@ -42,8 +43,7 @@ from jaxrl_mt.rewards.registry import RewardEnv, make_reward
 from jaxrl_mt.models.lora import save_peft
 from jaxrl_mt.rl.adapters import Trainable, lora_config, lora_forward
 from jaxrl_mt.rl.best import BestKeeper
-from jaxrl_mt.rl.data import (METHODS, ConfigError, RecipeEnv, is_supervised, load_scenarios, load_tasks,
-                              reward_name, validate_config)
+from jaxrl_mt.rl.data import load_scenarios, load_tasks, reward_name, validate_config
 from jaxrl_mt.rl.example import TrainExample
 from jaxrl_mt.rl.histories import TrainItem
 from jaxrl_mt.rl.metrics_log import MetricsLog
@@ -51,6 +51,7 @@ from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.outputs import fmt_metrics, write_outputs
 from jaxrl_mt.rl.policy_io import load_policy
 from jaxrl_mt.rl.probe import make_probe
+from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv, SupervisedRecipe
 from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout, place_example, rollout
 from jaxrl_mt.rl.run_config import TrainConfig, typed_config
 from jaxrl_mt.rl.setup import check_micro_batch, load_policy_model, make_mesh, reference
@@ -62,11 +63,8 @@ from jaxrl_mt.workdir_lock import hold_workdir
 from jaxrl_mt.sampling import Sampler, bucket
 from jaxrl_mt.scoring import Scorer
 
-__all__ = ["RECIPES", "ConfigError", "StepInfo", "TrainConfig", "Trainer", "TrainingError", "load_policy",
+__all__ = ["ConfigError", "StepInfo", "TrainConfig", "Trainer", "TrainingError", "load_policy",
            "load_scenarios", "load_tasks", "validate_config"]
-
-RECIPES = METHODS  # method -> its data recipe (`jaxrl_mt.rl.data.METHODS`, the one registry)
-
 
 class TrainingError(RuntimeError):
     """Training stopped (non-finite loss or gradient); the last good checkpoint is kept."""
@@ -104,8 +102,7 @@ class Trainer:
         self.log = log if self.is_main else (lambda msg: None)  # process 0 logs
         self.system = c.system_prompt or None
         self._stop_signal: int | None = None
-        self.hooks: list[Callable[[StepInfo], None]] = []
-        self.data = METHODS.get(c.method)()
+        self.data: Recipe = METHODS.get(c.method)()
         self.lock = hold_workdir(self.wd, what="trainer", log=self.log, enabled=self.is_main)  # one live writer
         # a resumed workdir: changed data or optimizer-structure fields are refused before config.json is written
         self.resumed_config = check_resume_config(c, write=self.is_main, log=self.log)
@@ -123,8 +120,8 @@ class Trainer:
         self.env = RecipeEnv(config=c, workdir=self.wd, is_main=self.is_main, multi=self.multi, system=self.system,
                              sampler=self.sampler, mesh=self.mesh, log=self.log, ref_params=self.ref_params,
                              ref_cfg=self.ref_cfg)
-        self.supervised = is_supervised(c.method)  # SFT / DPO: fixed targets, no rollouts
-        select = getattr(self.data, "select", None)  # the kept and exported checkpoint: best held-out metric
+        self.supervised = isinstance(self.data, SupervisedRecipe)  # SFT / DPO: fixed targets, no rollouts
+        select = self.data.select  # the kept and exported checkpoint: best held-out metric
         self.best = BestKeeper(self.wd, *select, enabled=self.is_main, log=self.log) if select else None
         self.optimizer = optimizer_from_config(c.rl)
         self.lc = loss_config(c.rl)
@@ -255,10 +252,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ main loop
 
-    def add_hook(self, fn: Callable[[StepInfo], None]) -> None:
-        """Runs ``fn(info)`` after every optimizer step, after the built-in hooks (log, eval, probe, checkpoint)."""
-        self.hooks.append(fn)
-
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stop_signal = signum
         self.log(f"received {signal.Signals(signum).name}: will checkpoint after the current step and exit")
@@ -314,9 +307,7 @@ class Trainer:
                                                                                   list[dict]]:
         """One step: rollout, update; the step's metrics (global means across processes)."""
         t0 = time.perf_counter()
-        pre: dict[str, float] = {}
-        if hasattr(self.data, "step_items"):  # a recipe that picks the step's samples (RLAAR's curriculum)
-            items, pre = self.data.step_items(self.env, items, state.step)
+        items, pre = self.data.step_items(self.env, items, state.step)  # RLAAR's curriculum picks its samples
         if self.supervised:
             m, samples = {}, []
             state, tm = self.update_supervised(state, self.data.batch(self.env, items))
@@ -326,8 +317,7 @@ class Trainer:
         m = {**pre, **m, **tm, "perf/step_s": time.perf_counter() - t0}
         if self.multi:  # global means (train/* are already global: the same on every process)
             m = mean_over_processes(m, max_keys=("completion/max_length",))
-        if hasattr(self.data, "observe"):  # a recipe whose state follows the training (RLAAR's curriculum)
-            self.data.observe(m)
+        self.data.observe(m)  # a recipe whose state follows the training (RLAAR's curriculum)
         return state, m, samples
 
     def run(self) -> dict[str, Any]:
@@ -346,7 +336,7 @@ class Trainer:
             self.metrics.scalars(0, self.probe(self.sampler.bound(self.trainable.policy(state.params))))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         step = start
-        hooks = [self._log_hook, self._eval_hook, self._checkpoint_hook, *self.hooks]
+        hooks = (self._log_hook, self._eval_hook, self._checkpoint_hook)
         try:
             bar = _progress(range(start, c.rl.steps), initial=start, total=c.rl.steps, enabled=self.is_main)
             for _ in bar:

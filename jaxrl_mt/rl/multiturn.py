@@ -10,6 +10,9 @@ and how held-out items are scored; the reward is a separate plug-in
   workdir (``histories.jsonl``, ``train_items.jsonl``, ``heldout.jsonl``);
 - ``evaluate``: greedy single-turn (full prompt) and multi-turn (history + last turn) accuracy.
 
+History building is a function, ``answered_histories`` (cached in the workdir), which SFT, DPO and
+RLAAR call too (``rl.supervised``, ``rl.rlaar_data``); no recipe inherits another.
+
 Multi-process runs split histories and filtering over the processes, each on a process-local
 copy of the policy, and gather the results so that every process holds the same items; process
 0 writes the caches and a resumed run reads process 0's copy. The held-out evaluation is split
@@ -27,7 +30,8 @@ import numpy as np
 
 from jaxrl_mt.parallel import (agree_max, allgather_json, broadcast_json, local_copy, local_mesh,
                                mean_over_processes, process_block)
-from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeEnv, load_scenarios
+from jaxrl_mt.rl.data import load_scenarios
+from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv
 from jaxrl_mt.rl.probe import filter_breakdown
 from jaxrl_mt.rl.histories import TrainItem, accuracy_single_and_multi, build_histories, filter_items, load_items, \
     save_items
@@ -52,9 +56,52 @@ def per_process(env: RecipeEnv, fn: Callable[[Sequence[Any]], list[Any]], seq: S
     return [x for part in allgather_json(mine) for x in part]
 
 
+def local_sampler(env: RecipeEnv) -> Sampler:
+    """The policy's sampler, or (multi-process) a new one on a process-local copy of the policy, so that
+    each process prepares its block alone."""
+    if not env.multi:
+        return env.sampler
+    s = env.sampler
+    return Sampler(local_copy(s.params, env.mesh), s.cfg, s.tokenizer, eos_ids=s.eos_ids, pad_id=s.pad_id,
+                   max_batch=s.max_batch, mesh=local_mesh(env.mesh))
+
+
+def answered_histories(env: RecipeEnv, name: str, scenarios: Sequence[Any], seed: int, *,
+                       sampler: Callable[[], Sampler] | None = None) -> list[TrainItem]:
+    """The scenarios' histories answered by the policy (``build_histories``), cached in ``<workdir>/<name>``.
+
+    Multi-process: split over the processes (``per_process``) and gathered; process 0 writes the cache.
+
+    Args:
+      env: the run (``env.config.history``: the answering budget and temperature).
+      name: the cache's file name in the workdir (``histories.jsonl``, ``heldout.jsonl``).
+      scenarios: what to answer (every user turn but the last of each).
+      seed: the sampling seed.
+      sampler: builds the sampler to answer with, called only when the cache is missing
+        (default: ``local_sampler(env)``).
+
+    Returns:
+      One item per scenario, in order (the cached ones when the cache exists).
+    """
+    path = env.workdir / name
+    cached = cached_items(env, path)
+    if cached is not None:
+        return cached
+    h = env.config.history
+    sampling = SamplingConfig(max_new_tokens=h.max_new_tokens, temperature=h.temperature)
+    answering = local_sampler(env) if sampler is None else sampler()
+    items = per_process(
+        env, lambda sc: [it.to_json() for it in build_histories(answering, sc, sampling, seed=seed,
+                                                                system=env.system)], scenarios)
+    items = [TrainItem.from_json(d) for d in items]
+    if env.is_main:
+        save_items(path, items, {"n_items": len(items)})
+    return items
+
+
 @METHODS.register("grpo")
 @METHODS.register("rlsta")
-class MultiTurnData:
+class MultiTurnData(Recipe):
     """The data recipe of ``method = "rlsta"`` and ``"grpo"`` (see the module doc)."""
 
     def __init__(self) -> None:
@@ -70,26 +117,11 @@ class MultiTurnData:
         if not env.multi:
             return env.sampler
         if self._local is None:
-            s = env.sampler
-            self._local = Sampler(local_copy(env.sampler.params, env.mesh), s.cfg, s.tokenizer, eos_ids=s.eos_ids,
-                                  pad_id=s.pad_id, max_batch=s.max_batch, mesh=local_mesh(env.mesh))
+            self._local = local_sampler(env)
         return self._local
 
     def _histories(self, env: RecipeEnv, name: str, scenarios: Sequence[Any], seed: int) -> list[TrainItem]:
-        path = env.workdir / name
-        cached = cached_items(env, path)
-        if cached is not None:
-            return cached
-        h = env.config.history
-        sampling = SamplingConfig(max_new_tokens=h.max_new_tokens, temperature=h.temperature)
-        sampler = self._sampler(env)
-        items = per_process(
-            env, lambda sc: [it.to_json() for it in build_histories(sampler, sc, sampling, seed=seed,
-                                                                    system=env.system)], scenarios)
-        items = [TrainItem.from_json(d) for d in items]
-        if env.is_main:
-            save_items(path, items, {"n_items": len(items)})
-        return items
+        return answered_histories(env, name, scenarios, seed, sampler=lambda: self._sampler(env))
 
     def _filtered(self, env: RecipeEnv, hist: list[TrainItem]) -> tuple[list[TrainItem], dict[str, Any]]:
         """Latent-capability filtering: the items the policy solves more often single-turn than multi-turn."""

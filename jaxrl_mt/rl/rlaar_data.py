@@ -24,9 +24,10 @@ import numpy as np
 from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.data.records import Scenario
 from jaxrl_mt.rewards.abstain import UNSOLVABLE, abstention_reward, is_abstain
-from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeEnv, load_tasks
+from jaxrl_mt.rl.data import load_tasks
 from jaxrl_mt.rl.histories import TrainItem
-from jaxrl_mt.rl.multiturn import MultiTurnData
+from jaxrl_mt.rl.multiturn import answered_histories
+from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv
 from jaxrl_mt.rl.rlaar import Curriculum, CurriculumConfig, shard_turns
 from jaxrl_mt.sampling import SamplingConfig
 
@@ -59,11 +60,10 @@ def _key(it: TrainItem) -> tuple[str, int, bool]:
 
 
 @METHODS.register("rlaar")
-class RLAARData(MultiTurnData):
+class RLAARData(Recipe):
     """The data recipe of ``method = "rlaar"`` (see the module doc)."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.curriculum: Curriculum | None = None
         self._variants: dict[tuple[str, int, bool], TrainItem] = {}
 
@@ -79,7 +79,7 @@ class RLAARData(MultiTurnData):
     def _answered(self, env: RecipeEnv, name: str, tasks: Sequence[Any], seed: int) -> list[TrainItem]:
         c = env.config.rlaar
         scen = [s for t in tasks for s in variant_scenarios(t, c.max_shards)]
-        items = self._histories(env, name, scen, seed)
+        items = answered_histories(env, name, scen, seed)
         out = []
         for it, s in zip(items, scen):
             meta = dict(s.metadata)
@@ -129,9 +129,11 @@ class RLAARData(MultiTurnData):
         self.curriculum = self.curriculum.update(metrics["reward/total"])
 
     def state_json(self) -> dict[str, Any]:
+        """The curriculum's state (saved in every checkpoint: a resumed run continues its schedule)."""
         return {"curriculum": self.curriculum.to_json()}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        """The curriculum of a checkpoint (``state_json``'s)."""
         self.curriculum = Curriculum.from_json(state["curriculum"])
 
     def evaluate(self, env: RecipeEnv, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:

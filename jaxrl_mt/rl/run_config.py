@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import Any, Union
 
-from jaxrl_mt.rl.data import ConfigError
+from jaxrl_mt.rl.recipe import ConfigError
 from jaxrl_mt.typed_config import build
 
 __all__ = ["TrainConfig", "typed_config"]

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jaxrl_mt.chat import ChatError, with_template_options
 from jaxrl_mt.models.registry import Model, load_model
 from jaxrl_mt.parallel import mesh_from_spec, rows_multiple, shard_params
-from jaxrl_mt.rl.data import ConfigError
+from jaxrl_mt.rl.recipe import ConfigError
 
 __all__ = ["check_micro_batch", "load_policy_model", "make_mesh", "reference"]
 

@@ -21,6 +21,7 @@ import flax.struct
 
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.parallel import shard_train_state
+from jaxrl_mt.rl.recipe import Recipe
 from jaxrl_mt.rl.workdir import check_finite_state
 
 __all__ = ["RETIRED_KEYS", "TrainState", "fresh_state", "restore_state", "save_state"]
@@ -52,35 +53,36 @@ def fresh_state(params: Any, optimizer: Any, mesh: Any = None) -> TrainState:
 
 
 def restore_state(ck: Checkpointer, like: TrainState, data_iter: Any, *, log: Callable[[str], None],
-                  stored_opt_state: Any = None, recipe: Any = None) -> TrainState | None:
+                  stored_opt_state: Any = None, recipe: Recipe | None = None) -> TrainState | None:
     """The newest checkpoint that restores (its data iterator state set on ``data_iter``), or None.
 
     Args:
       stored_opt_state: the checkpoint's optimizer state structure when an allowed config change
         (``allow_config_changes``) altered it: restored as that, then replaced by ``like``'s fresh one.
-      recipe: a data recipe with its own state (``state_json`` / ``set_state``, e.g. RLAAR's
-        curriculum): set from the checkpoint.
+      recipe: the run's recipe: its own state (``Recipe.set_state``, e.g. RLAAR's curriculum) is
+        set from the checkpoint when the checkpoint holds one.
     """
     if ck.latest_step() is None:
         return None
     target = like.arrays() if stored_opt_state is None else {"params": like.params, "opt_state": stored_opt_state}
     arrays, extra = ck.restore(target=target, on_skip=log, retired=RETIRED_KEYS)
     data_iter.set_state(extra["data_state"])
-    if recipe is not None and hasattr(recipe, "set_state") and "recipe_state" in extra:
+    if recipe is not None and "recipe_state" in extra:
         recipe.set_state(extra["recipe_state"])
     opt_state = arrays["opt_state"] if stored_opt_state is None else like.opt_state
     return TrainState(arrays["params"], opt_state, int(extra["step"]))
 
 
-def save_state(ck: Checkpointer, state: TrainState, data_iter: Any, recipe: Any = None) -> None:
+def save_state(ck: Checkpointer, state: TrainState, data_iter: Any, recipe: Recipe | None = None) -> None:
     """Checkpoints ``state`` with the data iterator's position (asynchronous; ``ck.wait()`` to finish)
-    and the recipe's own state (``recipe.state_json()``, when it has one).
+    and the recipe's own state (``recipe.state_json()``, when not None).
 
     Raises:
       NonFiniteUpdate: a non-finite parameter or optimizer-state value; nothing is written.
     """
     check_finite_state(state.step, state.arrays())
     extra = {"step": state.step, "data_state": data_iter.get_state()}
-    if recipe is not None and hasattr(recipe, "state_json"):
-        extra["recipe_state"] = recipe.state_json()
+    recipe_state = None if recipe is None else recipe.state_json()
+    if recipe_state is not None:
+        extra["recipe_state"] = recipe_state
     ck.save(state.step, state.arrays(), extra, force=True)

@@ -20,21 +20,23 @@ Single-process only for now (a multi-process run is refused at start-up).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import jax
 import numpy as np
 
 from jaxrl_mt.batching import bucket
-from jaxrl_mt.rl.data import METHODS, ConfigError, RecipeEnv
+from jaxrl_mt.rl.data import load_scenarios
 from jaxrl_mt.rl.dpo import dpo_objective, pair_logprobs, preference_batch
 from jaxrl_mt.rl.histories import TrainItem, filter_items, load_texts, save_texts, single_and_multi_texts, texts_key
-from jaxrl_mt.rl.multiturn import MultiTurnData
+from jaxrl_mt.rl.multiturn import answered_histories
+from jaxrl_mt.rl.recipe import METHODS, ConfigError, RecipeEnv, SupervisedRecipe
 from jaxrl_mt.rl.sft import sft_loss, sft_rows
 from jaxrl_mt.rl.sft_data import DpoPair, SftItem, dpo_pairs, encode_target, filter_samples, sft_items, \
     split_validation
@@ -64,12 +66,18 @@ def _read_rows(path: Path, cls: type) -> list[Any]:
     return out
 
 
-class _Supervised(MultiTurnData):
+class _Supervised(SupervisedRecipe):
     """Shared by SFT and DPO: histories -> filter samples -> rows -> train / validation split."""
 
-    objective = ""
-    row_cls: type = SftItem
+    row_cls: ClassVar[type] = SftItem
     select = SELECT
+
+    def __init__(self) -> None:
+        self._eval_fn: Callable[..., Any] | None = None  # the jitted loss of the validation rows
+
+    def load(self, c: Any) -> tuple[list[Any], list[Any]]:
+        """Training and held-out scenarios (RLSTA's: ``rl.data.load_scenarios``)."""
+        return load_scenarios(c)
 
     def _section(self, c: Any) -> Any:
         return getattr(c, self.objective)
@@ -83,7 +91,7 @@ class _Supervised(MultiTurnData):
         paths = env.workdir / "train_rows.jsonl", env.workdir / "val_rows.jsonl"
         if all(p.exists() for p in paths):
             return _read_rows(paths[0], self.row_cls), _read_rows(paths[1], self.row_cls)
-        hist = self._histories(env, "histories.jsonl", train, c.seed)
+        hist = answered_histories(env, "histories.jsonl", train, c.seed)
         rows = self._rows(env, hist)
         tr, val = split_validation(rows, self._section(c).val_fraction, c.seed)
         if len(tr) < c.rl.batch_size:
@@ -138,23 +146,16 @@ class _Supervised(MultiTurnData):
             save_texts(path, key, hist, st, mt, k=k)
         return st, mt
 
+    @abc.abstractmethod
     def make_rows(self, samples: Sequence[Any]) -> list[Any]:
-        raise NotImplementedError
-
-    def batch(self, env: RecipeEnv, rows: Sequence[Any]) -> Any:
-        """The rows as arrays (numpy), lengths bucketed."""
-        raise NotImplementedError
-
-    def loss(self, env: RecipeEnv) -> Callable[[Any, Any, Any], tuple[jax.Array, dict[str, jax.Array]]]:
-        """``loss(params, cfg, batch) -> (loss, metrics)``, jittable."""
-        raise NotImplementedError
+        """The method's rows (``row_cls``) from the filter's samples of every history."""
 
     def evaluate(self, env: RecipeEnv, params: Any, held: Sequence[Any]) -> dict[str, float]:
         """The validation loss (and the method's metrics), as a mean over the validation rows."""
         if not held:
             return {}
         n = env.config.rl.batch_size
-        if getattr(self, "_eval_fn", None) is None:
+        if self._eval_fn is None:
             self._eval_fn = jax.jit(self.loss(env), static_argnums=1)
         fn = self._eval_fn
         sums: dict[str, float] = {}
@@ -165,11 +166,13 @@ class _Supervised(MultiTurnData):
                 sums[k] = sums.get(k, 0.0) + v
         return self.finish_eval(sums, len(held))
 
+    @abc.abstractmethod
     def weighted(self, m: dict[str, Any], rows: int) -> dict[str, float]:
-        raise NotImplementedError
+        """The sums a validation block of ``rows`` rows adds, from its loss metrics ``m``."""
 
+    @abc.abstractmethod
     def finish_eval(self, sums: dict[str, float], rows: int) -> dict[str, float]:
-        raise NotImplementedError
+        """The ``eval/*`` metrics from the sums over all ``rows`` validation rows."""
 
 
 @METHODS.register("sft")

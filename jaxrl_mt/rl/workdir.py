@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mt.rl.config_checks import flatten
-from jaxrl_mt.rl.data import ConfigError, config_to_dict
+from jaxrl_mt.rl.data import config_to_dict
+from jaxrl_mt.rl.recipe import ConfigError
 
 __all__ = ["DATA_FIELDS", "NonFiniteUpdate", "check_finite_state", "check_resume_config", "last_good",
            "refused_changes"]

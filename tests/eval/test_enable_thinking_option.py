@@ -14,7 +14,7 @@ from jaxrl_mt.evaluate import evaluate
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import init_params
 from jaxrl_mt.models.registry import DEFAULT_MODEL, Model, load_tokenizer, resolve
-from jaxrl_mt.rl.data import ConfigError
+from jaxrl_mt.rl.recipe import ConfigError
 from jaxrl_mt.rl.run_config import typed_config
 from jaxrl_mt.rl.setup import load_policy_model
 from tests.eval.test_evaluate_cli import tiny_config

@@ -16,7 +16,8 @@ import pytest
 import jaxrl_mt.rewards.rlsta  # noqa: F401  (registers "rlsta", "grpo")
 from configs.rlsta import get_config
 from jaxrl_mt.rewards.registry import RewardEnv, make_reward
-from jaxrl_mt.rl.data import ConfigError, validate_config
+from jaxrl_mt.rl.data import validate_config
+from jaxrl_mt.rl.recipe import ConfigError
 from tests.rewards.test_rlsta import LOGPS, TEXTS, TableScorer, _gen, _refine_item
 
 

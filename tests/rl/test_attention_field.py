@@ -6,7 +6,8 @@ import pytest
 
 from jaxrl_mt.eval.simulator import EvalError
 from jaxrl_mt.evaluate import load_eval_model, normalize_config
-from jaxrl_mt.rl.data import ConfigError, validate_config
+from jaxrl_mt.rl.data import validate_config
+from jaxrl_mt.rl.recipe import ConfigError
 from jaxrl_mt.rl.run_config import typed_config
 from jaxrl_mt.rl.setup import load_policy_model
 from tests.eval.test_evaluate_cli import tiny_config as eval_config

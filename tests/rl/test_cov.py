@@ -189,7 +189,8 @@ def test_variants_jit_with_a_traced_key_and_counts():
 
 def test_settings_from_a_config_and_their_checks(tmp_path):
     from configs.rlsta import get_config
-    from jaxrl_mt.rl.data import ConfigError, validate_config
+    from jaxrl_mt.rl.data import validate_config
+    from jaxrl_mt.rl.recipe import ConfigError
 
     c = get_config("cpu")
     c.workdir = str(tmp_path / "wd")

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from jaxrl_mt.chat import encode_prompt
-from jaxrl_mt.rl.data import RecipeEnv
+from jaxrl_mt.rl.recipe import RecipeEnv
 from jaxrl_mt.rl.histories import TrainItem, load_texts, save_texts, single_and_multi_texts, texts_key
 from jaxrl_mt.rl.supervised import DPOData, FILTER_TEXTS, SFTData
 from jaxrl_mt.sampling import Sampler, SamplingConfig

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from jaxrl_mt.models.registry import load_model
-from jaxrl_mt.rl.data import ConfigError, validate_config
+from jaxrl_mt.rl.data import validate_config
+from jaxrl_mt.rl.recipe import ConfigError
 from jaxrl_mt.rl.loop import Trainer
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from tests.rl.test_loop import run_killed_in_third_step, tiny_config, train_rows

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jaxrl_mt.rl.data import ConfigError, RecipeEnv
+from jaxrl_mt.rl.recipe import ConfigError, RecipeEnv
 from jaxrl_mt.rl.histories import save_texts, texts_key
 from jaxrl_mt.rl.supervised import FILTER_TEXTS, SFTData
 from tests.rl.test_histories import _items

@@ -10,7 +10,8 @@ import pytest
 from configs.rlaar import get_config
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.rewards.abstain import UNSOLVABLE
-from jaxrl_mt.rl.data import ConfigError, validate_config
+from jaxrl_mt.rl.data import validate_config
+from jaxrl_mt.rl.recipe import ConfigError
 from jaxrl_mt.rl.loop import Trainer
 from tests.rl.test_loop import run_killed_in_third_step
 from jaxrl_mt.rl.rlaar import Curriculum

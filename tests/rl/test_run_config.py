@@ -12,7 +12,7 @@ import pytest
 
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import init_params
-from jaxrl_mt.rl.data import ConfigError, RecipeEnv
+from jaxrl_mt.rl.recipe import ConfigError, RecipeEnv
 from jaxrl_mt.rl.run_config import TrainConfig, typed_config
 from jaxrl_mt.runtime import load_config_file
 from jaxrl_mt.sampling import Sampler, SamplingConfig

@@ -18,7 +18,8 @@ from configs.dpo import get_config as dpo_config
 from configs.sft import get_config as sft_config
 from jaxrl_mt.models.hf_io import load_hf_folder
 from jaxrl_mt.rl.best import BestKeeper
-from jaxrl_mt.rl.data import ConfigError, validate_config
+from jaxrl_mt.rl.data import validate_config
+from jaxrl_mt.rl.recipe import ConfigError
 from jaxrl_mt.rl.loop import Trainer
 from tests.rl.test_loop import run_killed_in_third_step
 from jaxrl_mt.rl.sft_data import DpoPair, SftItem

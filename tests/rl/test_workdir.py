@@ -14,7 +14,8 @@ import pytest
 
 from configs.rlsta import get_config
 from jaxrl_mt.checkpointing import Checkpointer
-from jaxrl_mt.rl.data import ConfigError, config_to_dict, validate_config
+from jaxrl_mt.rl.data import config_to_dict, validate_config
+from jaxrl_mt.rl.recipe import ConfigError
 from jaxrl_mt.rl.metrics_log import MetricsLog, read_metrics
 from jaxrl_mt.rl.workdir import (NonFiniteUpdate, check_finite_state, check_resume_config, last_good,
                                  refused_changes)
