@@ -13,7 +13,8 @@ command with one line on stderr and exit status 2.
 
 Limits: request bodies over ``--max-body-bytes`` get 413; a request must arrive in full within
 ``--read-timeout`` seconds, else its connection is closed; a client that disconnects is one
-log line and its generation stops within ``--slice-tokens`` tokens.
+log line and its generation stops within ``--slice-tokens`` tokens (or one ``--prefill-tokens``
+piece of its prompt); a sampler call holds at most ``--max-batch`` rows.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="port (0: a free one, printed at start)")
     p.add_argument("--dtype", default="float32", help="parameter and compute dtype (float32 | bfloat16)")
-    p.add_argument("--max-batch", type=int, default=64, help="rows per sampler call; a batch starts at once with "
-                                                            "this many rows waiting")
+    p.add_argument("--max-batch", type=int, default=64, help="most rows per sampler call (a request's n choices "
+                   "are n rows; the oldest requests first, the rest wait); a batch starts at once with this many "
+                   "rows waiting")
     p.add_argument("--batch-window-ms", type=float, default=5.0, help="how long an idle server waits after a "
                                                                       "request for others to batch with it")
     p.add_argument("--default-max-tokens", type=int, default=256, help="reply budget of a request without max_tokens")
@@ -52,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                    "request's headers and body must arrive; then the connection is closed")
     p.add_argument("--slice-tokens", type=int, default=64, help="long generations are decoded in slices of this "
                    "many tokens; a client that left is dropped between slices (0: no slicing)")
+    p.add_argument("--prefill-tokens", type=int, default=512, help="a longer prompt is prefilled in pieces of "
+                   "this many tokens, other requests answered between pieces and a client that left dropped "
+                   "(0: one prefill)")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     return p
 
@@ -76,8 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                        ("max_body_bytes", args.max_body_bytes)) if v < 1]
     if args.batch_window_ms < 0 or not 0 <= args.port < 65536:
         bad.append(f"--batch-window-ms={args.batch_window_ms} / --port={args.port}")
-    if not args.read_timeout > 0 or args.slice_tokens < 0:
-        bad.append(f"--read-timeout={args.read_timeout} / --slice-tokens={args.slice_tokens}")
+    if not args.read_timeout > 0 or args.slice_tokens < 0 or args.prefill_tokens < 0:
+        bad.append(f"--read-timeout={args.read_timeout} / --slice-tokens={args.slice_tokens} / "
+                   f"--prefill-tokens={args.prefill_tokens}")
     if bad:
         print(f"error: bad value {bad[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -91,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     service = build_service(model, names=[args.served_model_name or args.model], max_batch=args.max_batch,
                             window_ms=args.batch_window_ms, default_max_tokens=args.default_max_tokens,
                             min_prompt_bucket=args.min_prompt_bucket, seed=args.seed, slice_tokens=args.slice_tokens,
-                            max_body_bytes=args.max_body_bytes)
+                            max_body_bytes=args.max_body_bytes, prefill_tokens=args.prefill_tokens)
     _log_to_stderr(args.log_level)
     try:
         server = ServerThread(service, args.host, args.port, log_level=args.log_level, read_timeout=args.read_timeout)

@@ -72,11 +72,12 @@ def top_k_filter(logits: jax.Array, sorted_desc: jax.Array, k: jax.Array) -> tup
 
 
 def top_p_filter(logits: jax.Array, sorted_desc: jax.Array, p: jax.Array) -> jax.Array:
-    """Masks logits [B, V] outside each row's nucleus: the smallest top set whose mass reaches p."""
+    """Masks logits [B, V] outside each row's nucleus: the smallest top set whose mass reaches p
+    (never empty: the most likely token is kept for any p, even one that float32 flushes to 0)."""
     neg = jnp.finfo(logits.dtype).min
     probs = jax.nn.softmax(sorted_desc, axis=-1)
     cum_before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly before each sorted token
-    keep = cum_before < p[:, None]
+    keep = (cum_before < p[:, None]).at[:, 0].set(True)
     cutoff = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
     return jnp.where(logits < cutoff, neg, logits)
 

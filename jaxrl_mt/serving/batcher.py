@@ -2,13 +2,16 @@
 
 Requests (``Job``: token ids, budget, sampling settings, stop strings, n) wait in a queue. When
 the sampler is idle and a job arrives, the batcher waits until ``window_s`` after the oldest
-waiting job's arrival for company (or until ``max_rows`` rows are waiting), then takes every
-waiting job; while a batch runs, new arrivals queue and form the next batch (without a further
-wait when they have waited a window already). Jobs that can share one ``Sampler.generate_ids`` call (same
-sampling settings; greedy jobs always can) go into one call, with per-row budgets and stop ids
-(each job's ``n`` choices are n rows); jobs whose longest prompt plus largest budget would not fit
-the context together are split into several calls. Sampler calls run one at a time on one
-worker thread, so the event loop keeps accepting requests meanwhile.
+waiting job's arrival for company (or until ``max_rows`` rows are waiting), then takes the
+oldest waiting jobs up to ``max_rows`` rows (a job's ``n`` choices are n rows; one job is always
+taken): 64 clients x n = 16 are never 1,024 rows of KV cache at once. The rest, and new arrivals
+while a batch runs, form the next batch (without a further wait when they have waited a window
+already). Jobs that can share one ``Sampler.generate_ids`` call (same sampling settings; greedy
+jobs always can) go into one call, with per-row budgets and stop ids; jobs whose longest prompt
+plus largest budget would not fit the context together are split into several calls, and so are
+prompts longer than ``prefill_tokens`` from shorter ones (short ones first: a short prompt is
+never padded to a long one's length). Sampler calls run one at a time on one worker thread, so
+the event loop keeps accepting requests meanwhile.
 
 Cancellation: a job whose client leaves (its ``submit`` is cancelled) is dropped from the queue
 and from every call not yet started. A call whose budget exceeds ``slice_tokens`` is decoded in
@@ -17,6 +20,12 @@ slice prefills only the last sampled token); between slices the rows of jobs tha
 that are done, are released, so an abandoned request stops generating within one slice. Greedy
 replies are the same sliced or not (the session's continuation equals a fresh prefill); sampled
 ones are drawn with one key per slice.
+
+Long prompts: a prompt longer than ``prefill_tokens`` is prefilled in pieces of that many tokens,
+one session step each (the token sampled after a piece is dropped, so the cache holds exactly the
+prompt). Between pieces a row whose client left is released (before any decode), and jobs that
+arrived meanwhile are answered first (a nested batch, up to ``max_rows`` rows): a short request
+waits at most one piece of another client's prefill, not its whole prompt.
 
 Seeds: a sampled job with a ``seed`` only shares a call with jobs of the same seed and settings,
 and that call is seeded with it (the same request alone with the same seed gives the same
@@ -27,15 +36,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
 from collections import Counter
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
 import numpy as np
 
+from jaxrl_mt.batching import cache_bucket
 from jaxrl_mt.sampling import DecodeSession, GenerationResult, Sampler, SamplingConfig
 from jaxrl_mt.serving.protocol import Choice
 
@@ -74,12 +86,14 @@ def cut_at_stops(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
-def split_to_fit(jobs: list[Job], context: int) -> list[list[Job]]:
-    """Consecutive groups whose longest prompt plus largest budget fit the context."""
+def split_to_fit(jobs: list[Job], context: int, long_prompt: int = 0) -> list[list[Job]]:
+    """Consecutive groups, shortest prompts first, whose longest prompt plus largest budget fit the
+    context; with ``long_prompt`` > 0, prompts longer than it never share a group with shorter ones."""
     groups: list[list[Job]] = []
     longest = budget = 0
     for job in sorted(jobs, key=lambda j: len(j.prompt)):
-        if groups and max(longest, len(job.prompt)) + max(budget, job.budget) <= context:
+        apart = long_prompt > 0 and (len(job.prompt) > long_prompt) != (longest > long_prompt)
+        if groups and not apart and max(longest, len(job.prompt)) + max(budget, job.budget) <= context:
             groups[-1].append(job)
             longest, budget = max(longest, len(job.prompt)), max(budget, job.budget)
         else:
@@ -88,29 +102,43 @@ def split_to_fit(jobs: list[Job], context: int) -> list[list[Job]]:
     return groups
 
 
+def _advance(work: Generator[bool, None, Any]) -> tuple[bool, Any]:
+    """Runs a call's next slice: (False, whether the call is prefilling) or (True, its result)."""
+    try:
+        return False, next(work)
+    except StopIteration as e:
+        return True, e.value
+
+
 class Batcher:
     """The request queue and the loop that answers it (start with :meth:`start` inside the loop)."""
 
     def __init__(self, sampler: Sampler, *, window_s: float = 0.005, max_rows: int = 64, seed: int = 0,
-                 slice_tokens: int = 64):
+                 slice_tokens: int = 64, prefill_tokens: int = 512):
         """Args:
           sampler: the model's sampler (its ``max_batch`` splits a large call into chunks).
           window_s: how long an idle batcher waits after the first arrival for more requests.
-          max_rows: a batch starts at once when this many rows are waiting.
+          max_rows: a batch starts at once when this many rows are waiting, and takes at most this
+            many rows (the oldest jobs; a single larger job alone).
           seed: base of the seeds of unseeded sampled calls.
           slice_tokens: a call with a larger budget is decoded in slices of this many tokens, and
             rows whose client left are dropped between slices (0: one sampler call per group).
+          prefill_tokens: a longer prompt gets a call of its own and is prefilled in pieces of this
+            many tokens, answering other jobs between pieces (0: one prefill).
         """
-        if window_s < 0 or max_rows < 1 or slice_tokens < 0:
-            raise ValueError(f"Batcher: bad window_s={window_s}, max_rows={max_rows} or slice_tokens={slice_tokens}")
+        if window_s < 0 or max_rows < 1 or slice_tokens < 0 or prefill_tokens < 0:
+            raise ValueError(f"Batcher: bad window_s={window_s}, max_rows={max_rows}, slice_tokens={slice_tokens} "
+                             f"or prefill_tokens={prefill_tokens}")
         self.sampler, self.window_s, self.max_rows, self.slice_tokens = sampler, window_s, max_rows, slice_tokens
+        self.prefill_tokens = prefill_tokens
         self._seed = seed
         self._pending: list[Job] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler")
         # batches, calls, rows, jobs, cancelled (clients that left), dropped (jobs dropped before their call),
-        # stopped_rows (rows stopped mid-decode because their client left), slices, tokens, failed
+        # stopped_rows (rows stopped mid-decode because their client left), slices, tokens, failed,
+        # prefill_pieces (steps that fed a piece of a long prompt), nested (batches answered between them)
         self.stats: Counter = Counter()
         self.in_flight: list[Job] = []  # the jobs of the sampler call now running
         self.max_rows_seen = 0
@@ -161,8 +189,9 @@ class Batcher:
                         await asyncio.wait_for(self._wake.wait(), ends - time.perf_counter())
                     except asyncio.TimeoutError:
                         break
-            jobs, self._pending = [j for j in self._pending if not j.future.done()], []
-            self.stats["dropped"] += len([j for j in jobs if j.cancelled])
+            jobs = self._take()
+            if self._pending:
+                self._wake.set()  # the rest form the next batch (they have waited their window)
             if not jobs:
                 continue
             try:
@@ -173,15 +202,28 @@ class Batcher:
                     if not j.future.done():
                         j.future.set_exception(e)
 
-    async def _answer(self, jobs: list[Job]) -> None:
-        """Runs the sampler calls of one batch and resolves the jobs' futures."""
+    def _take(self) -> list[Job]:
+        """The oldest waiting jobs, at most ``max_rows`` rows (at least one job); the rest stay queued."""
+        live = [j for j in self._pending if not j.future.done()]
+        self.stats["dropped"] += len(self._pending) - len(live)
+        rows = 0
+        for k, j in enumerate(live):
+            if k and rows + j.n > self.max_rows:
+                self._pending = live[k:]
+                return live[:k]
+            rows += j.n
+        self._pending = []
+        return live
+
+    async def _answer(self, jobs: list[Job], nested: bool = False) -> None:
+        """Runs the sampler calls of one batch and resolves the jobs' futures (``nested``: a batch
+        answered between the prefill pieces of another call, which does not nest further)."""
         self.stats["batches"] += 1
         by_key: dict[tuple, list[Job]] = {}
         for job in jobs:
             by_key.setdefault(job.key, []).append(job)
-        loop = asyncio.get_running_loop()
         for group in by_key.values():
-            for part in split_to_fit(group, self.sampler.cfg.max_position_embeddings):
+            for part in split_to_fit(group, self.sampler.cfg.max_position_embeddings, self.prefill_tokens):
                 left = [j for j in part if j.future.done()]  # clients that left meanwhile
                 self.stats["dropped"] += len(left)
                 part = [j for j in part if not j.future.done()]
@@ -189,9 +231,9 @@ class Batcher:
                     continue
                 start = time.perf_counter()
                 self.wait_s += sum(start - j.queued_at for j in part)
-                self.in_flight = part
+                outer, self.in_flight = self.in_flight, part
                 try:
-                    results = await loop.run_in_executor(self._pool, self._generate, part)
+                    results = await self._run(part, nested)
                 except Exception as e:  # noqa: BLE001 (reported to the waiting clients as a 500)
                     self.stats["failed"] += len(part)
                     for j in part:
@@ -199,13 +241,26 @@ class Batcher:
                             j.future.set_exception(e)
                     continue
                 finally:
-                    self.in_flight = []
+                    self.in_flight = outer
                 for j, choices in zip(part, results):
                     if not j.future.done():
                         j.future.set_result(choices)
 
-    def _generate(self, jobs: list[Job]) -> list[list[Choice]]:
-        """One sampler call for jobs of one key (runs on the worker thread)."""
+    async def _run(self, part: list[Job], nested: bool) -> list[list[Choice]]:
+        """One call's slices on the worker; jobs that arrive while it prefills a long prompt are
+        answered between its pieces (unless ``nested``)."""
+        loop, work = asyncio.get_running_loop(), self._generate(part)
+        while True:
+            done, value = await loop.run_in_executor(self._pool, _advance, work)
+            if done:
+                return value
+            if value and not nested and any(not j.future.done() for j in self._pending):
+                self.stats["nested"] += 1
+                await self._answer(self._take(), nested=True)
+
+    def _generate(self, jobs: list[Job]) -> Generator[bool, None, list[list[Choice]]]:
+        """One sampler call for jobs of one key, run a slice at a time on the worker thread: yields
+        between slices (True while a long prompt is being prefilled), returns the jobs' choices."""
         first = jobs[0]
         rows = [j for j in jobs for _ in range(j.n)]
         seed = first.seed
@@ -214,8 +269,9 @@ class Batcher:
             seed = self._seed
         sampling = SamplingConfig(max_new_tokens=max(j.budget for j in rows), temperature=first.temperature,
                                   top_p=first.top_p if first.temperature > 0 else 1.0)
-        if 0 < self.slice_tokens < sampling.max_new_tokens:
-            res = self._generate_sliced(rows, sampling, seed % (2**32))
+        long = 0 < self.prefill_tokens < max(len(j.prompt) for j in rows)
+        if long or 0 < self.slice_tokens < sampling.max_new_tokens:
+            res = yield from self._generate_sliced(rows, sampling, seed % (2**32))
         else:
             res = self.sampler.generate_ids([j.prompt for j in rows], sampling, seed=seed % (2**32),
                                             max_new_tokens=[j.budget for j in rows],
@@ -237,40 +293,55 @@ class Batcher:
             out.append(choices)
         return out
 
-    def _generate_sliced(self, rows: list[Job], sampling: SamplingConfig, seed: int) -> GenerationResult:
-        """One call decoded in slices of ``slice_tokens`` on a DecodeSession, dropping rows whose
-        client left between slices (runs on the worker thread; ``rows``: each job once per choice)."""
-        sess = DecodeSession(self.sampler, len(rows), min_segment_bucket=self.sampler.min_prompt_bucket)
-        segments: list[list[int] | None] = [j.prompt for j in rows]
+    def _generate_sliced(self, rows: list[Job], sampling: SamplingConfig, seed: int
+                         ) -> Generator[bool, None, GenerationResult]:
+        """One call decoded in slices of ``slice_tokens`` on a DecodeSession, long prompts prefilled in
+        pieces of ``prefill_tokens``, rows whose client left released between steps (runs on the
+        worker thread, yielding after each step: True while a prompt is still being fed; ``rows``:
+        each job once per choice)."""
+        longest = max(len(j.prompt) for j in rows)
+        size = cache_bucket(longest + max(j.budget for j in rows)) if 0 < self.prefill_tokens < longest else 128
+        sess = DecodeSession(self.sampler, len(rows), min_segment_bucket=self.sampler.min_prompt_bucket,
+                             cache_quantum=size)  # a long prompt's cache sized once: one program for its pieces
+        todo: list[list[int]] = [list(j.prompt) for j in rows]  # tokens still to feed (prompt, or the pending one)
         tokens: list[list[int]] = [[] for _ in rows]
         finish: list[str | None] = [None] * len(rows)
-        key = jax.random.PRNGKey(seed)
-        for k in range(sampling.max_new_tokens):  # at most: each slice yields >= 1 token per active row
+        key, piece = jax.random.PRNGKey(seed), self.prefill_tokens or max(len(t) for t in todo)
+        for k in itertools.count():  # each step feeds a piece of a prompt or yields >= 1 token per active row
             gone = [i for i, j in enumerate(rows) if finish[i] is None and j.cancelled]
             for i in gone:
                 finish[i] = "cancelled"
             self.stats["stopped_rows"] += len(gone)
+            self.stats["stopped_in_prefill"] += sum(1 for i in gone if not tokens[i])
             sess.release(gone)
             active = [i for i in range(len(rows)) if finish[i] is None]
             if not active:
                 break
+            feeding = {i for i in active if len(todo[i]) > piece}  # a piece of a long prompt; its sample dropped
             left = [rows[i].budget - len(tokens[i]) for i in range(len(rows))]
-            step = dataclasses.replace(sampling, max_new_tokens=min(self.slice_tokens, max(left[i] for i in active)))
-            res = sess.step([segments[i] if finish[i] is None else None for i in range(len(rows))], step,
-                            seed=jax.random.fold_in(key, k),
-                            max_new_tokens=[min(step.max_new_tokens, max(left[i], 1)) for i in range(len(rows))],
-                            stop_ids=[list(j.stop_ids) for j in rows])
-            sess.min_segment_bucket = 16  # later slices feed one token per row: no prompt-sized padding
-            self.stats["slices"] += 1
-            done = []
+            nmax = min(self.slice_tokens or sampling.max_new_tokens,
+                       max((left[i] for i in active if i not in feeding), default=1))
+            segments: list[list[int] | None] = [None] * len(rows)
             for i in active:
+                segments[i], todo[i] = todo[i][:piece], todo[i][piece:]
+            budgets = [1 if i in feeding else min(nmax, max(left[i], 1)) for i in range(len(rows))]
+            res = sess.step(segments, dataclasses.replace(sampling, max_new_tokens=nmax),
+                            seed=jax.random.fold_in(key, k), max_new_tokens=budgets,
+                            stop_ids=[list(j.stop_ids) for j in rows])
+            if not feeding:
+                sess.min_segment_bucket = 16  # later slices feed one token per row: no prompt-sized padding
+            self.stats["slices"] += 1
+            self.stats["prefill_pieces"] += bool(feeding)
+            done = []
+            for i in set(active) - feeding:
                 tokens[i] += res.tokens[i]
                 if res.finish_reasons[i] == "stop" or len(tokens[i]) >= rows[i].budget:
                     finish[i] = res.finish_reasons[i]
                     done.append(i)
                 else:
-                    segments[i] = [res.tokens[i][-1]]  # the pending token, fed at the next slice
+                    todo[i] = [res.tokens[i][-1]]  # the pending token, fed at the next slice
             sess.release(done)
+            yield bool(feeding)  # True: the next step feeds more of a prompt (other jobs may go first)
         reasons = [f or "length" for f in finish]
         out = GenerationResult(tokens, [], np.array([len(t) for t in tokens]), reasons)
         out.texts = self.sampler.decode_texts(tokens, reasons)

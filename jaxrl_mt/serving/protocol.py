@@ -25,11 +25,13 @@ from typing import Any
 
 from jaxrl_mt.text_safety import first_lone_surrogate
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_DRAIN_BYTES", "MAX_N", "ChatRequest", "Choice", "RequestError", "chunk_body",
-           "completion_body", "error_body", "loads_strict", "models_body", "parse_chat_request"]
+__all__ = ["DEFAULT_LARGE_BODY_BYTES", "DEFAULT_MAX_BODY_BYTES", "MAX_DRAIN_BYTES", "MAX_N", "ChatRequest", "Choice",
+           "RequestError", "chunk_body", "completion_body", "error_body", "loads_strict", "models_body",
+           "parse_chat_request"]
 
 MAX_N = 16  # most choices per request
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # largest request body by default (4 MiB: ~1M tokens of text)
+DEFAULT_LARGE_BODY_BYTES = 256 * 1024  # larger bodies are prepared in a lane of their own
 MAX_DRAIN_BYTES = 64 * 1024 * 1024  # most bytes of a refused body read and dropped so its client can read the 413
 MAX_STOPS = 4  # most stop strings per request (as OpenAI)
 ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -31,7 +31,7 @@ DEFAULT_READ_TIMEOUT_S = 30.0  # a request's headers and body must arrive within
 def build_service(model: Any, *, names: Sequence[str] | None = None, max_batch: int = 64, window_ms: float = 5.0,
                   default_max_tokens: int = 256, min_prompt_bucket: int = 32, seed: int = 0, **kw: Any) -> Any:
     """A ``ChatService`` for a loaded registry Model (keyword arguments: ``ChatService``'s
-    ``slice_tokens``, ``max_body_bytes``, ``prepare_workers``)."""
+    ``slice_tokens``, ``prefill_tokens``, ``max_body_bytes``, ``prepare_workers``, ``large_body_bytes``)."""
     from jaxrl_mt.sampling import Sampler
     from jaxrl_mt.serving.app import ChatService
 

@@ -1,0 +1,136 @@
+"""A server that cannot be starved (issue 53, item 7), against the real server (uvicorn on
+127.0.0.1, the tiny chat model, real HTTP clients).
+
+Each case is the probe's, scaled to the tiny model: big bodies of one-character messages (a small
+request is not queued behind their parsing), a long prompt (prefilled in pieces, a small request
+answered between them, dropped between them when its client leaves), many rows waiting at once
+(a sampler call holds at most ``max_batch`` rows) and a tiny ``top_p`` (the most likely token is
+kept: the reply is the greedy one, not garbage).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from tests.serving.fixtures import TINY_NAME
+from tests.serving.test_hostile import body, post, request_head, wait_for
+
+MAX_BATCH = 4
+PIECE = 128  # prefill piece of the server under test
+LONG_WORDS = 420  # a user message of about 1,250 tokens: 10 pieces
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):  # noqa: F811
+    """A server with one preparing thread, 4 rows per call, 16-token slices and 128-token prefill pieces."""
+    from jaxrl_mt.serving.server import ServerThread, build_service
+
+    service = build_service(tiny_model, names=[TINY_NAME], max_batch=MAX_BATCH, min_prompt_bucket=256,
+                            slice_tokens=16, prepare_workers=1)
+    service.batcher.prefill_tokens = PIECE  # an attribute: the old server keeps running its own way
+    with ServerThread(service, read_timeout=30) as srv:
+        post(srv.url, body(max_tokens=1))  # compiled before any clock starts: a short reply ...
+        post(srv.url, body(long_prompt(), max_tokens=16))  # ... and the pieces and slices of a long prompt
+        yield srv
+
+
+def timed(url: str, data: bytes) -> tuple[int, dict, float]:
+    t0 = time.perf_counter()
+    status, reply = post(url, data)
+    return status, reply, time.perf_counter() - t0
+
+
+def long_prompt() -> str:
+    """A user message of about 1,250 tokens (every long request here has one cache size: one compile)."""
+    return " ".join(f"w{i % 97}" for i in range(LONG_WORDS))
+
+
+def test_tiny_top_p_keeps_the_most_likely_token(server):
+    """top_p 1e-38 (0 in float32) and 1e-45 kept no token and sampled uniformly: garbage with 200."""
+    status, greedy = post(server.url, body("Name a colour.", max_tokens=12))
+    assert status == 200
+    for top_p in (1e-38, 1e-45):
+        status, got = post(server.url, body("Name a colour.", max_tokens=12, temperature=1.0, top_p=top_p, seed=3))
+        assert status == 200 and got["choices"][0]["message"]["content"] == greedy["choices"][0]["message"][
+            "content"], top_p
+
+
+def test_big_bodies_are_prepared_in_their_own_lane(server):
+    """Two bodies of 40,000 one-character messages (1.4 MB) each take about a second to prepare; a small
+    request sent meanwhile is answered at once, not queued behind them (it waited for both before)."""
+    many = json.dumps({"model": TINY_NAME, "messages": [{"role": "user", "content": "w"}] * 40_000,
+                       "max_tokens": 1}).encode()
+    assert server.service.large_body_bytes < len(many) < server.service.max_body_bytes
+    out: list = []
+    threads = [threading.Thread(target=lambda: out.append(timed(server.url, many))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: server.service.stats["large_bodies"] >= 2, timeout=5)
+    status, reply, small_s = timed(server.url, body(max_tokens=1))
+    busy = sum(t.is_alive() for t in threads)
+    for t in threads:
+        t.join()
+    assert status == 200 and reply["usage"]["completion_tokens"] == 1
+    assert busy >= 1 and small_s < 0.5, (busy, small_s, [o[2] for o in out])  # the big ones still being prepared
+    assert [o[0] for o in out] == [400, 400]
+    assert all(o[1]["error"]["code"] == "context_length_exceeded" for o in out)
+
+
+def test_a_call_holds_at_most_max_batch_rows(server):
+    """Three requests of n = 4 arrive while the worker is busy: 12 rows, answered in calls of at most 4
+    (before: one call of 12 rows, as 64 clients x n = 16 were one call of 1,024)."""
+    batcher = server.service.batcher
+    batcher.max_rows_seen = 0
+    busy = threading.Thread(target=post, args=(server.url, body(long_prompt(), max_tokens=16)))
+    busy.start()
+    wait_for(lambda: batcher.in_flight)
+    calls = batcher.stats["calls"]
+    out: list = []
+    clients = [threading.Thread(target=lambda i=i: out.append(post(server.url, body(f"Count to {i}.", n=4,
+                                                                                   max_tokens=2))))
+               for i in range(3)]
+    for t in clients:
+        t.start()
+    for t in clients + [busy]:
+        t.join()
+    assert [s for s, _ in out] == [200] * 3 and all(len(r["choices"]) == 4 for _, r in out)
+    assert batcher.max_rows_seen == MAX_BATCH and batcher.stats["calls"] - calls == 1 + 3
+
+
+def test_a_small_request_is_answered_between_the_pieces_of_a_long_prefill(server):
+    """A 1,250-token prompt is prefilled in pieces of 128: a small request that arrives meanwhile is
+    answered before the long one ends (it waited for the whole prefill and decode before)."""
+    batcher = server.service.batcher
+    pieces, nested = batcher.stats["prefill_pieces"], batcher.stats["nested"]
+    long_out: list = []
+    worker = threading.Thread(target=lambda: long_out.append(post(server.url, body(long_prompt(), max_tokens=16))))
+    worker.start()
+    wait_for(lambda: batcher.stats["prefill_pieces"] > pieces, timeout=10)
+    status, reply, small_s = timed(server.url, body("hi", max_tokens=2))
+    long_running = worker.is_alive()
+    worker.join()
+    assert status == 200 and long_running, small_s  # answered while the long prompt was still in its call
+    assert batcher.stats["nested"] > nested
+    (long_status, long_reply), = long_out
+    assert long_status == 200 and long_reply["usage"]["completion_tokens"] == 16
+    assert long_reply["usage"]["prompt_tokens"] > 9 * PIECE
+
+
+def test_a_long_prefill_is_dropped_between_pieces_when_its_client_leaves(server):
+    """The client of a 1,250-token prompt leaves during its prefill: its row is released before any
+    decode, at the next piece (it was prefilled whole and decoded before)."""
+    batcher = server.service.batcher
+    stats = dict(batcher.stats)
+    data = body(long_prompt(), max_tokens=16)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(request_head(len(data)) + data)
+        wait_for(lambda: batcher.stats["prefill_pieces"] > stats.get("prefill_pieces", 0), timeout=10)
+    wait_for(lambda: not batcher.in_flight)
+    delta = {k: batcher.stats[k] - stats.get(k, 0) for k in ("stopped_in_prefill", "tokens", "prefill_pieces")}
+    assert delta["stopped_in_prefill"] == 1 and delta["tokens"] == 0, delta
+    assert delta["prefill_pieces"] < 9, delta  # not fed whole
