@@ -66,6 +66,7 @@ from jaxrl_mt.scoring import Scorer
 __all__ = ["ConfigError", "StepInfo", "TrainConfig", "Trainer", "TrainingError", "load_policy",
            "load_scenarios", "load_tasks", "validate_config"]
 
+
 class TrainingError(RuntimeError):
     """Training stopped (non-finite loss or gradient); the last good checkpoint is kept."""
 
