@@ -22,6 +22,7 @@ import numpy as np
 from jaxrl_mt.chat import ChatError, Conversation, encode_prompt
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params
+from jaxrl_mt.sampling.counters import add_counters, decode_counters, utilisation
 from jaxrl_mt.sampling.engine import DecodeEngine, FusedWeights, row_seed_array
 from jaxrl_mt.sampling.kernels import FINISH_NAMES
 from jaxrl_mt.sampling.methods import SamplingConfig
@@ -149,6 +150,7 @@ class Sampler:
         dparams = self.decode_weights(params)
         chunk = max(1, (self.max_batch or n_rows) // G)  # prompts per chunk
         results: list[dict[str, np.ndarray]] = []
+        counters: dict[str, int] = {}
         t0 = time.perf_counter()
         for s in range(0, len(prompts), chunk):
             r0, r1 = s * G, min(s + chunk, len(prompts)) * G
@@ -156,13 +158,17 @@ class Sampler:
                                               seeds[r0:r1], None if stop_ids is None else stop_ids[r0:r1], G, dparams)
             self.compiled_shapes.add(shape)
             results.append(out)
+            bb, pb, nb = shape[-3:]
+            counters = add_counters(counters, decode_counters(
+                [len(p) for p in prompts[s:s + chunk] for _ in range(G)], out["lengths"], rows=bb, prompt_bucket=pb,
+                new_bucket=nb))
         out = {k: np.concatenate([r[k] for r in results]) for k in results[0]}
         dt = time.perf_counter() - t0
         lengths = out["lengths"]
         toks = [out["tokens"][i, : lengths[i]].tolist() for i in range(n_rows)]
         lps = [out["logprobs"][i, : lengths[i]] for i in range(n_rows)]
         res = GenerationResult(toks, lps, lengths, [FINISH_NAMES[int(f)] for f in out["finish"]],
-                               stats={"seconds": dt, "new_tokens": float(lengths.sum())})
+                               stats={"seconds": dt, "new_tokens": float(lengths.sum()), **utilisation(counters)})
         res.texts = self.decode_texts(toks, res.finish_reasons)
         return res
 

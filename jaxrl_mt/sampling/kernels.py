@@ -92,7 +92,8 @@ class Rows:
     stop_ids: jax.Array  # [B, E] stop ids (-1 = unused)
     budget: jax.Array  # [B] new-token budget (0: the row is done at once)
     params: RowParams  # per-row sampling values
-    keys: jax.Array  # [B] PRNG keys: row r draws slot t with fold_in(keys[r], t)
+    keys: jax.Array  # [B] PRNG keys: row r draws its output token t with fold_in(keys[r], offsets[r] + t)
+    offsets: jax.Array  # [B] output tokens each row drew before this call (its own step counter's start)
 
 
 def row_keys(rng: jax.Array, row_seeds: jax.Array | None, rows: int) -> jax.Array:
@@ -106,9 +107,12 @@ def row_keys(rng: jax.Array, row_seeds: jax.Array | None, rows: int) -> jax.Arra
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, row_seeds)
 
 
-def _slot_keys(rows: Rows, step: jax.Array) -> jax.Array:
-    """[B] keys of the draw at output slot `step`."""
-    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(rows.keys, step)
+def _slot_keys(rows: Rows, counts: jax.Array) -> jax.Array:
+    """[B] keys of each row's next draw: fold_in(keys[r], offsets[r] + counts[r]), counts [B] the
+    tokens the row drew in this call. A row's t-th token thus depends on its key and t only, not
+    on the slot, segment or call it is drawn in (a sliced or resumed decode draws what one call
+    would)."""
+    return jax.vmap(jax.random.fold_in)(rows.keys, (rows.offsets + counts).astype(jnp.uint32))
 
 
 def _finished(tok: jax.Array, lengths: jax.Array, rows: Rows) -> jax.Array:
@@ -131,7 +135,7 @@ def _record(state: DecodeState, live: jax.Array, tok: jax.Array, lp: jax.Array, 
 def init_state(cache: KVCache, logits: jax.Array, rows: Rows, method: Method, max_new: int) -> DecodeState:
     """The state after sampling each row's first token from `logits` [B, 1, V] (its last fed token's)."""
     b = logits.shape[0]
-    tok, lp = method(logits[:, 0], _slot_keys(rows, jnp.int32(0)), rows.params)
+    tok, lp = method(logits[:, 0], _slot_keys(rows, jnp.zeros((b,), jnp.int32)), rows.params)
     active = rows.budget > 0
     empty = DecodeState(step=jnp.int32(0), cache=cache, last=tok, tokens=jnp.zeros((b, max_new), jnp.int32),
                         logprobs=jnp.zeros((b, max_new), jnp.float32), lengths=jnp.zeros((b,), jnp.int32),
@@ -165,10 +169,15 @@ def decode(params: Params, cfg: ModelConfig, cache: KVCache, logits: jax.Array, 
         live = state.finish == 0
         pos = (rows.next_pos + state.step - 1)[:, None]
         logits, _, cache = forward(params, cfg, state.last[:, None], pos, live[:, None], state.cache, logits="last")
-        tok, lp = method(logits[:, 0], _slot_keys(rows, state.step), rows.params)
+        tok, lp = method(logits[:, 0], _slot_keys(rows, state.lengths), rows.params)  # live rows: lengths == step
         return _record(state.replace(cache=cache), live, tok, lp, rows)
 
     return jax.lax.while_loop(cond, body, init_state(cache, logits, rows, method, max_new))
+
+
+def _offsets(row_offsets: jax.Array | None, budgets: jax.Array) -> jax.Array:
+    """[B] int32 step-counter starts of the rows (zeros by default)."""
+    return jnp.zeros(budgets.shape, jnp.int32) if row_offsets is None else row_offsets.astype(jnp.int32)
 
 
 def _outputs(state: DecodeState) -> dict[str, jax.Array]:
@@ -193,7 +202,8 @@ def _weights(params: Params, cfg: ModelConfig, fuse: bool, dparams: Params | Non
 def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, rng: jax.Array,
                     stop_ids: jax.Array, max_new_per_row: jax.Array, row_params: RowParams, *, max_new: int,
                     method: Method, fuse: bool = False, dparams: Params | None = None, mesh: Any = None,
-                    row_source: jax.Array | None = None, row_seeds: jax.Array | None = None) -> dict[str, jax.Array]:
+                    row_source: jax.Array | None = None, row_seeds: jax.Array | None = None,
+                    row_offsets: jax.Array | None = None) -> dict[str, jax.Array]:
     """The jitted sampler.
 
     Args:
@@ -215,6 +225,8 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
         G completions share one prompt). Without it, row i continues prompt i.
       row_seeds: optional [B] uint32: row r samples with key fold_in(rng, row_seeds[r]) (`row_keys`;
         default: the row index).
+      row_offsets: optional [B] int: output tokens each row drew in earlier calls; its next token is
+        drawn with fold_in(key, offset + its count in this call) (default 0: `_slot_keys`).
 
     Returns:
       tokens [B, N], logprobs [B, N], lengths [B], finish [B] (1 stop, 2 length).
@@ -232,8 +244,8 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
                                    cache.index), mesh)
         logits, prompt_len = logits[row_source], prompt_len[row_source]
     keys = row_keys(rng, row_seeds, max_new_per_row.shape[0])
-    state = decode(params, cfg, cache, logits, Rows(prompt_len, stop_ids, max_new_per_row, row_params, keys),
-                   method=method, max_new=max_new)
+    rows = Rows(prompt_len, stop_ids, max_new_per_row, row_params, keys, _offsets(row_offsets, max_new_per_row))
+    state = decode(params, cfg, cache, logits, rows, method=method, max_new=max_new)
     return _outputs(state)
 
 
@@ -242,8 +254,8 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
 def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions: jax.Array, tokens: jax.Array,
                     token_mask: jax.Array, rng: jax.Array, stop_ids: jax.Array, max_new_per_row: jax.Array,
                     row_params: RowParams, *, max_new: int, method: Method, fuse: bool = False,
-                    dparams: Params | None = None, mesh: Any = None, row_seeds: jax.Array | None = None
-                    ) -> tuple[dict[str, jax.Array], KVCache]:
+                    dparams: Params | None = None, mesh: Any = None, row_seeds: jax.Array | None = None,
+                    row_offsets: jax.Array | None = None) -> tuple[dict[str, jax.Array], KVCache]:
     """The jitted continuation: appends a segment to each row's cached context, then samples.
 
     The segment is prefilled at slots cache.index..index+T-1 (slot order is free: RoPE positions
@@ -258,8 +270,8 @@ def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions:
       positions: [B] RoPE position of each row's first segment token (= its cached tokens).
       tokens: [B, T] left-padded segments; token_mask: [B, T] real tokens. A row with an empty
         segment must have budget 0 (it is idle: nothing is written or generated for it).
-      rng, stop_ids, max_new_per_row, row_params, max_new, method, fuse, dparams, mesh, row_seeds: as
-        in `generate_tokens`.
+      rng, stop_ids, max_new_per_row, row_params, max_new, method, fuse, dparams, mesh, row_seeds,
+        row_offsets: as in `generate_tokens`.
 
     Returns:
       ({tokens [B, N], logprobs [B, N], lengths [B], finish [B], last [B] (the last sampled token,
@@ -272,7 +284,7 @@ def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions:
     seg_pos = positions[:, None] + positions_from_mask(token_mask)  # [B, T]
     logits, _, cache = forward(params, cfg, tokens, seg_pos, token_mask, cache, logits="last")
     rows = Rows(positions + seg_len, stop_ids, max_new_per_row, row_params,
-                row_keys(rng, row_seeds, max_new_per_row.shape[0]))
+                row_keys(rng, row_seeds, max_new_per_row.shape[0]), _offsets(row_offsets, max_new_per_row))
     state = decode(params, cfg, cache, logits, rows, method=method, max_new=max_new)
     out = _outputs(state)
     out["last"] = state.last
