@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = "usage: python -m jaxrl_mt.benchmarks {sampling,scoring,grpo,simulator,accel,attention,tunix} [ARGS]"
+USAGE = "usage: python -m jaxrl_mt.benchmarks {sampling,scoring,workload,grpo,simulator,accel,attention,tunix} [ARGS]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -16,6 +16,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxrl_mt.benchmarks.engine import main as run
 
         return int(run(args) or 0)
+    if name == "workload":
+        from jaxrl_mt.benchmarks.workload import main as run
+
+        return int(run(args[1:]) or 0)
     if name == "grpo":
         from jaxrl_mt.benchmarks.grpo import main as run
 
