@@ -199,7 +199,8 @@ def _evaluated_on(report: dict[str, Any]) -> list[str]:
                 parts.append(f"{sub} not run (--greedy-only)" if sub == "lic" and name in greedy_only
                              else f"{sub} not recorded")
                 continue
-            steps = [_code(e["code"]) + (f" (from conversation {e['conversations_on_disk']})"
+            steps = [_code(e["code"]) + (f", decode engine {e['engine']}" if "engine" in e else "")
+                     + (f" (from conversation {e['conversations_on_disk']})"
                                          if e.get("conversations_on_disk") else "")
                      + (f", {e['n_generated']} conversations in {e['seconds']:.0f} s" if "seconds" in e else
                         f", killed after {e['seconds_to_last_write']:.0f} s (to its last write)"

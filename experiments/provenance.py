@@ -75,8 +75,10 @@ def record_evaluation(workdir: str | Path, root: Path = ROOT) -> list[dict[str, 
     entries = read_evaluation_code(wd)
     if entries:
         _time_killed(entries[-1], wd / "transcripts.jsonl")  # before the resume's load rewrites the file
-    entries.append({"code": code_version(root), "conversations_on_disk": _conversations_on_disk(wd),
-                    "started": round(time.time(), 1)})
+    from jaxrl_mt.sampling.kernels import ENGINE_VERSION
+
+    entries.append({"code": code_version(root), "engine": ENGINE_VERSION,
+                    "conversations_on_disk": _conversations_on_disk(wd), "started": round(time.time(), 1)})
     write_json_atomic(wd / CODE_FILE, entries)
     return entries
 

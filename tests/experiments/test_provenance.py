@@ -66,7 +66,9 @@ def test_a_resumed_evaluation_keeps_one_entry_per_invocation(tmp_path: Path) -> 
     first = _checkout(repo)
     assert read_evaluation_code(wd) == []
     started = record_evaluation(wd, repo)
-    assert started == [{"code": {"commit": first, "dirty": []}, "conversations_on_disk": 0,
+    from jaxrl_mt.sampling.kernels import ENGINE_VERSION
+
+    assert started == [{"code": {"commit": first, "dirty": []}, "engine": ENGINE_VERSION, "conversations_on_disk": 0,
                         "started": started[0]["started"]}] and started[0]["started"] > 0
     # the first invocation wrote two conversations and a torn third line ending in "}", then was killed
     rec = {"task_id": "t", "kind": "full", "run": 0, "score": 1.0, "turns": [{"assistant": "{x}"}]}
@@ -81,8 +83,8 @@ def test_a_resumed_evaluation_keeps_one_entry_per_invocation(tmp_path: Path) -> 
     assert second != first
     entries = record_evaluation(wd, repo)
     assert entries == [{**started[0], "seconds_to_last_write": 42.0},  # the killed invocation, timed
-                       {"code": {"commit": second, "dirty": []}, "conversations_on_disk": 2,
-                        "started": entries[1]["started"]}]
+                       {"code": {"commit": second, "dirty": []}, "engine": ENGINE_VERSION,
+                        "conversations_on_disk": 2, "started": entries[1]["started"]}]
     assert entries[1]["started"] >= started[0]["started"]
     assert read_evaluation_code(wd) == entries
     from experiments.provenance import record_evaluation_time
@@ -112,7 +114,8 @@ def test_the_report_names_the_code_of_each_evaluation() -> None:
               "code": {"base": {"greedy": [{"code": a, "conversations_on_disk": 0}], "lic": []},
                        "abl": {"greedy": [{"code": a, "conversations_on_disk": 0}], "lic": []},
                        "k": {"greedy": [{"code": a, "conversations_on_disk": 0, "seconds_to_last_write": 99.6},
-                                        {"code": a, "conversations_on_disk": 5, "seconds": 10.0, "n_generated": 2}]},
+                                        {"code": a, "engine": 2, "conversations_on_disk": 5, "seconds": 10.0,
+                                         "n_generated": 2}]},
                        "rl": {"greedy": [{"code": a, "conversations_on_disk": 0},
                                          {"code": b, "conversations_on_disk": 17}],
                               "lic": [{"code": b, "conversations_on_disk": 0, "note": "recorded later"}]}}}
@@ -121,8 +124,8 @@ def test_the_report_names_the_code_of_each_evaluation() -> None:
     assert "- abl: greedy commit aaaaaaaaaaaa; lic not run (--greedy-only)" in lines
     assert ("- rl: greedy commit aaaaaaaaaaaa; then commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py "
             "(from conversation 17); lic commit bbbbbbbbbbbb, changed files jaxrl_mt/x.py [1]") in lines
-    assert ("- k: greedy commit aaaaaaaaaaaa, killed after 100 s (to its last write); then commit aaaaaaaaaaaa "
-            "(from conversation 5), 2 conversations in 10 s") in lines
+    assert ("- k: greedy commit aaaaaaaaaaaa, killed after 100 s (to its last write); then commit aaaaaaaaaaaa, "
+            "decode engine 2 (from conversation 5), 2 conversations in 10 s") in lines
     assert lines[-1] == "[1] recorded later"
     assert _evaluated_on({}) == []
 
