@@ -12,8 +12,12 @@ when generation fails; none of them stops the server.
 The event loop only moves bytes: parsing, validation, chat-template rendering and tokenization
 run on a small thread pool (``prepare_workers``), generation and detokenization on the
 batcher's worker, so a huge conversation does not delay other clients. Bodies over
-``large_body_bytes`` are prepared in a lane of their own (one thread): four 3.4 MB bodies of
-100,000 messages queue behind each other there, not in front of a small request.
+``large_body_bytes`` are prepared in a lane of their own (one thread): big bodies queue behind
+each other there, not in front of a small request. The work per request is bounded before the
+template is rendered: each message adds at least ``message_tokens`` tokens to a prompt (measured
+once on the chat template: two empty messages of a role against one, the least over the roles),
+so a conversation of more messages than the context can hold (100,000 one-character messages,
+3.4 MB) is refused at once with ``context_length_exceeded`` instead of seconds of rendering.
 
 A client that disconnects is logged as one line (``client ... left ...``, counted as
 ``disconnects`` in ``/stats``) and its generation is cancelled: dropped from the queue or, when
@@ -66,6 +70,19 @@ log = logging.getLogger(__name__)
 MAX_CACHED_STOPS = 4096  # stop strings whose token lookup is remembered
 
 
+def least_message_tokens(tokenizer: Any) -> int:
+    """The fewest tokens one more message adds to a rendered conversation (0 when the template
+    renders some role in no tokens, or refuses a repeated one: no bound)."""
+    least = []
+    for role in ("system", "user", "assistant"):
+        try:
+            one = len(encode_prompt(tokenizer, [{"role": role, "content": ""}]))
+            least.append(len(encode_prompt(tokenizer, [{"role": role, "content": ""}] * 2)) - one)
+        except Exception:  # noqa: BLE001 (any template failure: no bound)
+            return 0
+    return max(min(least), 0)
+
+
 class ChatService:
     """Turns validated requests into batcher jobs (tokenization, context check, stop ids)."""
 
@@ -98,6 +115,8 @@ class ChatService:
         self.stats: Counter = Counter()  # disconnects, too_large, large_bodies
         self.created = int(time.time())
         self._stop_ids: dict[str, int | None] = {}
+        self.message_tokens = least_message_tokens(sampler.tokenizer)
+
 
     def _single_token(self, stop: str) -> int | None:
         """The id of a stop string that is exactly one token (decoding stops there), else None."""
@@ -129,6 +148,11 @@ class ChatService:
             raise RequestError(404, f"model {req.model!r} does not exist; this server serves "
                                     f"{', '.join(repr(n) for n in self.names)}", param="model",
                                code="model_not_found")
+        least = len(req.messages) * self.message_tokens
+        if least >= self.context:  # refused before rendering: bounded work for any number of messages
+            raise RequestError(400, f"this model's maximum context length is {self.context} tokens; the "
+                                    f"{len(req.messages)} messages take at least {least} tokens ({self.message_tokens} "
+                                    "each); send fewer messages", param="messages", code="context_length_exceeded")
         try:
             prompt = encode_prompt(self.sampler.tokenizer, list(req.messages))
         except ChatError as e:

@@ -117,11 +117,12 @@ def test_20mb_body_is_413_at_once_while_a_small_request_is_served(server):
     assert server.service.stats["too_large"] == 3
 
 
-def test_50000_messages_are_rendered_off_the_event_loop(server):
-    """A 1.5 MB conversation of one-word messages takes seconds of template rendering and tokenization
-    (100,000 took 3.5 s on the event loop before): now on the preparing threads, while a small request is served."""
+def test_a_big_conversation_is_rendered_off_the_event_loop(server):
+    """A 1.4 MB conversation (700 messages of 2,000 characters) takes seconds of template rendering and
+    tokenization (100,000 messages took 3.5 s on the event loop before; so many are now refused before
+    rendering): on the preparing threads, while a small request is served."""
     post(server.url, body(max_tokens=1))
-    many = json.dumps({"model": TINY_NAME, "messages": [{"role": "user", "content": "w"}] * 50_000,
+    many = json.dumps({"model": TINY_NAME, "messages": [{"role": "user", "content": "w " * 1000}] * 700,
                        "max_tokens": 1}).encode()
     assert len(many) < server.service.max_body_bytes
     out: dict = {}

@@ -60,10 +60,21 @@ def test_tiny_top_p_keeps_the_most_likely_token(server):
             "content"], top_p
 
 
+def test_100000_messages_are_refused_before_rendering(server):
+    """The probe's body: 100,000 one-character messages (3.4 MB) can never fit the context (each message
+    renders to at least 5 tokens): refused at once, not after seconds of rendering and tokenization."""
+    many = json.dumps({"model": TINY_NAME, "messages": [{"role": "user", "content": "w"}] * 100_000,
+                       "max_tokens": 1}).encode()
+    assert 3_400_000 < len(many) < server.service.max_body_bytes
+    status, err, seconds = timed(server.url, many)
+    assert status == 400 and err["error"]["code"] == "context_length_exceeded" and seconds < 1.5, seconds
+    assert "100000 messages take at least 500000 tokens (5 each)" in err["error"]["message"]
+
+
 def test_big_bodies_are_prepared_in_their_own_lane(server):
-    """Two bodies of 40,000 one-character messages (1.4 MB) each take about a second to prepare; a small
+    """Two bodies of 700 messages of 2,000 characters (1.4 MB) each take seconds to tokenize; a small
     request sent meanwhile is answered at once, not queued behind them (it waited for both before)."""
-    many = json.dumps({"model": TINY_NAME, "messages": [{"role": "user", "content": "w"}] * 40_000,
+    many = json.dumps({"model": TINY_NAME, "messages": [{"role": "user", "content": "w " * 1000}] * 700,
                        "max_tokens": 1}).encode()
     assert 256 * 1024 < len(many) < server.service.max_body_bytes  # over the large-body lane's threshold
     out: list = []
