@@ -44,7 +44,7 @@ class KVCache(NamedTuple):
     k: jax.Array  # [L, B, Hkv, S, K] (head-major: each head's keys are contiguous)
     v: jax.Array  # [L, B, Hkv, S, K]
     valid: jax.Array  # [B, S] bool: slot holds a real (non-pad) token
-    index: jax.Array  # [] int32: next slot to write
+    index: jax.Array  # [] int32: next slot to write (or [B]: each row's, as the slot engine keeps them)
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
@@ -281,9 +281,9 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         new_cache = None if cache is None else _write_new(cache, token_mask, *kv)
     else:
         s = cache.k.shape[3]
-        idx = cache.index
+        idx = cache.index  # [] or, per row, [B] (`KVCache`)
         slot = jnp.arange(s)[None, :]  # [1, S]
-        seen = (slot < idx) & cache.valid  # [B, S]: earlier writes
+        seen = (slot < (idx[:, None] if idx.ndim else idx)) & cache.valid  # [B, S]: earlier writes
         impl = attention_impl(cfg, t, s + t, self_attn=False)
         new_mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
         spec = cache_spec(seen, token_mask) if impl != "einsum" else None
@@ -292,7 +292,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
             lp, li = xs
             if impl == "einsum":  # reads this layer's slots before the write index only (`cache_attention`)
                 attn = lambda q, k, v: cached_attention(q, cache.k, cache.v, seen, k, v, new_mask,  # noqa: E731
-                                                        bound=idx, layer=li)
+                                                        bound=jnp.max(idx), layer=li)
             else:
                 k_l = jax.lax.dynamic_index_in_dim(cache.k, li, 0, keepdims=False).astype(dt)
                 v_l = jax.lax.dynamic_index_in_dim(cache.v, li, 0, keepdims=False).astype(dt)
@@ -314,13 +314,26 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
 
 def _write_new(cache: KVCache, token_mask: jax.Array, nk: jax.Array, nv: jax.Array) -> KVCache:
     """The cache with T new tokens' keys/values nk, nv [L, B, T, Hkv, K] (from the layer scan) and
-    their validity written at slots index..index+T-1, in one in-place update for all layers."""
+    their validity written at slots index..index+T-1, in one in-place update for all layers (with a
+    per-row index [B], each row at its own slots)."""
     idx = cache.index
+    if idx.ndim:
+        return _write_rows(cache, token_mask, nk, nv)
     valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, idx))  # [B, S]
     nk, nv = nk.swapaxes(2, 3), nv.swapaxes(2, 3)  # [L, B, Hkv, T, K]
     kc = jax.lax.dynamic_update_slice(cache.k, nk.astype(cache.k.dtype), (0, 0, 0, idx, 0))
     vc = jax.lax.dynamic_update_slice(cache.v, nv.astype(cache.v.dtype), (0, 0, 0, idx, 0))
     return KVCache(kc, vc, valid, idx + token_mask.shape[1])
+
+
+def _write_rows(cache: KVCache, token_mask: jax.Array, nk: jax.Array, nv: jax.Array) -> KVCache:
+    """`_write_new` with a per-row index [B]: row b's T tokens go to its slots index[b]..index[b]+T-1."""
+    upd = jax.vmap(lambda c, n, i: jax.lax.dynamic_update_slice(c, n, (0, 0, i, 0)), in_axes=(1, 1, 0), out_axes=1)
+    nk, nv = nk.swapaxes(2, 3), nv.swapaxes(2, 3)  # [L, B, Hkv, T, K]
+    kc = upd(cache.k, nk.astype(cache.k.dtype), cache.index)
+    vc = upd(cache.v, nv.astype(cache.v.dtype), cache.index)
+    valid = jax.vmap(lambda c, m, i: jax.lax.dynamic_update_slice(c, m, (i,)))(cache.valid, token_mask, cache.index)
+    return KVCache(kc, vc, valid, cache.index + token_mask.shape[1])
 
 
 def lm_head(params: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
