@@ -8,9 +8,12 @@ one draws `--rows` (prompt length, reply length) pairs from a committed evaluati
 (default: the base model's greedy evaluation of `docs/results/exp2`, every turn of every
 conversation), makes random-token prompts of those lengths and generates with each row's
 budget set to its recorded reply length and no stop ids, so every row ends exactly where the
-model's reply ended. It prints wall seconds (median of `--repeats` calls after a warm-up),
-tokens/s and the engine's counters (`sampling.counters`): the share of executed row-steps that
-fed a live row and of the cache slots read that held live context.
+model's reply ended. Two engines serve the same rows with the same weights and buckets,
+alternating: the chunked `Sampler` (chunks of `--max-batch` rows, each run to its longest row)
+and the slot engine (`sampling.slots`: `--max-batch` slots refilled as rows finish). It prints
+wall seconds (median of `--repeats` rounds after a warm-up round), tokens/s and each engine's
+counters (`sampling.counters`): the share of executed row-steps that fed a live row (and, for the
+chunked sampler, of the cache slots read that held live context).
 """
 
 from __future__ import annotations
@@ -64,8 +67,10 @@ def draw(pairs: Sequence[tuple[int, int]], rows: int, seed: int) -> list[tuple[i
 
 
 def bench_workload(model: Any, pairs: Sequence[tuple[int, int]], *, max_batch: int, repeats: int,
-                   seed: int = 0) -> dict[str, Any]:
-    """Times greedy generation of the drawn rows, each forced to its recorded reply length."""
+                   seed: int = 0, engines: Sequence[str] = ("chunks",), steps: int = 16) -> dict[str, Any]:
+    """Times greedy generation of the drawn rows, each forced to its recorded reply length, by each engine:
+    "chunks" (`Sampler.generate_ids`: chunks of `max_batch` rows, each run to its longest row) and
+    "slots" (`sampling.slots`: `max_batch` slots refilled every `steps` decode steps or sooner)."""
     from jaxrl_mt.benchmarks.engine import random_prompts
     from jaxrl_mt.sampling import Sampler, SamplingConfig
 
@@ -76,24 +81,53 @@ def bench_workload(model: Any, pairs: Sequence[tuple[int, int]], *, max_batch: i
     budgets = [n for _, n in pairs]
     sampler = Sampler.from_model(model, max_batch=max_batch)
     sampling = SamplingConfig(max_new_tokens=max(budgets), temperature=0.0)
+    calls = {"chunks": lambda: _chunks(sampler, prompts, budgets, sampling),
+             "slots": lambda: _slots(sampler, prompts, budgets, sampling, width=max_batch, steps=steps)}
+    out: dict[str, Any] = {"rows": len(pairs), "max_batch": max_batch, "new_tokens": sum(budgets)}
+    times: dict[str, list[float]] = {e: [] for e in engines}
+    for rep in range(repeats + 1):  # the engines alternate; the first round compiles (reported apart)
+        for e in engines:
+            t0 = time.perf_counter()
+            lengths, counters = calls[e]()
+            dt = time.perf_counter() - t0
+            if lengths != budgets:
+                raise RuntimeError(f"{e}: a row did not generate its recorded length")
+            if rep == 0:
+                out[e] = {"first_s": dt, **counters}
+            else:
+                times[e].append(dt)
+    for e in engines:
+        steady = statistics.median(times[e])
+        out[e].update(steady_s=steady, times_s=times[e], tokens_per_s=sum(budgets) / steady)
+    if len(engines) == 2:
+        out["speedup_slots"] = out["chunks"]["steady_s"] / out["slots"]["steady_s"]
+    return out
 
-    def call():
-        return sampler.generate_ids(prompts, sampling, seed=0, max_new_tokens=budgets, stop_ids=[[] for _ in prompts])
 
-    t0 = time.perf_counter()
-    res = call()
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        res = call()
-        times.append(time.perf_counter() - t0)
-    if res.lengths.tolist() != budgets:
-        raise RuntimeError("a row did not generate its recorded length")
-    steady = statistics.median(times)
-    counters = {k: v for k, v in res.stats.items() if k not in ("seconds", "new_tokens")}
-    return {"rows": len(pairs), "max_batch": max_batch, "first_s": first, "steady_s": steady, "times_s": times,
-            "new_tokens": sum(budgets), "tokens_per_s": sum(budgets) / steady, **counters}
+def _chunks(sampler: Any, prompts: list[list[int]], budgets: list[int], sampling: Any) -> tuple[list[int], dict]:
+    """The Sampler's chunked call: (lengths, its counters)."""
+    res = sampler.generate_ids(prompts, sampling, seed=0, max_new_tokens=budgets, stop_ids=[[] for _ in prompts])
+    return res.lengths.tolist(), {k: v for k, v in res.stats.items() if k not in ("seconds", "new_tokens")}
+
+
+def _slots(sampler: Any, prompts: list[list[int]], budgets: list[int], sampling: Any, *, width: int,
+           steps: int) -> tuple[list[int], dict]:
+    """The slot engine on the same rows, weights and buckets: (lengths, its counters)."""
+    import jax
+
+    from jaxrl_mt.batching import bucket
+    from jaxrl_mt.sampling.results import stop_array
+    from jaxrl_mt.sampling.slots import run_slots
+
+    eng = sampler.engine
+    params = sampler.decode_weights(sampler.params) or sampler.params
+    out = run_slots(params, sampler.cfg, prompts, np.asarray(budgets), stop_array([[] for _ in prompts], len(prompts)),
+                    sampling.row_params(len(prompts)), jax.random.PRNGKey(0), np.arange(len(prompts), dtype=np.uint32),
+                    method=sampling.method(), pad_id=sampler.pad_id, width=width, steps=steps,
+                    prompt_bucket=bucket(max(map(len, prompts)), eng.min_prompt_bucket),
+                    max_new=eng.new_bucket(max(budgets)))
+    c = out["counters"]
+    return out["lengths"].tolist(), {**c, "row_utilisation": c["live_row_steps"] / max(1, c["row_steps"])}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,9 +139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=64, help="the sampler's rows per call (default 64)")
     ap.add_argument("--repeats", type=int, default=2, help="timed calls after the first (default 2)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the draw and the prompts")
+    ap.add_argument("--engine", choices=("chunks", "slots", "both"), default="both",
+                    help="the chunked Sampler, the slot engine, or both alternating (default)")
+    ap.add_argument("--steps", type=int, default=16, help="slots: decode steps per segment (default 16)")
     ap.add_argument("--json", metavar="OUT", default=None, help="also write the numbers to this file")
     args = ap.parse_args(argv)
-    for name, v in (("--rows", args.rows), ("--max-batch", args.max_batch), ("--repeats", args.repeats)):
+    for name, v in (("--rows", args.rows), ("--max-batch", args.max_batch), ("--repeats", args.repeats),
+                    ("--steps", args.steps)):
         if v <= 0:
             ap.error(f"{name} must be > 0, got {v}")
     from jaxrl_mt.models.config import ModelError
@@ -119,12 +157,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    r = bench_workload(model, pairs, max_batch=args.max_batch, repeats=args.repeats, seed=args.seed)
+    engines = ("chunks", "slots") if args.engine == "both" else (args.engine,)
+    r = bench_workload(model, pairs, max_batch=args.max_batch, repeats=args.repeats, seed=args.seed,
+                       engines=engines, steps=args.steps)
     r.update(model=args.model, transcripts=str(args.transcripts), seed=args.seed)
     print(f"workload: {r['rows']} rows from {args.transcripts.name} (seed {args.seed}), {r['new_tokens']} new tokens, "
-          f"max_batch {r['max_batch']}: steady {r['steady_s']:.2f} s (median of {args.repeats}; first "
-          f"{r['first_s']:.2f} s) -> {r['tokens_per_s']:.1f} tok/s; row utilisation {r['row_utilisation']:.3f}, "
-          f"slot utilisation {r['slot_utilisation']:.3f}")
+          f"max_batch {r['max_batch']}")
+    for e in engines:
+        x = r[e]
+        print(f"  {e:<6} steady {x['steady_s']:.2f} s (median of {args.repeats}; first {x['first_s']:.2f} s) -> "
+              f"{x['tokens_per_s']:.1f} tok/s; row utilisation {x['row_utilisation']:.3f}"
+              + (f", slot utilisation {x['slot_utilisation']:.3f}" if "slot_utilisation" in x else ""))
+    if "speedup_slots" in r:
+        print(f"  slots / chunks: {r['speedup_slots']:.2f}x (steady wall time, same rows, alternating)")
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2), encoding="utf-8")
     return 0

@@ -34,7 +34,11 @@ def test_tiny_run(tmp_path, capsys):
     assert main(["--model", str(folder), "--transcripts", str(f), "--rows", "6", "--max-batch", "4",
                  "--repeats", "1", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["steady_s"])
-    assert 0 < r["row_utilisation"] <= 1 and 0 < r["slot_utilisation"] < 1
-    assert r["live_row_steps"] == r["new_tokens"] - r["rows"]  # each row's first token is the prefill's
-    assert "row utilisation" in capsys.readouterr().out
+    for e in ("chunks", "slots"):
+        x = r[e]
+        assert x["tokens_per_s"] == pytest.approx(r["new_tokens"] / x["steady_s"])
+        assert 0 < x["row_utilisation"] <= 1
+        assert x["live_row_steps"] == r["new_tokens"] - r["rows"]  # each row's first token is the prefill's
+    assert 0 < r["chunks"]["slot_utilisation"] < 1
+    assert r["speedup_slots"] == pytest.approx(r["chunks"]["steady_s"] / r["slots"]["steady_s"])
+    assert "slots / chunks" in capsys.readouterr().out
