@@ -8,7 +8,8 @@ compiles what the load will need (a short reply, a batch of the good clients, th
 alone), then at once sends: ``--big`` bodies of 100,000 one-character messages (3.4 MB each, under
 the 4 MiB cap), ``--slow`` bodies trickled over ``--slow-s`` seconds, one prompt of ``--long``
 tokens with ``max_tokens`` 64, and ``--clients`` good clients (one short request each, greedy,
-``--max-tokens``). Meanwhile a small request (one token) is sent every ``--every-s`` seconds, one
+``--max-tokens``); ``--big 0 --slow 0 --long 0`` is the baseline of good clients alone.
+Meanwhile a small request (one token) is sent every ``--every-s`` seconds, one
 after another, and its latency recorded: the number the issue asks for. Prints a JSON summary
 (latencies, statuses, the batcher's counters). Uses only ``ServerThread`` and ``build_service``
 with their old arguments, so the same file measures an older checkout.
@@ -69,14 +70,15 @@ def _slow(port: int, payload: bytes, seconds: float) -> tuple[int, float]:
 
 
 def _long_text(tokenizer: Any, tokens: int) -> str:
-    """A user message of about ``tokens`` tokens."""
-    words, text = 8, ""
-    while True:
+    """A user message of 97% to 100% of ``tokens`` tokens."""
+    words, text = tokens // 3, ""
+    for _ in range(30):
         text = " ".join(f"w{i % 97}" for i in range(words))
         n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if n >= tokens:
-            return text
-        words = max(words + 1, int(words * tokens / max(n, 1) * 0.99))
+        if 0.97 * tokens <= n <= tokens:
+            break
+        words = max(1, int(words * tokens / n * (0.985 if n > tokens else 1.0)))
+    return text
 
 
 def _summary(times: Sequence[float]) -> dict[str, float]:
@@ -84,12 +86,14 @@ def _summary(times: Sequence[float]) -> dict[str, float]:
 
 
 def run_abuse(model: Any, *, clients: int = 64, max_tokens: int = 16, big: int = 4, slow: int = 4,
-              slow_s: float = 3.0, long: int = 3900, every_s: float = 0.5, max_batch: int = 64) -> dict:
-    """Runs the probe against a server on ``model`` (a loaded registry Model); see the module doc."""
+              slow_s: float = 3.0, long: int = 3900, every_s: float = 0.5, max_batch: int = 64, rounds: int = 2
+              ) -> dict:
+    """Runs the probe against a server on ``model`` (a loaded registry Model); see the module doc. The
+    load is sent ``rounds`` times (a later round runs on the shapes the first one compiled)."""
     from jaxrl_mt.serving.server import ServerThread, build_service
 
     service = build_service(model, names=[NAME], max_batch=max_batch)
-    long_body = _body(_user(_long_text(model.tokenizer, long)), 64)
+    long_body = _body(_user(_long_text(model.tokenizer, long)), 64) if long > 0 else b""
     big_body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "w"}] * 100_000,
                            "max_tokens": 1}).encode()
     goods = [_body(_user(f"What is {i + 2} + {3 * i + 1}?"), max_tokens) for i in range(clients)]
@@ -104,39 +108,49 @@ def run_abuse(model: Any, *, clients: int = 64, max_tokens: int = 16, big: int =
             t.start()
         for t in threads:
             t.join()
-        status, secs, reply = _post(url, long_body)
+        status, secs, reply = _post(url, long_body) if long_body else (0, 0.0, {})
         out["warmup_s"], out["long_alone"] = time.perf_counter() - t0, {"status": status, "s": secs,
                                                                          "usage": reply.get("usage")}
-        before = dict(service.batcher.stats)
-        res: dict[str, list] = {"big": [], "slow": [], "long": [], "good": [], "small": []}
-        done = threading.Event()
-        jobs = ([threading.Thread(target=lambda: res["big"].append(_post(url, big_body)[:2])) for _ in range(big)]
-                + [threading.Thread(target=lambda: res["slow"].append(_slow(server.port, goods[0], slow_s)))
-                   for _ in range(slow)]
-                + [threading.Thread(target=lambda: res["long"].append(_post(url, long_body)[:2]))]
-                + [threading.Thread(target=lambda g=g: res["good"].append(_post(url, g)[:2])) for g in goods])
-        t0 = time.perf_counter()
-        for t in jobs:
-            t.start()
+        out["rounds"] = [_load(server, service, big_body, long_body, goods, big=big, slow=slow, slow_s=slow_s,
+                               every_s=every_s) for _ in range(rounds)]
+    out["max_rows_per_call"] = service.batcher.max_rows_seen
+    return out
 
-        def probe() -> None:
-            while not done.is_set():
-                time.sleep(every_s)
-                res["small"].append(_post(url, _body(_user("hi"), 1))[:2])
 
-        prober = threading.Thread(target=probe)
-        prober.start()
-        for t in jobs:
-            t.join()
-        out["load_wall_s"] = time.perf_counter() - t0
-        done.set()
-        prober.join()
-        after = service.batcher.stats
+def _load(server: Any, service: Any, big_body: bytes, long_body: bytes, goods: list[bytes], *, big: int,
+          slow: int, slow_s: float, every_s: float) -> dict:
+    """One round of the load: latencies and statuses of each kind of client, the batcher's counters."""
+    url = server.url
+    out: dict[str, Any] = {}
+    before = dict(service.batcher.stats)
+    res: dict[str, list] = {"big": [], "slow": [], "long": [], "good": [], "small": []}
+    done = threading.Event()
+    jobs = ([threading.Thread(target=lambda: res["big"].append(_post(url, big_body)[:2])) for _ in range(big)]
+            + [threading.Thread(target=lambda: res["slow"].append(_slow(server.port, goods[0], slow_s)))
+               for _ in range(slow)]
+            + [threading.Thread(target=lambda: res["long"].append(_post(url, long_body)[:2])) for _ in long_body[:1]]
+            + [threading.Thread(target=lambda g=g: res["good"].append(_post(url, g)[:2])) for g in goods])
+    t0 = time.perf_counter()
+    for t in jobs:
+        t.start()
+
+    def probe() -> None:
+        while not done.is_set():
+            time.sleep(every_s)
+            res["small"].append(_post(url, _body(_user("hi"), 1))[:2])
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    for t in jobs:
+        t.join()
+    out["load_wall_s"] = time.perf_counter() - t0
+    done.set()
+    prober.join()
+    after = service.batcher.stats
     for kind, got in res.items():
         out[kind] = {"statuses": sorted({s for s, _ in got}), **_summary([s for _, s in got])}
     out["small"]["latencies_s"] = [round(s, 3) for _, s in res["small"]]
     out["batcher"] = {k: after[k] - before.get(k, 0) for k in sorted(after)}
-    out["max_rows_per_call"] = service.batcher.max_rows_seen
     return out
 
 
@@ -168,11 +182,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--big", type=int, default=4)
     p.add_argument("--slow", type=int, default=4)
     p.add_argument("--slow-s", type=float, default=3.0)
-    p.add_argument("--long", type=int, default=3900, help="tokens of the long prompt (the probe's was ~8k)")
+    p.add_argument("--long", type=int, default=3900, help="tokens of the long prompt (the probe's was ~8k; 0: none)")
     p.add_argument("--every-s", type=float, default=0.5)
+    p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args(argv)
     kw = dict(clients=args.clients, max_tokens=args.max_tokens, big=args.big, slow=args.slow, slow_s=args.slow_s,
-              long=args.long, every_s=args.every_s)
+              long=args.long, every_s=args.every_s, rounds=args.rounds)
     if args.tiny:
         with tempfile.TemporaryDirectory(prefix="jaxrl_mt_abuse_") as folder:
             result = run_abuse(tiny_model(folder), **kw)
