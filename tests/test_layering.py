@@ -24,6 +24,7 @@ PKG = ROOT / "jaxrl_mt"
 LAYERS: dict[str, int] = {
     # 0: models and foundations (no engine, no method)
     "models": 0, "checkpointing": 0, "runtime": 0, "cli_errors": 0, "registry": 0, "typed_config": 0,
+    "http_safety": 0, "text_safety": 0, "workdir_lock": 0,
     # 1: the engine: generation, scoring, the multi-turn runner and what they are built on
     "batching": 1, "chat": 1, "parallel": 1, "sampling": 1, "scoring": 1, "conversations": 1,
     "strategies": 1, "backends": 1, "local_backend": 1, "remote": 1,
