@@ -11,7 +11,7 @@ and how held-out items are scored; the reward is a separate plug-in
 - ``evaluate``: greedy single-turn (full prompt) and multi-turn (history + last turn) accuracy.
 
 History building is a function, ``answered_histories`` (cached in the workdir), which SFT, DPO and
-RLAAR call too (``rl.supervised``, ``rl.rlaar_data``); no recipe inherits another.
+RLAAR call too (``rl.supervised``, ``rl.rlaar_data``); no method's recipe inherits this one.
 
 Multi-process runs split histories and filtering over the processes, each on a process-local
 copy of the policy, and gather the results so that every process holds the same items; process
