@@ -369,6 +369,7 @@ def run_trainer(out: Path, workdir: Path, model_dir: Path, steps: int) -> None:
     import hashlib
 
     from configs.rlsta import get_config
+    from jaxrl_mt.rl import loop
     from jaxrl_mt.rl.loop import Trainer
 
     assert parallel.maybe_initialize_distributed(), "JAX_COORDINATOR_ADDRESS not set"
@@ -384,21 +385,21 @@ def run_trainer(out: Path, workdir: Path, model_dir: Path, steps: int) -> None:
     c.log.samples_every = 1
     c.export = True
     seen: dict = {"updates": 0, "batches": []}
-    rollout, finish = Trainer.rollout, Trainer.finish
+    rollout, write_outputs = Trainer.rollout, loop.write_outputs
 
     def rollout_spy(self, params, items, step):
         seen["batches"].append([it.item_id for it in items])
         return rollout(self, params, items, step)
 
-    def finish_spy(self, params, evals):  # every process: a digest of the final global parameters
+    def outputs_spy(c, cfg, tok, params, evals, **kw):  # every process: a digest of the final global parameters
         host = parallel.gather_to_host(params)
         h = hashlib.sha256()
         for kp, x in jax.tree_util.tree_flatten_with_path(host)[0]:
             h.update(parallel_rules._path(kp).encode() + np.ascontiguousarray(x).tobytes())
         seen["digest"] = h.hexdigest()
-        return finish(self, params, evals)
+        return write_outputs(c, cfg, tok, params, evals, **kw)
 
-    Trainer.rollout, Trainer.finish = rollout_spy, finish_spy
+    Trainer.rollout, loop.write_outputs = rollout_spy, outputs_spy
     trainer = Trainer(c)
     summary = trainer.run()
     out.write_text(json.dumps({
