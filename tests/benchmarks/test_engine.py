@@ -103,4 +103,4 @@ def test_one_entry_point(capsys):
     """`python -m jaxrl_mt.benchmarks NAME` dispatches to the benchmark NAME."""
     from jaxrl_mt.benchmarks.__main__ import main as dispatch
 
-    assert dispatch(["nope"]) == 2 and "sampling,scoring,grpo,simulator" in capsys.readouterr().err
+    assert dispatch(["nope"]) == 2 and "sampling,scoring,workload,grpo,simulator" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from configs.rlsta import get_config as rlsta_config
 from experiments import compare, heldout
 from experiments.analysis import restates_user
 from jaxrl_mt.rewards.verifier import verify
+from jaxrl_mt.sampling.kernels import ENGINE_VERSION
 from jaxrl_mt.rl.loop import Trainer
 
 KINDS = ("full", "sharded", "mt_refine")
@@ -82,9 +83,10 @@ def test_report_structure(smoke: dict) -> None:
         runs = {"greedy": 30, "lic": 8}  # conversations generated: 10 problems x 3 scenarios; 2 x 2 scenarios x N 2
         assert {sub: [{k: v for k, v in e.items() if k not in ("seconds", "started")} for e in entries]
                 for sub, entries in rep["code"][name].items()} == \
-            {sub: [{"code": here, "conversations_on_disk": 0, "n_generated": n}] for sub, n in runs.items()}
+            {sub: [{"code": here, "engine": ENGINE_VERSION, "conversations_on_disk": 0, "n_generated": n}]
+             for sub, n in runs.items()}
         assert all(e["seconds"] > 0 and e["started"] > 1.7e9 for entries in rep["code"][name].values() for e in entries)
-        assert f"- {name}: greedy " in md
+        assert f"- {name}: greedy " in md and f"decode engine {ENGINE_VERSION}" in md
     assert f"--recompute --out {smoke['md'].resolve()}`" in md  # the command that rebuilds this very report
 
 

@@ -23,6 +23,10 @@ from experiments import exp2, heldout
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.rl.histories import TrainItem, save_items, save_texts, texts_key
 
+# 150 s (its fixture trains five arms): run by hand (-m slow) since exp2 finished; the suite budget (issue 52).
+# SFT, DPO, ICPO and RLAAR training stay in CI through tests/rl, the comparison's driver through test_smoke.py.
+pytestmark = pytest.mark.slow
+
 ARMS = ["grpo_s0", "sft_full_s0", "dpo_full_s0", "icpo_full_s0", "rlaar_full_s0"]  # one LoRA arm, then full ones
 SET = {"rl.steps": 2, "rl.batch_size": 2, "rl.group_size": 2, "rl.max_new_tokens": 6, "history.max_new_tokens": 4,
        "eval.max_new_tokens": 6, "eval.every": 1, "eval.probe_limit": 2, "eval.probe_every": 0,

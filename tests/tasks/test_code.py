@@ -66,6 +66,7 @@ def test_canonical_solutions_pass_all_164(humaneval):
     assert all(v.status == "passed" and "def " in v.extracted for v in verdicts.values())
 
 
+@pytest.mark.slow  # 39 s: the suite budget (issue 52); canonical solutions and hostile replies stay in CI
 def test_mutated_solutions_fail_on_at_least_95_percent(humaneval):
     verdicts = _mutation_failures(humaneval)
     failed = [k for k, v in verdicts.items() if v.score == 0.0]
