@@ -98,6 +98,7 @@ def _check_contexts(sampler, runs, session, kinds, fresh: bool = False):
     return on_turn
 
 
+@pytest.mark.slow  # the suite budget (issue 52): 19 s; reuse parity stays in CI (test_kv_reuse)
 def test_reuse_under_qwen3_thinking_matches_prefill_from_scratch(thinker, qwen3, monkeypatch, caplog):
     sampler = sampler_for(thinker, qwen3)
     scratch, cached = make_runs(6), make_runs(6)

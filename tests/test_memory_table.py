@@ -83,6 +83,7 @@ TINY = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_laye
                    head_dim=8, tie_word_embeddings=True)
 
 
+@pytest.mark.slow  # the suite budget (issue 52): 15 s
 def test_measured_blockwise_temp_grows_linearly_einsum_quadratically() -> None:
     """Compiled memory_analysis of the scorer and the train step at 512 and 1024 tokens (blockwise: the
     [T, block_k] block scores are its largest temporaries, linear in T; blocks of 128 keys, so both

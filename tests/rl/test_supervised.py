@@ -61,7 +61,7 @@ def _val(wd: Path) -> dict[int, float]:
     return {r["step"]: r["eval/val_loss"] for r in rows if "eval/val_loss" in r}
 
 
-@pytest.mark.parametrize("kind", ["sft", "dpo"])
+@pytest.mark.parametrize("kind", ["sft", pytest.param("dpo", marks=pytest.mark.slow)])  # dpo: 27 s, suite budget
 def test_a_killed_run_resumes_identically_and_exports_the_best_checkpoint(kind, tiny_chat_model_dir, tmp_path,
                                                                            monkeypatch):
     full = tmp_path / "full"
