@@ -19,7 +19,6 @@ chunked sampler, of the cache slots read that held live context).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import sys
@@ -37,24 +36,19 @@ def committed_lengths(path: Path) -> list[tuple[int, int]]:
     """(prompt tokens, new tokens) of every assistant turn of a transcripts file (.jsonl or .jsonl.gz).
 
     Raises:
-      ValueError: a line is not JSON or a turn lacks the counts (naming file, line and field).
+      ValueError: (or its `DataError`) a missing file, a line that is not a JSON object, a turn without
+        the counts, each naming file, line and field.
     """
-    opener = gzip.open if path.suffix == ".gz" else open
+    from jaxrl_mt.data.fields import read_jsonl
+
     out = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-            for i, turn in enumerate(rec.get("turns") or []):
-                for key in ("prompt_tokens", "new_tokens"):
-                    if not isinstance(turn.get(key), int) or turn[key] < 0:
-                        raise ValueError(f"{path}:{n}: turns[{i}].{key} is not a count: {turn.get(key)!r}")
-                if turn["new_tokens"] > 0:
-                    out.append((turn["prompt_tokens"], turn["new_tokens"]))
+    for where, _, rec in read_jsonl(path):
+        for i, turn in enumerate(rec.get("turns") or []):
+            for key in ("prompt_tokens", "new_tokens"):
+                if not isinstance(turn.get(key), int) or turn[key] < 0:
+                    raise ValueError(f"{where}: turns[{i}].{key} is not a count: {turn.get(key)!r}")
+            if turn["new_tokens"] > 0:
+                out.append((turn["prompt_tokens"], turn["new_tokens"]))
     if not out:
         raise ValueError(f"{path}: no assistant turn with token counts")
     return out

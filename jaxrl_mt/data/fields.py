@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -88,12 +89,14 @@ def gold_field(d: Mapping, field: str, where: str) -> str:
 
 
 def read_jsonl(path) -> Iterator[tuple[str, int, dict]]:
-    """Yields ``(where, index, obj)`` per non-blank line; ``where`` is ``path:line``."""
+    """Yields ``(where, index, obj)`` per non-blank line; ``where`` is ``path:line`` (a ``.gz`` path is
+    read through gzip)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file")
     index = 0
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -48,7 +48,7 @@ class SlotState:
     finish: jax.Array  # [W] 0 running, FINISH_STOP, FINISH_LENGTH
     tokens: jax.Array  # [W, N]
     logprobs: jax.Array  # [W, N]
-    rows: Rows  # per-slot constants (next_pos unused: `pos` moves)
+    rows: Rows  # per-slot constants (next_pos: the first new token's position, copied to `pos` on admission)
 
 
 def empty_slots(cfg: ModelConfig, width: int, cache_len: int, max_new: int, stop_width: int) -> SlotState:
