@@ -94,7 +94,7 @@ def test_continuation_parity_with_stops_budgets_and_idle_rows(tiny):
         assert got.stats["prefill_tokens"] == sum(len(s) for s in segments if s is not None)
         assert got.stats["context_tokens"] == sum(len(contexts[i]) for i in range(n) if i not in idle)
     # one program per (batch, segment, capacity, new) shape: 2 chunks x 3 steps at most
-    shapes = {s for s in tiny.compiled_shapes if len(s) == 4}
+    shapes = {s for s in tiny.compiled_shapes if isinstance(s[0], int)}
     assert len(shapes) <= 6 and all(s[2] % 128 == 0 for s in shapes)
 
 
@@ -233,7 +233,7 @@ def test_run_conversations_reuse_matches_fresh_prefill_every_turn(tiny_chat_mode
     assert all(r.done for r in runs) and [len(r.turns) for r in runs] == [2, 4, 2, 4, 3, 1]
     assert session.released == set(range(6)) and session.chunks == []
     # one program per (batch, segment, capacity, new) shape: 2 chunks x 4 turns at most
-    assert len({s for s in sampler.compiled_shapes if len(s) == 4}) <= 8
+    assert len({s for s in sampler.compiled_shapes if isinstance(s[0], int)}) <= 8
 
 
 def test_reuse_greedy_transcripts_match_full_reprefill(tiny_chat_model_dir):

@@ -23,6 +23,7 @@ from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import forward, param_shapes, positions_from_mask
 from jaxrl_mt.models.registry import load_model
 from jaxrl_mt.sampling import Sampler, SamplingConfig, generate_tokens
+from jaxrl_mt.sampling.slots import admit, segment
 from jaxrl_mt.scoring import token_logprobs
 
 # A tiny model whose next-token distributions are far from uniform (logit std ~1.2 at scale 0.2).
@@ -302,16 +303,18 @@ def test_seed_determinism(tiny):
 
 
 def test_prompt_lengths_in_one_bucket_compile_one_program(tiny):
+    """Three rows whose prompts share the 32-token bucket: one admission program (4 rows x 32) and one
+    segment program (4 slots of 32 + 16 cache slots), compiled once for every such call."""
     cfg = TINY.replace(max_position_embeddings=100)  # a config no other test compiles for
     s = Sampler(tiny.params, cfg, eos_ids=(1,), min_prompt_bucket=32)
-    before = generate_tokens._cache_size()
+    before = admit._cache_size(), segment._cache_size()
     for lens in ([5, 9, 2], [17, 30, 1], [32, 4, 4]):
-        r = s.generate_ids([[7] * n for n in lens], SamplingConfig(5, 0.0))
+        r = s.generate_ids([[7] * n for n in lens], SamplingConfig(5, 0.0), stop_ids=[[]] * 3)
         assert len(r.tokens) == 3
-    assert s.compiled_shapes == {(4, 32, 16)}
-    assert generate_tokens._cache_size() == before + 1  # the new config compiled exactly once
-    s.generate_ids([[7] * 20, [7] * 3, [7] * 11], SamplingConfig(5, 0.0))  # another call in the bucket
-    assert generate_tokens._cache_size() == before + 1
+    assert s.compiled_shapes == {("admit", 4, 4, 32), ("segment", 4, 48, 16)}
+    assert (admit._cache_size(), segment._cache_size()) == (before[0] + 1, before[1] + 1)
+    s.generate_ids([[7] * 20, [7] * 3, [7] * 11], SamplingConfig(5, 0.0), stop_ids=[[]] * 3)  # same bucket
+    assert (admit._cache_size(), segment._cache_size()) == (before[0] + 1, before[1] + 1)
 
 
 def test_bad_requests_raise(tiny):

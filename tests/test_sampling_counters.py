@@ -25,7 +25,10 @@ def test_a_real_call_reports_its_counters():
     res = s.generate_ids(PROMPTS, SamplingConfig(max_new_tokens=9, temperature=0.0), seed=0, max_new_tokens=budgets)
     assert res.lengths.tolist() == budgets  # no stop ids: every row spends its budget
     st = res.stats
-    assert st["row_steps"] == 4 * 8 and st["live_row_steps"] == sum(b - 1 for b in budgets)
+    # 4 slots: row 3 ends at its prefill, row 1 after 1 step (4 row-steps, then 2 slots); row 0 after 3
+    # more (2 x 3, then 1 slot); row 2's last 4 (1 x 4): 14 executed, 13 needed
+    assert st["row_steps"] == 4 + 6 + 4 and st["live_row_steps"] == sum(b - 1 for b in budgets)
+    assert (st["admissions"], st["compactions"]) == (1, 2)
     assert st["row_utilisation"] == st["live_row_steps"] / st["row_steps"]
     assert 0 < st["slot_utilisation"] < 1
     assert np.isclose(st["new_tokens"], sum(budgets))

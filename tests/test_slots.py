@@ -1,13 +1,14 @@
-"""The slot engine (`sampling.slots`): a row's tokens equal the chunked sampler's whatever the width W
-of the slots, the steps K of a segment and the rows beside it; freed slots are refilled."""
+"""The slot engine (`sampling.slots`, `sampling.scheduler`): a row's tokens equal the chunked kernel's
+(`generate_tokens`) whatever the width W of the slots, the steps K of a segment and the rows beside
+it; freed slots are refilled, the tail narrows, a group shares its prefill."""
 
 import jax
 import numpy as np
 import pytest
 
 from jaxrl_mt.sampling import Sampler, SamplingConfig
-from jaxrl_mt.sampling.results import stop_array
-from jaxrl_mt.sampling.slots import run_slots
+from jaxrl_mt.sampling.results import GenerationResult, stop_array
+from jaxrl_mt.sampling.scheduler import run_slots
 from tests.test_row_keys import CFG, PROMPTS, _params
 
 BUDGETS = [5, 2, 9, 7]
@@ -29,7 +30,10 @@ def _slots(params, sampling, prompts, budgets, seeds, width, steps, stops=((1,),
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_rows_equal_the_chunked_sampler_at_any_width_and_segment(params, temperature):
     sampling = SamplingConfig(max_new_tokens=9, temperature=temperature)
-    ref = Sampler(params, CFG, eos_ids=(1,), pad_id=0).generate_ids(PROMPTS, sampling, seed=7, max_new_tokens=BUDGETS)
+    engine = Sampler(params, CFG, eos_ids=(1,), pad_id=0, fuse_weights=False).engine  # the chunked kernel
+    out, _ = engine.generate(params, PROMPTS, np.asarray(BUDGETS), sampling, 7, np.arange(4, dtype=np.uint32))
+    ref = GenerationResult([out["tokens"][i, :n].tolist() for i, n in enumerate(out["lengths"])],
+                           [out["logprobs"][i, :n] for i, n in enumerate(out["lengths"])], out["lengths"], [])
     for width, steps in [(1, 1), (2, 3), (3, 2), (4, 16)]:
         toks, out = _slots(params, sampling, PROMPTS, BUDGETS, range(4), width, steps)
         assert toks == ref.tokens, (width, steps)
@@ -42,14 +46,36 @@ def test_rows_equal_the_chunked_sampler_at_any_width_and_segment(params, tempera
         assert other[0] != ref.tokens[2]
 
 
-def test_freed_slots_are_refilled(params):
-    """Two slots, four rows of 5, 2, 9, 7 tokens: 19 decode row-steps are needed (the first token of a
-    row comes from its prefill); one slot per segment step, refilled at once, executes 20."""
-    _, out = _slots(params, SamplingConfig(max_new_tokens=9, temperature=0.0), PROMPTS, BUDGETS, range(4), 2, 1,
-                    stops=((),))
+def test_freed_slots_are_refilled_and_the_tail_narrows(params):
+    """Rows of 5, 2, 9, 7 tokens with prompts of 3, 6, 9, 12: 19 decode row-steps are needed (a row's
+    first token comes from its prefill). Two slots, one step a segment, longest prompts first: rows 3
+    and 2 run 6 steps; row 1 takes row 3's slot (1 step), row 0 its slot next step (1 of 4); then
+    alone, the slots narrow to one for row 0's last 3 steps: 8 x 2 + 3 x 1 = 19 executed. Four
+    slots, 16 steps: the segment returns when half are free (row 1 after 1 step, row 0 after 4:
+    4 x 4), two slots run until row 3 ends (2 x 2), one slot row 2's last 2: 22."""
+    greedy = SamplingConfig(max_new_tokens=9, temperature=0.0)
+    _, out = _slots(params, greedy, PROMPTS, BUDGETS, range(4), 2, 1, stops=((),))
     c = out["counters"]
     assert out["lengths"].tolist() == BUDGETS
-    assert c["live_row_steps"] == sum(BUDGETS) - 4 and c["row_steps"] == 20
-    _, wide = _slots(params, SamplingConfig(max_new_tokens=9, temperature=0.0), PROMPTS, BUDGETS, range(4), 4, 16,
-                     stops=((),))
-    assert wide["counters"]["row_steps"] == 4 * 8  # no refill: every slot runs to the longest row
+    assert (c["live_row_steps"], c["row_steps"], c["compactions"], c["admissions"]) == (19, 19, 1, 3)
+    assert c["slots_read"] == 32 * c["row_steps"]  # caches of 16 + 16 slots: one prefix bucket, all read
+    # live context per live step: prompt + tokens fed; row r's step j (0-based) sees len_r + j slots
+    assert c["live_slots"] == sum(sum(len(p) + j for j in range(b - 1)) for p, b in zip(PROMPTS, BUDGETS))
+    _, wide = _slots(params, greedy, PROMPTS, BUDGETS, range(4), 4, 16, stops=((),))
+    assert (wide["counters"]["row_steps"], wide["counters"]["compactions"]) == (22, 2)
+
+
+def test_a_group_shares_its_prefill_and_equals_its_rows_passed_alone(params):
+    """G = 3 rows of each prompt admitted together from one prefill draw what each row draws when its
+    prompt is passed once per row (sampled, per-row seeds)."""
+    hot = SamplingConfig(max_new_tokens=9, temperature=1.0)
+    prompts = PROMPTS[:2]
+    rows = [p for p in prompts for _ in range(3)]
+    budgets = [9, 4, 7, 2, 9, 5]
+    seeds = list(range(10, 16))
+    ref, _ = _slots(params, hot, rows, budgets, seeds, 3, 4)
+    out = run_slots(params, CFG, prompts, np.asarray(budgets), stop_array([[1]] * 6, 6), hot.row_params(6),
+                    jax.random.PRNGKey(7), np.asarray(seeds, np.uint32), method=hot.method(), pad_id=0, width=3,
+                    steps=4, prompt_bucket=16, max_new=16, group=3)
+    assert [out["tokens"][i, :out["lengths"][i]].tolist() for i in range(6)] == ref
+    assert out["counters"]["admissions"] == 2  # one group at a time in 3 slots

@@ -111,7 +111,7 @@ def _slots(sampler: Any, prompts: list[list[int]], budgets: list[int], sampling:
 
     from jaxrl_mt.batching import bucket
     from jaxrl_mt.sampling.results import stop_array
-    from jaxrl_mt.sampling.slots import run_slots
+    from jaxrl_mt.sampling.scheduler import run_slots
 
     eng = sampler.engine
     params = sampler.decode_weights(sampler.params) or sampler.params

@@ -47,6 +47,12 @@ def prefix_buckets(s: int, block: int = DECODE_BLOCK, most: int = MAX_BUCKETS) -
     return tuple(min(s, block * n) for n in steps)
 
 
+def read_length(bound: jax.Array, s: int, block: int = DECODE_BLOCK) -> jax.Array:
+    """[] int32: the cache slots a call bounded by `bound` reads (the first `prefix_buckets(s)` >= bound)."""
+    buckets = jnp.asarray(prefix_buckets(s, block), jnp.int32)
+    return buckets[jnp.minimum(jnp.searchsorted(buckets, bound.astype(jnp.int32), side="left"), len(buckets) - 1)]
+
+
 def _prefix_attention(q, k_cache, v_cache, seen, k_new, v_new, new_mask, length: int, layer):
     """Attention over the first `length` cache slots and the new keys (see `cached_attention`)."""
     b, t, hq, kd = q.shape

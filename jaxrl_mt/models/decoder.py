@@ -287,12 +287,13 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         impl = attention_impl(cfg, t, s + t, self_attn=False)
         new_mask = causal[None] & token_mask[:, None, :]  # [B, T, T]
         spec = cache_spec(seen, token_mask) if impl != "einsum" else None
+        bound = read_bound(idx, token_mask)
 
         def body(x, xs):
             lp, li = xs
             if impl == "einsum":  # reads this layer's slots before the write index only (`cache_attention`)
                 attn = lambda q, k, v: cached_attention(q, cache.k, cache.v, seen, k, v, new_mask,  # noqa: E731
-                                                        bound=jnp.max(idx), layer=li)
+                                                        bound=bound, layer=li)
             else:
                 k_l = jax.lax.dynamic_index_in_dim(cache.k, li, 0, keepdims=False).astype(dt)
                 v_l = jax.lax.dynamic_index_in_dim(cache.v, li, 0, keepdims=False).astype(dt)
@@ -310,6 +311,15 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         return None, hidden, new_cache
     h = hidden[:, -1:] if logits == "last" else hidden
     return lm_head(params, cfg, h), hidden, new_cache
+
+
+def read_bound(index: jax.Array, token_mask: jax.Array) -> jax.Array:
+    """[] int: the cache slots a call must read, the largest write index of the rows feeding a token
+    (with a per-row index [B]; a row feeding none, a finished slot, reads what the others read and its
+    output is unused)."""
+    if not index.ndim:
+        return index
+    return jnp.max(jnp.where(jnp.any(token_mask, axis=-1), index, 0))
 
 
 def _write_new(cache: KVCache, token_mask: jax.Array, nk: jax.Array, nv: jax.Array) -> KVCache:

@@ -55,6 +55,7 @@ class DecodeEngine:
     row_multiple: int | None = None  # rows bucket: a multiple of this above it (None: powers of two)
     mesh: Any = None  # rows over its (data, fsdp) axes, the KV cache by `parallel.CACHE_RULES`
     fuse_weights: bool = False  # decode with `decode_params` (fused Q/K/V, gate/up)
+    segment_steps: int = 16  # slot engine: decode steps per segment at most (`sampling.slots.segment`)
 
     @property
     def multi(self) -> bool:
@@ -144,6 +145,39 @@ class DecodeEngine:
         r = fetch_rows(r)  # this process's rows; jax.device_get when the arrays are addressable
         shape = (bb, pb, nb) if src is None else ("grouped", len(rows), bb, pb, nb)
         return {k: np.asarray(v)[:b] for k, v in r.items()}, shape
+
+    def slot_width(self, rows: int, group: int = 1) -> int:
+        """W, the slots of a call of `rows` rows: its row bucket, at most `max_batch` (at least a group)."""
+        return max(group, self.rows_bucket(min(rows, self.max_batch or rows)))
+
+    def generate_slots(self, params: Params, prompts: Sequence[Sequence[int]], budgets: np.ndarray,
+                       sampling: SamplingConfig, seed: Any, row_seeds: np.ndarray,
+                       stop_ids: Sequence[Sequence[int]] | None = None, group: int = 1,
+                       dparams: Params | None = None, on_shape: Any = None) -> tuple[dict[str, np.ndarray], dict]:
+        """Every row of a call through the slot engine (`sampling.scheduler.run_slots`), one device.
+
+        Args: as `generate` (rows p0 x group, p1 x group, ...); on_shape: called with each program
+        shape run.
+
+        Returns:
+          ({tokens, logprobs, lengths, finish} of the U * group rows, the engine's counters).
+        """
+        from jaxrl_mt.sampling.scheduler import run_slots
+
+        b = len(prompts) * group
+        ctx = self.cfg.max_position_embeddings
+        pb = min(bucket(max(len(p) for p in prompts), self.min_prompt_bucket), ctx - sampling.max_new_tokens)
+        nb = self.new_bucket(sampling.max_new_tokens, pb)
+        width = max(1, max((len(s) for s in stop_ids), default=0) if stop_ids is not None else len(self.eos_ids))
+        weights = dparams if dparams is not None else (decode_params_jit(params, self.cfg) if self.fuse_weights
+                                                       else params)
+        out = run_slots(weights, self.cfg, prompts, np.asarray(budgets, np.int32), self.stops(stop_ids, b, b, width),
+                        sampling.row_params(b), as_key(seed), np.asarray(row_seeds, np.uint32),
+                        method=sampling.method(), pad_id=self.pad_id, width=self.slot_width(b, group),
+                        steps=self.segment_steps, prompt_bucket=pb, max_new=nb, group=group,
+                        min_prompt_bucket=self.min_prompt_bucket, on_shape=on_shape)
+        counters = out.pop("counters")
+        return out, counters
 
     def continue_(self, params: Params, cache: KVCache, positions: np.ndarray, segments: Sequence[Sequence[int]],
                   tb: int, budgets: np.ndarray, sampling: SamplingConfig, nb: int, seed: Any, row_seeds: np.ndarray,

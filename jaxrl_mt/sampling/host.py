@@ -148,10 +148,30 @@ class Sampler:
         seeds = row_seed_array(row_seeds, n_rows, offset=jax.process_index() << 20 if self.engine.multi else 0)
         params = self.params if params is None else params
         dparams = self.decode_weights(params)
-        chunk = max(1, (self.max_batch or n_rows) // G)  # prompts per chunk
+        t0 = time.perf_counter()
+        if self.engine.mesh is None:  # one device: the slot engine
+            out, counters = self.engine.generate_slots(params, prompts, budgets, sampling, seed, seeds, stop_ids, G,
+                                                       dparams, on_shape=self.compiled_shapes.add)
+        else:
+            out, counters = self._chunks(params, prompts, budgets, sampling, seed, seeds, stop_ids, G, dparams)
+        dt = time.perf_counter() - t0
+        lengths = out["lengths"]
+        toks = [out["tokens"][i, : lengths[i]].tolist() for i in range(n_rows)]
+        lps = [out["logprobs"][i, : lengths[i]] for i in range(n_rows)]
+        extra = {k: float(counters[k]) for k in ("segments", "admissions", "compactions") if k in counters}
+        res = GenerationResult(toks, lps, lengths, [FINISH_NAMES[int(f)] for f in out["finish"]],
+                               stats={"seconds": dt, "new_tokens": float(lengths.sum()), **utilisation(counters),
+                                      **extra})
+        res.texts = self.decode_texts(toks, res.finish_reasons)
+        return res
+
+    def _chunks(self, params: Params, prompts: Sequence[Sequence[int]], budgets: np.ndarray, sampling: SamplingConfig,
+                seed: Any, seeds: np.ndarray, stop_ids: Sequence[Sequence[int]] | None, G: int,
+                dparams: Params | None) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        """The rows in chunks of `max_batch`, each one `generate_tokens` call (a mesh's path)."""
+        chunk = max(1, (self.max_batch or len(prompts) * G) // G)  # prompts per chunk
         results: list[dict[str, np.ndarray]] = []
         counters: dict[str, int] = {}
-        t0 = time.perf_counter()
         for s in range(0, len(prompts), chunk):
             r0, r1 = s * G, min(s + chunk, len(prompts)) * G
             out, shape = self.engine.generate(params, prompts[s:s + chunk], budgets[r0:r1], sampling, seed,
@@ -162,15 +182,7 @@ class Sampler:
             counters = add_counters(counters, decode_counters(
                 [len(p) for p in prompts[s:s + chunk] for _ in range(G)], out["lengths"], rows=bb, prompt_bucket=pb,
                 new_bucket=nb))
-        out = {k: np.concatenate([r[k] for r in results]) for k in results[0]}
-        dt = time.perf_counter() - t0
-        lengths = out["lengths"]
-        toks = [out["tokens"][i, : lengths[i]].tolist() for i in range(n_rows)]
-        lps = [out["logprobs"][i, : lengths[i]] for i in range(n_rows)]
-        res = GenerationResult(toks, lps, lengths, [FINISH_NAMES[int(f)] for f in out["finish"]],
-                               stats={"seconds": dt, "new_tokens": float(lengths.sum()), **utilisation(counters)})
-        res.texts = self.decode_texts(toks, res.finish_reasons)
-        return res
+        return {k: np.concatenate([r[k] for r in results]) for k in results[0]}, counters
 
     def decode_texts(self, tokens: Sequence[Sequence[int]], finish_reasons: Sequence[str]) -> list[str] | None:
         """Decoded replies, without the stop token of a row that ended on one (None: no tokenizer)."""
