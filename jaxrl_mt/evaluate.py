@@ -55,6 +55,8 @@ from jaxrl_mt.eval.task_config import (
     with_task,
 )
 from jaxrl_mt.chat import ChatError, with_template_options
+from jaxrl_mt.sampling import Sampler
+from jaxrl_mt.sampling.counters import utilisation
 from jaxrl_mt.models.attention import IMPLS as ATTENTION_IMPLS
 from jaxrl_mt.eval.task_scoring import conversation_system
 from jaxrl_mt.rewards.abstain import with_abstain
@@ -281,6 +283,8 @@ def _run_todo(c: EvalConfig, todo: list[Any], store: TranscriptStore | None, plu
                              "judge": dict(judge.stats)}
     if plugins:
         stats["graded"] = {k: dict(p.stats) for k, p in plugins.items()}
+    if isinstance(sampler, Sampler):  # in process: what its generate_ids calls executed (`sampling.counters`)
+        stats["decode"] = utilisation(sampler.totals)
     if hasattr(sampler, "generate_messages"):
         stats["assistant_http"] = sampler.summary()  # requests, retries, failures
     if hasattr(user, "summary"):

@@ -8,7 +8,7 @@ import pytest
 
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.sampling.results import GenerationResult, stop_array
-from jaxrl_mt.sampling.scheduler import run_slots
+from jaxrl_mt.sampling.scheduler import run_slots, slot_widths
 from tests.test_row_keys import CFG, PROMPTS, _params
 
 BUDGETS = [5, 2, 9, 7]
@@ -51,8 +51,9 @@ def test_freed_slots_are_refilled_and_the_tail_narrows(params):
     first token comes from its prefill). Two slots, one step a segment, longest prompts first: rows 3
     and 2 run 6 steps; row 1 takes row 3's slot (1 step), row 0 its slot next step (1 of 4); then
     alone, the slots narrow to one for row 0's last 3 steps: 8 x 2 + 3 x 1 = 19 executed. Four
-    slots, 16 steps: the segment returns when half are free (row 1 after 1 step, row 0 after 4:
-    4 x 4), two slots run until row 3 ends (2 x 2), one slot row 2's last 2: 22."""
+    slots, 16 steps: a segment returns as soon as a slot is free, and the slots narrow by one: row 1
+    ends after 1 step (4 x 1), row 0 after 3 more (3 x 3), row 3 after 2 more (2 x 2), row 2's last
+    2 alone (1 x 2): 19 again, 3 narrowings."""
     greedy = SamplingConfig(max_new_tokens=9, temperature=0.0)
     _, out = _slots(params, greedy, PROMPTS, BUDGETS, range(4), 2, 1, stops=((),))
     c = out["counters"]
@@ -62,7 +63,8 @@ def test_freed_slots_are_refilled_and_the_tail_narrows(params):
     # live context per live step: prompt + tokens fed; row r's step j (0-based) sees len_r + j slots
     assert c["live_slots"] == sum(sum(len(p) + j for j in range(b - 1)) for p, b in zip(PROMPTS, BUDGETS))
     _, wide = _slots(params, greedy, PROMPTS, BUDGETS, range(4), 4, 16, stops=((),))
-    assert (wide["counters"]["row_steps"], wide["counters"]["compactions"]) == (22, 2)
+    assert (wide["counters"]["row_steps"], wide["counters"]["compactions"]) == (19, 3)
+    assert slot_widths(64) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64) and slot_widths(3) == (1, 2, 3)
 
 
 def test_a_group_shares_its_prefill_and_equals_its_rows_passed_alone(params):

@@ -9,16 +9,17 @@ one draws `--rows` (prompt length, reply length) pairs from a committed evaluati
 conversation), makes random-token prompts of those lengths and generates with each row's
 budget set to its recorded reply length and no stop ids, so every row ends exactly where the
 model's reply ended. Two engines serve the same rows with the same weights and buckets,
-alternating: the chunked `Sampler` (chunks of `--max-batch` rows, each run to its longest row)
-and the slot engine (`sampling.slots`: `--max-batch` slots refilled as rows finish). It prints
+alternating: the chunked kernel (chunks of `--max-batch` rows, each run to its longest row) and
+the slot engine (`Sampler.generate_ids`: `--max-batch` slots refilled as rows finish). It prints
 wall seconds (median of `--repeats` rounds after a warm-up round), tokens/s and each engine's
-counters (`sampling.counters`): the share of executed row-steps that fed a live row (and, for the
-chunked sampler, of the cache slots read that held live context).
+counters (`sampling.counters`): the share of executed row-steps that fed a live row and of the
+cache slots read that held live context.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -63,8 +64,9 @@ def draw(pairs: Sequence[tuple[int, int]], rows: int, seed: int) -> list[tuple[i
 def bench_workload(model: Any, pairs: Sequence[tuple[int, int]], *, max_batch: int, repeats: int,
                    seed: int = 0, engines: Sequence[str] = ("chunks",), steps: int = 16) -> dict[str, Any]:
     """Times greedy generation of the drawn rows, each forced to its recorded reply length, by each engine:
-    "chunks" (`Sampler.generate_ids`: chunks of `max_batch` rows, each run to its longest row) and
-    "slots" (`sampling.slots`: `max_batch` slots refilled every `steps` decode steps or sooner)."""
+    "chunks" (`Sampler.generate_chunked`: chunks of `max_batch` rows, each run to its longest row) and
+    "slots" (`Sampler.generate_ids`, the slot engine: `max_batch` slots refilled every `steps` decode
+    steps or sooner, narrowed at the tail)."""
     from jaxrl_mt.benchmarks.engine import random_prompts
     from jaxrl_mt.sampling import Sampler, SamplingConfig
 
@@ -74,9 +76,10 @@ def bench_workload(model: Any, pairs: Sequence[tuple[int, int]], *, max_batch: i
     prompts = [[pool[(j + int(rng.integers(longest))) % longest] for j in range(p)] for p, _ in pairs]
     budgets = [n for _, n in pairs]
     sampler = Sampler.from_model(model, max_batch=max_batch)
+    sampler.engine = dataclasses.replace(sampler.engine, segment_steps=steps)
     sampling = SamplingConfig(max_new_tokens=max(budgets), temperature=0.0)
     calls = {"chunks": lambda: _chunks(sampler, prompts, budgets, sampling),
-             "slots": lambda: _slots(sampler, prompts, budgets, sampling, width=max_batch, steps=steps)}
+             "slots": lambda: _slots(sampler, prompts, budgets, sampling)}
     out: dict[str, Any] = {"rows": len(pairs), "max_batch": max_batch, "new_tokens": sum(budgets)}
     times: dict[str, list[float]] = {e: [] for e in engines}
     for rep in range(repeats + 1):  # the engines alternate; the first round compiles (reported apart)
@@ -99,29 +102,20 @@ def bench_workload(model: Any, pairs: Sequence[tuple[int, int]], *, max_batch: i
 
 
 def _chunks(sampler: Any, prompts: list[list[int]], budgets: list[int], sampling: Any) -> tuple[list[int], dict]:
-    """The Sampler's chunked call: (lengths, its counters)."""
+    """The chunked kernel (`Sampler.generate_chunked`): (lengths, its counters)."""
+    from jaxrl_mt.sampling.counters import utilisation
+
+    params = sampler.params
+    out, c = sampler.generate_chunked(params, prompts, np.asarray(budgets, np.int32), sampling, 0,
+                                      np.arange(len(prompts), dtype=np.uint32), [[] for _ in prompts], 1,
+                                      sampler.decode_weights(params))
+    return out["lengths"].tolist(), utilisation(c)
+
+
+def _slots(sampler: Any, prompts: list[list[int]], budgets: list[int], sampling: Any) -> tuple[list[int], dict]:
+    """The slot engine (`Sampler.generate_ids`) on the same rows, weights and buckets: (lengths, counters)."""
     res = sampler.generate_ids(prompts, sampling, seed=0, max_new_tokens=budgets, stop_ids=[[] for _ in prompts])
     return res.lengths.tolist(), {k: v for k, v in res.stats.items() if k not in ("seconds", "new_tokens")}
-
-
-def _slots(sampler: Any, prompts: list[list[int]], budgets: list[int], sampling: Any, *, width: int,
-           steps: int) -> tuple[list[int], dict]:
-    """The slot engine on the same rows, weights and buckets: (lengths, its counters)."""
-    import jax
-
-    from jaxrl_mt.batching import bucket
-    from jaxrl_mt.sampling.results import stop_array
-    from jaxrl_mt.sampling.scheduler import run_slots
-
-    eng = sampler.engine
-    params = sampler.decode_weights(sampler.params) or sampler.params
-    out = run_slots(params, sampler.cfg, prompts, np.asarray(budgets), stop_array([[] for _ in prompts], len(prompts)),
-                    sampling.row_params(len(prompts)), jax.random.PRNGKey(0), np.arange(len(prompts), dtype=np.uint32),
-                    method=sampling.method(), pad_id=sampler.pad_id, width=width, steps=steps,
-                    prompt_bucket=bucket(max(map(len, prompts)), eng.min_prompt_bucket),
-                    max_new=eng.new_bucket(max(budgets)))
-    c = out["counters"]
-    return out["lengths"].tolist(), {**c, "row_utilisation": c["live_row_steps"] / max(1, c["row_steps"])}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

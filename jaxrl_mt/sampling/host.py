@@ -22,7 +22,7 @@ import numpy as np
 from jaxrl_mt.chat import ChatError, Conversation, encode_prompt
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params
-from jaxrl_mt.sampling.counters import add_counters, decode_counters, utilisation
+from jaxrl_mt.sampling.counters import KEYS, add_counters, decode_counters, utilisation
 from jaxrl_mt.sampling.engine import DecodeEngine, FusedWeights, row_seed_array
 from jaxrl_mt.sampling.kernels import FINISH_NAMES
 from jaxrl_mt.sampling.methods import SamplingConfig
@@ -53,6 +53,8 @@ class Sampler:
         # shapes run so far: (B, P, N) for generate_tokens, ("grouped", U, B, P, N) for generate_tokens
         # with shared prompts, (B, T, S, N) for continue_tokens
         self.compiled_shapes: set[tuple[Any, ...]] = set()
+        # the decode counters (`sampling.counters`) of every generate_ids call so far, summed
+        self.totals: dict[str, int] = dict.fromkeys(KEYS, 0)
 
     # the engine's fields, read and set through the sampler (setting one makes a new frozen engine)
     cfg = property(lambda self: self.engine.cfg, lambda self, v: self._set_engine(cfg=v))
@@ -73,7 +75,7 @@ class Sampler:
 
     def bound(self, params: Params) -> "Sampler":
         """This sampler on other default parameters: a view sharing the engine, the tokenizer, the
-        fused-weights cache and the compiled shapes; this sampler is unchanged."""
+        fused-weights cache, the compiled shapes and the counter totals; this sampler is unchanged."""
         view = copy.copy(self)
         view.params = params
         return view
@@ -153,8 +155,10 @@ class Sampler:
             out, counters = self.engine.generate_slots(params, prompts, budgets, sampling, seed, seeds, stop_ids, G,
                                                        dparams, on_shape=self.compiled_shapes.add)
         else:
-            out, counters = self._chunks(params, prompts, budgets, sampling, seed, seeds, stop_ids, G, dparams)
+            out, counters = self.generate_chunked(params, prompts, budgets, sampling, seed, seeds, stop_ids, G, dparams)
         dt = time.perf_counter() - t0
+        for k in KEYS:  # in place: views of this sampler (`bound`) add to the same totals
+            self.totals[k] += int(counters.get(k, 0))
         lengths = out["lengths"]
         toks = [out["tokens"][i, : lengths[i]].tolist() for i in range(n_rows)]
         lps = [out["logprobs"][i, : lengths[i]] for i in range(n_rows)]
@@ -165,10 +169,13 @@ class Sampler:
         res.texts = self.decode_texts(toks, res.finish_reasons)
         return res
 
-    def _chunks(self, params: Params, prompts: Sequence[Sequence[int]], budgets: np.ndarray, sampling: SamplingConfig,
-                seed: Any, seeds: np.ndarray, stop_ids: Sequence[Sequence[int]] | None, G: int,
-                dparams: Params | None) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-        """The rows in chunks of `max_batch`, each one `generate_tokens` call (a mesh's path)."""
+    def generate_chunked(self, params: Params, prompts: Sequence[Sequence[int]], budgets: np.ndarray,
+                         sampling: SamplingConfig, seed: Any, seeds: np.ndarray,
+                         stop_ids: Sequence[Sequence[int]] | None, G: int,
+                         dparams: Params | None) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        """The rows in chunks of `max_batch`, each one `generate_tokens` call run to its longest row: the
+        path of a mesh (until the slot engine shards its slots) and the reference of `benchmarks
+        workload`. Arguments as `generate_ids` (checked there); returns the outputs and counters."""
         chunk = max(1, (self.max_batch or len(prompts) * G) // G)  # prompts per chunk
         results: list[dict[str, np.ndarray]] = []
         counters: dict[str, int] = {}

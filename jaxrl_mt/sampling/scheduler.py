@@ -4,10 +4,10 @@
 longest waiting prompts first (each admission prefills at its own prompts' bucket, so a short
 prompt is not padded to the call's longest), runs decode segments that return once an eighth of
 the slots is free, collects finished rows, and, once no row waits, gathers the live slots into a
-state half as wide or narrower (`compact`), so the tail of a call runs at the width of its live
-rows. A GRPO group's G rows enter together and share one prefill. Shapes are bucketed: admissions
-of a power of two of rows, at least W / 8; slot widths W, W / 2, ...; prompt buckets as the
-engine's.
+state an eighth of W narrower or more (`compact`), so the tail of a call runs at about the width
+of its live rows. A GRPO group's G rows enter together and share one prefill. Shapes are
+bucketed: admissions of a power of two of rows, at least W / 8; slot widths `slot_widths(W)`
+(multiples of W / 8, powers of two below); prompt buckets as the engine's.
 """
 
 from __future__ import annotations
@@ -29,6 +29,19 @@ from jaxrl_mt.sampling.slots import STAT_KEYS, SlotState, admit, compact, empty_
 
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+def slot_widths(most: int) -> tuple[int, ...]:
+    """The widths a call's slots take, ascending: multiples of W / 8 up to W, powers of two below it
+    (a compiled segment program each; the tail narrows by an eighth of W at a time)."""
+    step = max(1, most // 8)
+    return tuple(sorted({step * k for k in range(1, most // step + 1)} | {1 << i for i in range(step.bit_length())
+                                                                          if 1 << i < step} | {most}))
+
+
+def _fit(widths: tuple[int, ...], n: int) -> int:
+    """The narrowest width holding n rows."""
+    return next(w for w in widths if w >= n)
 
 
 class _Call:
@@ -89,8 +102,10 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
     keys = np.asarray(row_keys(key, jnp.asarray(row_seeds, jnp.uint32), n_rows))
     call = _Call(prompts, budgets, stops, row_params, keys, g, pad_id, min_prompt_bucket, prompt_bucket)
     note = on_shape or (lambda shape: None)
-    state = empty_slots(cfg, width, prompt_bucket + max_new, max_new, stops.shape[1])
-    owner = np.full(width, -1)  # row held by each slot
+    widths = slot_widths(width)
+    start = _fit(widths, min(n_rows, width))
+    state = empty_slots(cfg, start, prompt_bucket + max_new, max_new, stops.shape[1])
+    owner = np.full(start, -1)  # row held by each slot
     out = {"tokens": np.zeros((n_rows, max_new), np.int32), "logprobs": np.zeros((n_rows, max_new), np.float32),
            "lengths": np.zeros(n_rows, np.int32), "finish": np.zeros(n_rows, np.int32)}
     counters = dict.fromkeys(("segments", "admissions", "compactions") + STAT_KEYS, 0)
@@ -107,7 +122,8 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
             waiting, counters["admissions"] = waiting[len(take):], counters["admissions"] + 1
         w = len(owner)
         n_free = int((owner < 0).sum())
-        min_free = max(w // 8, g, n_free + 1) if waiting else w - w // 2
+        narrower = max([x for x in widths if x < w], default=0)
+        min_free = max(w // 8, g, n_free + 1) if waiting else w - narrower
         state, stats = segment(params, cfg, state, jnp.int32(min_free), method=method, steps=steps)
         note(("segment", w, int(state.cache.valid.shape[1]), max_new))
         counters["segments"] += 1
@@ -115,8 +131,8 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
             counters[k] += int(v)
         done += _collect(state, owner, out)
         live = int((owner >= 0).sum())
-        if not waiting and 0 < live <= w // 2:
-            state, owner = _narrow(state, owner, _pow2(live))
+        if not waiting and 0 < live <= narrower:
+            state, owner = _narrow(state, owner, _fit(widths, live))
             counters["compactions"] += 1
     return {**out, "counters": counters}
 

@@ -39,6 +39,6 @@ def test_tiny_run(tmp_path, capsys):
         assert x["tokens_per_s"] == pytest.approx(r["new_tokens"] / x["steady_s"])
         assert 0 < x["row_utilisation"] <= 1
         assert x["live_row_steps"] == r["new_tokens"] - r["rows"]  # each row's first token is the prefill's
-    assert 0 < r["chunks"]["slot_utilisation"] < 1
+    assert 0 < r["chunks"]["slot_utilisation"] < 1 and 0 < r["slots"]["slot_utilisation"] <= 1
     assert r["speedup_slots"] == pytest.approx(r["chunks"]["steady_s"] / r["slots"]["steady_s"])
     assert "slots / chunks" in capsys.readouterr().out
