@@ -44,6 +44,19 @@ class PreferenceBatch(NamedTuple):
     ref_chosen: jax.Array  # [B] reference log-prob sums of the chosen (0 until computed)
     ref_rejected: jax.Array  # [B] of the rejected
 
+    @property
+    def rows(self) -> int:
+        """B, the pairs."""
+        return int(self.prompt.shape[0])
+
+    def slice_rows(self, start: int, n: int) -> PreferenceBatch:
+        """Pairs ``[start, start + n)``."""
+        return PreferenceBatch(*(x[start:start + n] for x in self))
+
+    def footprint(self) -> tuple[int, int, int, int]:
+        """``(B, 2, P, C)``: each prompt once for its two completions, as the memory planner counts them."""
+        return self.rows, 2, int(self.prompt.shape[1]), max(int(self.chosen.shape[1]), int(self.rejected.shape[1]))
+
 
 def preference_batch(prompts: Sequence[Sequence[int]], chosen: Sequence[Sequence[int]],
                      rejected: Sequence[Sequence[int]], pad_id: int, *, prompt_len: int | None = None,

@@ -1,10 +1,11 @@
-"""The training loop: data -> rollouts -> rewards -> advantages -> jitted step, for every method.
+"""The training loop: data -> the objective's batch -> jitted steps over its micro-batches, for every method.
 
 The loop is the same for every method; a method brings a recipe (``rl.recipe.Recipe``, registered
 in ``rl.recipe.METHODS``: ``jaxrl_mt.rl.multiturn.MultiTurnData`` for RLSTA and GRPO,
-``jaxrl_mt.rl.icpo.ICPOData``, ...), whose hooks the loop calls unconditionally, and a
-reward, a pure function of (items, generations) registered by name
-(``jaxrl_mt.rewards.registry``; the config's ``reward``, default the method's own).
+``jaxrl_mt.rl.icpo.ICPOData``, ...), whose hooks the loop calls unconditionally, its objective
+(``rl.objective``: GRPO's rollout -> rewards -> advantages, or SFT's / DPO's fixed-target rows,
+and the loss; one update path for all), and a reward, a pure function of (items, generations)
+registered by name (``jaxrl_mt.rewards.registry``; the config's ``reward``, default the method's own).
 
 Everything a resumed run needs lives in `<workdir>`: `config.json`, the cached training items
 (`histories.jsonl`, `train_items.jsonl`, `heldout.jsonl`), orbax checkpoints (params, optimizer
@@ -38,29 +39,29 @@ import numpy as np
 from jaxrl_mt.checkpointing import Checkpointer
 from jaxrl_mt.data.pipeline import make_iterator
 from jaxrl_mt.data.records import DataError
-from jaxrl_mt.parallel import agree_max_many, check_same_rows, mean_over_processes, put_rows, spans_processes
+from jaxrl_mt.parallel import agree_max_many, check_same_rows, mean_over_processes, spans_processes
 from jaxrl_mt.rewards.registry import RewardEnv, make_reward
 from jaxrl_mt.models.lora import save_peft
 from jaxrl_mt.rl.adapters import Trainable, lora_config, lora_forward
 from jaxrl_mt.rl.best import BestKeeper
 from jaxrl_mt.rl.data import load_scenarios, load_tasks, reward_name, validate_config
-from jaxrl_mt.rl.example import TrainExample
 from jaxrl_mt.rl.histories import TrainItem
 from jaxrl_mt.rl.metrics_log import MetricsLog
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.outputs import fmt_metrics, write_outputs
 from jaxrl_mt.rl.policy_io import load_policy
 from jaxrl_mt.rl.probe import make_probe
-from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv, SupervisedRecipe
-from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout, place_example, rollout
+from jaxrl_mt.rl.objective import Footprint, Objective, place
+from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv
+from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout
 from jaxrl_mt.rl.run_config import TrainConfig, typed_config
 from jaxrl_mt.rl.setup import check_micro_batch, load_policy_model, make_mesh, reference
 from jaxrl_mt.rl.state import TrainState, fresh_state, restore_state, save_state
-from jaxrl_mt.rl.step import choose_remat, loss_config, loss_fn, make_train_step, micro_seed
+from jaxrl_mt.rl.step import choose_remat, loss_config, make_train_step
 from jaxrl_mt.rl.memory_plan import MemoryPlan
 from jaxrl_mt.rl.workdir import NonFiniteUpdate, check_resume_config, last_good
 from jaxrl_mt.workdir_lock import hold_workdir
-from jaxrl_mt.sampling import Sampler, bucket
+from jaxrl_mt.sampling import Sampler
 from jaxrl_mt.scoring import Scorer
 
 __all__ = ["ConfigError", "StepInfo", "TrainConfig", "Trainer", "TrainingError", "load_policy",
@@ -121,17 +122,16 @@ class Trainer:
         self.env = RecipeEnv(config=c, workdir=self.wd, is_main=self.is_main, multi=self.multi, system=self.system,
                              sampler=self.sampler, mesh=self.mesh, log=self.log, ref_params=self.ref_params,
                              ref_cfg=self.ref_cfg)
-        self.supervised = isinstance(self.data, SupervisedRecipe)  # SFT / DPO: fixed targets, no rollouts
         select = self.data.select  # the kept and exported checkpoint: best held-out metric
         self.best = BestKeeper(self.wd, *select, enabled=self.is_main, log=self.log) if select else None
         self.optimizer = optimizer_from_config(c.rl)
         self.lc = loss_config(c.rl)
         self.plan = MemoryPlan(self.wd, chunk=self.lc.chunk, log=self.log, write=self.is_main,
                                agree=agree_max_many if self.multi else None)  # resumed: the first start's choices
-        self._steps: dict[int, Any] = {}
+        self._steps: dict[int | str, Any] = {}  # the objective's jitted step of each memory-plan bucket
         self.ref_scorer = Scorer(self.ref_params, self.ref_cfg, pad_id=self.model.pad_id,
                                  batch_size=min(16, c.rl.batch_size * c.rl.group_size), mesh=self.mesh)
-        self.engine = None if self.supervised else self._rollout_engine()
+        self.objective: Objective = self.data.objective(self.env, self._rollout_engine)
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
         try:  # the fixed held-out probe (eval.probe_source; None when unset)
             self.probe = make_probe(c, self.system)
@@ -160,82 +160,56 @@ class Trainer:
         """The method's held-out metrics of `params`."""
         return self.data.evaluate(self.env, params, held)
 
-    # ------------------------------------------------------------------ rollouts and rewards
-
-    def rollout(self, params: Any, items: Sequence[TrainItem], step: int
-                ) -> tuple[TrainExample, dict[str, float], list[dict]]:
-        """The step's rollout (`jaxrl_mt.rl.rollout.rollout`, the one the benchmarks time)."""
-        r = rollout(self.engine, params, items, step)
-        return r.example, r.metrics, r.samples
+    # ------------------------------------------------------------------ the update
 
     def _grouped(self) -> bool:
         """Whether rollouts prompt once per group (`rl.rollout.grouped_layout`), with or without a mesh."""
         rl = self.c.rl
         return grouped_layout(rl.batch_size, rl.group_size, rl.grad_accum, self.mesh, self.multi)
 
-    def _remat(self, P: int) -> bool | str:
-        """`rl.remat` for the step of prompt bucket P, the first start's choice on a resume (`rl.memory_plan`)."""
-        return self.plan.remat(P, self.c.rl.remat, lambda: self._auto_remat(P))
+    def _remat(self, key: int | str, footprint: Footprint) -> bool | str:
+        """`rl.remat` for the steps of memory-plan bucket `key` (`Objective.plan`), the first start's
+        choice on a resume (`rl.memory_plan`)."""
+        return self.plan.remat(key, self.c.rl.remat, lambda: self._auto_remat(key, footprint))
 
-    def _auto_remat(self, P: int) -> bool | str:
-        """Under "auto": the cheapest remat whose estimated activations fit (`rl.step.choose_remat`), the same on
-        every process (the most conservative choice)."""
-        rl = self.c.rl
-        rows, G = rl.batch_size * rl.group_size // rl.grad_accum, rl.group_size
-        C = bucket(rl.max_new_tokens, 16)
-        prompts, group = (rows // G, G) if self._grouped() else (rows, 1)  # the flat layout repeats each prompt
+    def _auto_remat(self, key: int | str, footprint: Footprint) -> bool | str:
+        """Under "auto": the cheapest remat whose estimated activations for a micro-batch of `footprint`
+        fit (`rl.step.choose_remat`), the same on every process (the most conservative choice)."""
+        prompts, group, P, C = footprint
         order = [False, "dots", True]
         choice = order.index(choose_remat(self.model.cfg, prompts, group, P, C))
         if self.multi:
             choice = agree_max_many([choice])[0]
-        self.log(f"rl.remat auto: prompt bucket {P}, {prompts} prompts x {group} rows each -> {order[choice]!r}")
+        self.log(f"rl.remat auto: prompt bucket {key}, {prompts} prompts x {group} rows each -> {order[choice]!r}")
         return order[choice]
 
-    def _train_step(self, P: int, params: Any, opt_state: Any):
-        """The jitted step for prompt bucket P; shardings and donation (params and optimizer state,
-        updated in place) are decided here, once per bucket."""
-        if P not in self._steps:
-            lc = dataclasses.replace(self.lc, remat=self._remat(P))
-            loss = None if self.trainable.lora is None else self.trainable.loss(loss_fn)
-            self._steps[P] = make_train_step(self.model.cfg, self.optimizer, lc, mesh=self.mesh,
-                                             state=(params, opt_state), donate=True, loss=loss)
-        return self._steps[P]
+    def _train_step(self, batch: Any, params: Any, opt_state: Any) -> Any:
+        """The objective's jitted step for `batch`'s memory-plan bucket (`Objective.plan`: GRPO's prompt
+        bucket, SFT's / DPO's row lengths); its remat, shardings and donation (params and optimizer
+        state, updated in place) are decided here, once per bucket."""
+        key, footprint = self.objective.plan(batch)
+        if key not in self._steps:
+            lc = dataclasses.replace(self.lc, remat=self._remat(key, footprint))
+            self._steps[key] = make_train_step(self.model.cfg, self.optimizer, lc, mesh=self.mesh,
+                                               state=(params, opt_state), donate=True,
+                                               loss=self.trainable.loss(self.objective.loss))
+        return self._steps[key]
 
-    def update(self, state: TrainState, ex: TrainExample) -> tuple[TrainState, dict[str, float]]:
-        """``rl.mu`` passes over the example's ``rl.grad_accum`` micro-batches: the next state and train/* means."""
-        c = self.c.rl
+    def update(self, state: TrainState, batch: Any) -> tuple[TrainState, dict[str, float]]:
+        """The objective's passes (GRPO: ``rl.mu``) over the batch's ``rl.grad_accum`` micro-batches of
+        rows: the next state and the train/* means."""
+        obj = self.objective
         params, opt_state = state.params, state.opt_state
-        step_fn = self._train_step(ex.prompt_len, params, opt_state)
-        n = ex.rows
-        mb = n // c.grad_accum
+        step_fn = self._train_step(batch, params, opt_state)
+        n = batch.rows
+        mb = n // self.c.rl.grad_accum
         if self.multi:  # one global micro-batch: the same number of rows on every process, no padding
             check_same_rows(n, "train batch")
         acc: dict[str, list[float]] = {}
-        for i in range(c.mu):
+        for i in range(obj.passes):
             for s in range(0, n, mb):
-                micro = place_example(self.mesh, ex.slice_rows(s, mb))
-                if self.lc.loss_variant == "clip_cov":  # its random token choice: one seed per micro-step
-                    micro = micro.replace(seed=micro_seed(self.c.seed, state.step, i, s // mb))
+                micro = obj.micro(place(self.mesh, batch.slice_rows(s, mb)), step=state.step, inner=i, index=s // mb)
                 params, opt_state = self._micro_step(step_fn, params, opt_state, self.trainable.batch(micro), acc)
-        out = {f"train/{k}": float(np.mean(v)) for k, v in acc.items() if k != "finite"}
-        return TrainState(params, opt_state, state.step + 1), out
-
-    def update_supervised(self, state: TrainState, batch: Any) -> tuple[TrainState, dict[str, float]]:
-        """One pass of a fixed-target batch (SFT, DPO) in ``rl.grad_accum`` micro-batches of rows."""
-        if "supervised" not in self._steps:
-            loss = self.data.loss(self.env)
-            self._steps["supervised"] = make_train_step(
-                self.model.cfg, self.optimizer, self.lc, mesh=self.mesh, state=(state.params, state.opt_state),
-                donate=True, loss=self.trainable.loss(lambda params, cfg, lc, b: loss(params, cfg, b)))
-        step_fn, params, opt_state = self._steps["supervised"], state.params, state.opt_state
-        n = len(jax.tree_util.tree_leaves(batch)[0])
-        mb, acc = n // self.c.rl.grad_accum, {}
-        for s in range(0, n, mb):
-            micro = jax.tree_util.tree_map(lambda x, s=s: x[s:s + mb], batch)
-            if self.mesh is not None:
-                leaves, tree = jax.tree_util.tree_flatten(micro)
-                micro = jax.tree_util.tree_unflatten(tree, put_rows(self.mesh, leaves, pad=False))
-            params, opt_state = self._micro_step(step_fn, params, opt_state, self.trainable.batch(micro), acc)
         out = {f"train/{k}": float(np.mean(v)) for k, v in acc.items() if k != "finite"}
         return TrainState(params, opt_state, state.step + 1), out
 
@@ -306,15 +280,12 @@ class Trainer:
 
     def train_step(self, state: TrainState, items: Sequence[TrainItem]) -> tuple[TrainState, dict[str, float],
                                                                                   list[dict]]:
-        """One step: rollout, update; the step's metrics (global means across processes)."""
+        """One step: the objective's batch (GRPO: a rollout), the update; the step's metrics (global means
+        across processes)."""
         t0 = time.perf_counter()
         items, pre = self.data.step_items(self.env, items, state.step)  # RLAAR's curriculum picks its samples
-        if self.supervised:
-            m, samples = {}, []
-            state, tm = self.update_supervised(state, self.data.batch(self.env, items))
-        else:
-            ex, m, samples = self.rollout(self.trainable.policy(state.params), items, state.step)
-            state, tm = self.update(state, ex)
+        batch, m, samples = self.objective.batch(lambda: self.trainable.policy(state.params), items, state.step)
+        state, tm = self.update(state, batch)
         m = {**pre, **m, **tm, "perf/step_s": time.perf_counter() - t0}
         if self.multi:  # global means (train/* are already global: the same on every process)
             m = mean_over_processes(m, max_keys=("completion/max_length",))

@@ -3,7 +3,8 @@
 ``rl.remat = "auto"`` picks a rematerialisation per prompt bucket from the memory free at the
 time (``rl.step.choose_remat``); a resume on a host with less free memory would pick another one
 and compute different steps. The first choice for each bucket is recorded in
-``<workdir>/memory_plan.json`` (with the vocabulary chunk of the loss, fixed today) and reused by
+``<workdir>/memory_plan.json`` (with the vocabulary chunk of the loss, fixed today; SFT's and DPO's
+buckets are their row lengths, keyed ``sft:0x160``, ``dpo:64x32``: ``rl.objective``) and reused by
 every later start. An explicit ``rl.remat`` (not "auto") overrides the record; a change is logged
 in one line and recorded (the run uses it from then on).
 """
@@ -45,7 +46,7 @@ class MemoryPlan:
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 self.log(f"{self.path}: unreadable ({type(e).__name__}: {e}); the memory plan is decided again")
 
-    def recorded(self, prompt_len: int) -> bool | str | None:
+    def recorded(self, prompt_len: int | str) -> bool | str | None:
         """The recorded rematerialisation of bucket ``prompt_len`` (agreed across processes), or None."""
         entry = self.buckets.get(str(prompt_len))
         index = -1 if entry is None else REMAT_ORDER.index(entry["remat"])
@@ -53,7 +54,7 @@ class MemoryPlan:
             index = self.agree([index])[0]
         return None if index < 0 else REMAT_ORDER[index]
 
-    def remat(self, prompt_len: int, configured: bool | str, decide: Callable[[], bool | str]) -> bool | str:
+    def remat(self, prompt_len: int | str, configured: bool | str, decide: Callable[[], bool | str]) -> bool | str:
         """The rematerialisation of bucket ``prompt_len``: an explicit ``configured`` value, else the
         recorded one, else ``decide()`` (the planner), recorded."""
         had = self.recorded(prompt_len)
@@ -68,7 +69,7 @@ class MemoryPlan:
             return had
         return self._record(prompt_len, decide(), "auto")
 
-    def _record(self, prompt_len: int, remat: bool | str, source: str) -> bool | str:
+    def _record(self, prompt_len: int | str, remat: bool | str, source: str) -> bool | str:
         self.buckets[str(prompt_len)] = {"remat": remat, "chunk": self.chunk, "source": source}
         if self.write:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,12 @@ abstract hooks, levanter ``Trainer``'s hooks):
 - ``observe``: the step's metrics, after the update (default: nothing; RLAAR's curriculum);
 - ``state_json`` / ``set_state``: the recipe's own state in every checkpoint (default: none);
 - ``select``: the held-out metric whose best checkpoint is kept and exported (default: none, the
-  last step is exported; SFT and DPO: the lowest validation loss).
+  last step is exported; SFT and DPO: the lowest validation loss);
+- ``objective``: what the steps optimise (``rl.objective.Objective``: the step's batch builder and
+  its loss; default: GRPO on the policy's rewarded rollouts).
 
 Supervised recipes (SFT, DPO: fixed targets, no rollouts) are :class:`SupervisedRecipe`: they add
-``batch`` (rows -> arrays) and ``loss`` (the jittable objective).
+``batch`` (rows -> a batch pytree) and ``loss`` (the jittable loss), their objective.
 
 A recipe sees the run as a frozen :class:`RecipeEnv` (it imports no trainer). Built-in methods
 register in :data:`METHODS` (loaded on the first lookup); a bad config fails at start-up with one
@@ -28,9 +30,12 @@ import abc
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from jaxrl_mt.registry import Registry
+
+if TYPE_CHECKING:
+    from jaxrl_mt.rl.objective import Objective
 
 __all__ = ["METHODS", "ConfigError", "Recipe", "RecipeEnv", "SupervisedRecipe", "is_supervised"]
 
@@ -130,23 +135,44 @@ class Recipe(abc.ABC):
         """Sets the state :meth:`state_json` saved (on a resume); by default nothing."""
         del state
 
+    def objective(self, env: RecipeEnv, rollout: Callable[[], Any]) -> Objective:
+        """What the method's steps optimise: by default the GRPO loss on the policy's rewarded rollouts.
+
+        Args:
+          env: the run.
+          rollout: builds the run's rollout engine (``rl.rollout.RolloutEngine``: the sampler, the
+            reward, the reference model); called only by an objective that samples.
+        """
+        from jaxrl_mt.rl.objective import GRPOObjective
+
+        return GRPOObjective(rollout(), batch_size=env.config.rl.batch_size, seed=env.config.seed)
+
 
 class SupervisedRecipe(Recipe):
     """A recipe with fixed targets (SFT, DPO): its steps train on :meth:`batch` with :meth:`loss`, no rollouts.
 
     Attributes:
-      objective: the method's name and its config section (``sft``, ``dpo``).
+      name: the method's name and its config section (``sft``, ``dpo``).
     """
 
-    objective: ClassVar[str] = ""
+    name: ClassVar[str] = ""
 
     @abc.abstractmethod
     def batch(self, env: RecipeEnv, rows: Sequence[Any]) -> Any:
-        """The rows as a pytree of numpy arrays, lengths bucketed."""
+        """The rows as a batch pytree of numpy arrays, lengths bucketed (``rows``, ``slice_rows``,
+        ``footprint``: see ``rl.objective``), with the normaliser its loss needs under ``rl.grad_accum``."""
 
     @abc.abstractmethod
-    def loss(self, env: RecipeEnv) -> Callable[[Any, Any, Any], tuple[Any, dict[str, Any]]]:
-        """``loss(params, cfg, batch) -> (loss, metrics)``, jittable; ``metrics`` holds ``loss``."""
+    def loss(self, env: RecipeEnv) -> Callable[[Any, Any, Any, Any], tuple[Any, dict[str, Any]]]:
+        """``loss(params, cfg, lc, batch) -> (loss, metrics)``, jittable (``lc``: ``rl.step.LossConfig``, its
+        ``chunk`` and ``remat``); ``metrics`` holds ``loss``."""
+
+    def objective(self, env: RecipeEnv, rollout: Callable[[], Any]) -> Objective:
+        """:meth:`batch` and :meth:`loss`: no rollout (``rollout`` is not called)."""
+        from jaxrl_mt.rl.objective import SupervisedObjective
+
+        del rollout
+        return SupervisedObjective(self, env, grad_accum=env.config.rl.grad_accum)
 
 
 # method -> its recipe class (a ``Recipe``); the one list of methods (the reward is chosen apart,

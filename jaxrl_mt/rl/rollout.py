@@ -23,15 +23,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mt.chat import encode_prompt
-from jaxrl_mt.parallel import agree_max_many, allgather_ints, fetch_rows, put_rows, rows_multiple
+from jaxrl_mt.parallel import agree_max_many, allgather_ints, fetch_rows, rows_multiple
 from jaxrl_mt.rewards.answer_stats import answer_stats
 from jaxrl_mt.rewards.registry import RewardFn, check_output
+from jaxrl_mt.rl.batch import place
 from jaxrl_mt.rl.example import TrainExample, assemble_example
 from jaxrl_mt.rl.grpo import frac_zero_std, group_advantages
 from jaxrl_mt.rl.step import LossConfig, completion_logprobs, dapo_num_items, reused_logprobs
 from jaxrl_mt.sampling import SamplingConfig, bucket
 
-__all__ = ["Rollout", "RolloutEngine", "grouped_layout", "place_example", "rollout", "example_logprobs"]
+__all__ = ["Rollout", "RolloutEngine", "grouped_layout", "rollout", "example_logprobs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,17 +80,9 @@ def grouped_layout(batch_size: int, group_size: int, grad_accum: int, mesh: Any 
     return not multi or (micro // group_size) % rows_multiple(mesh) == 0
 
 
-def place_example(mesh: Any, ex: TrainExample) -> TrainExample:
-    """An example's arrays on the mesh (this process's rows of a global batch; unchanged without a mesh)."""
-    if mesh is None:
-        return ex
-    arrays = ex.arrays()
-    return ex.replace(**dict(zip(arrays, put_rows(mesh, list(arrays.values()), pad=False))))
-
-
 def example_logprobs(engine: RolloutEngine, params: Any, cfg: Any, ex: TrainExample) -> np.ndarray:
     """Log-probs [N, C] of this process's completions under (params, cfg), on the engine's mesh."""
-    out = completion_logprobs(params, cfg, place_example(engine.mesh, ex), temperature=engine.lc.temperature)
+    out = completion_logprobs(params, cfg, place(engine.mesh, ex), temperature=engine.lc.temperature)
     return np.asarray(fetch_rows(out) if engine.mesh is not None else out)[: ex.rows]
 
 

@@ -37,7 +37,9 @@ from jaxrl_mt.rl.dpo import dpo_objective, pair_logprobs, preference_batch
 from jaxrl_mt.rl.histories import TrainItem, filter_items, load_texts, save_texts, single_and_multi_texts, texts_key
 from jaxrl_mt.rl.multiturn import answered_histories
 from jaxrl_mt.rl.recipe import METHODS, ConfigError, RecipeEnv, SupervisedRecipe
-from jaxrl_mt.rl.sft import sft_loss, sft_rows
+from jaxrl_mt.parallel import allgather_ints
+from jaxrl_mt.rl.sft import SftBatch, sft_objective, sft_rows, target_tokens
+from jaxrl_mt.rl.step import loss_config
 from jaxrl_mt.rl.sft_data import DpoPair, SftItem, dpo_pairs, encode_target, filter_samples, sft_items, \
     split_validation
 from jaxrl_mt.sampling import SamplingConfig
@@ -80,13 +82,13 @@ class _Supervised(SupervisedRecipe):
         return load_scenarios(c)
 
     def _section(self, c: Any) -> Any:
-        return getattr(c, self.objective)
+        return getattr(c, self.name)
 
     def prepare(self, env: RecipeEnv, train: Sequence[Any], held: Sequence[Any]) -> tuple[list[Any], list[Any]]:
         """Training and validation rows (cached); ``held`` scenarios are not used (the validation
         rows are a split of the training problems' histories, by problem)."""
         if env.multi:
-            raise ConfigError(f"method {self.objective!r} runs on one process for now")
+            raise ConfigError(f"method {self.name!r} runs on one process for now")
         c = env.config
         paths = env.workdir / "train_rows.jsonl", env.workdir / "val_rows.jsonl"
         if all(p.exists() for p in paths):
@@ -95,13 +97,13 @@ class _Supervised(SupervisedRecipe):
         rows = self._rows(env, hist)
         tr, val = split_validation(rows, self._section(c).val_fraction, c.seed)
         if len(tr) < c.rl.batch_size:
-            raise ConfigError(f"empty dataset: {len(tr)} {self.objective} training rows < rl.batch_size "
+            raise ConfigError(f"empty dataset: {len(tr)} {self.name} training rows < rl.batch_size "
                               f"{c.rl.batch_size} (from {len(hist)} histories)")
         if env.is_main:
             _write_rows(paths[0], tr)
             _write_rows(paths[1], val)
         epochs = c.rl.steps * c.rl.batch_size / len(tr)
-        env.log(f"data: {len(tr)} {self.objective} training rows, {len(val)} validation rows "
+        env.log(f"data: {len(tr)} {self.name} training rows, {len(val)} validation rows "
                 f"(from {len(hist)} histories); rl.steps={c.rl.steps} x rl.batch_size={c.rl.batch_size} "
                 f"is {epochs:.2f} epochs")
         return tr, val
@@ -156,7 +158,8 @@ class _Supervised(SupervisedRecipe):
             return {}
         n = env.config.rl.batch_size
         if self._eval_fn is None:
-            self._eval_fn = jax.jit(self.loss(env), static_argnums=1)
+            loss, lc = self.loss(env), dataclasses.replace(loss_config(env.config.rl), remat=False)
+            self._eval_fn = jax.jit(lambda p, cfg, batch: loss(p, cfg, lc, batch), static_argnums=1)
         fn = self._eval_fn
         sums: dict[str, float] = {}
         for s in range(0, len(held), n):
@@ -179,23 +182,24 @@ class _Supervised(SupervisedRecipe):
 class SFTData(_Supervised):
     """``method = "sft"``: the correct single-turn response appended to the history, as the target."""
 
-    objective = "sft"
+    name = "sft"
     row_cls = SftItem
 
     def make_rows(self, samples: Sequence[Any]) -> list[SftItem]:
         return sft_items(samples)
 
-    def batch(self, env: RecipeEnv, rows: Sequence[SftItem]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def batch(self, env: RecipeEnv, rows: Sequence[SftItem]) -> SftBatch:
+        """The rows, each carrying the step's target tokens / ``rl.grad_accum`` (the loss's normaliser)."""
         enc = [encode_target(env.sampler.tokenizer, r.messages, r.target, system=env.system) for r in rows]
         width = bucket(max(len(p) + len(t) for p, t in enc), LENGTH_QUANTUM)
-        return sft_rows([p for p, _ in enc], [t for _, t in enc], env.sampler.pad_id, width=width)
+        tokens, mask, target = sft_rows([p for p, _ in enc], [t for _, t in enc], env.sampler.pad_id, width=width)
+        n = target_tokens(mask, target)
+        n = int(allgather_ints([n]).sum()) if env.multi else n  # the step's tokens over every process
+        num_items = np.full(len(rows), max(n, 1) / env.config.rl.grad_accum, np.float32)
+        return SftBatch(tokens, mask, target, num_items)
 
     def loss(self, env: RecipeEnv) -> Callable[..., Any]:
-        def fn(params: Any, cfg: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-            loss, m = sft_loss(params, cfg, *batch)
-            return loss, {**m, "loss": loss}
-
-        return fn
+        return _sft
 
     def weighted(self, m: dict[str, Any], rows: int) -> dict[str, float]:
         return {"nll_sum": float(m["nll_sum"]), "tokens": float(m["tokens"])}
@@ -208,7 +212,7 @@ class SFTData(_Supervised):
 class DPOData(_Supervised):
     """``method = "dpo"``: chosen = the correct single-turn response, rejected = the wrong multi-turn one."""
 
-    objective = "dpo"
+    name = "dpo"
     row_cls = DpoPair
 
     def make_rows(self, samples: Sequence[Any]) -> list[DpoPair]:
@@ -243,7 +247,12 @@ def _pair_logprobs_jit(params: Any, cfg: Any, *arrays: Any) -> tuple[jax.Array, 
     return pair_logprobs(params, cfg, *arrays)
 
 
-def _dpo(params: Any, cfg: Any, batch: Any, *, beta: float, label_smoothing: float
+def _sft(params: Any, cfg: Any, lc: Any, batch: SftBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    return sft_objective(params, cfg, batch, chunk=lc.chunk, remat=lc.remat)
+
+
+def _dpo(params: Any, cfg: Any, lc: Any, batch: Any, *, beta: float, label_smoothing: float
          ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    loss, m = dpo_objective(params, cfg, batch, beta=beta, label_smoothing=label_smoothing)
+    loss, m = dpo_objective(params, cfg, batch, beta=beta, label_smoothing=label_smoothing, chunk=lc.chunk,
+                            remat=lc.remat)
     return loss, {**m, "loss": loss}

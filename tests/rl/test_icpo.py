@@ -76,7 +76,7 @@ def test_icpo_runs_in_the_one_trainer(tiny_chat_model_dir, tmp_path) -> None:
     c.rl.steps, c.rl.batch_size, c.rl.group_size, c.rl.max_new_tokens = 1, 2, 2, 4
     c.rl.remat, c.eval.max_new_tokens, c.export = False, 4, False
     t = Trainer(c)
-    assert isinstance(t.data, ICPOData) and t.engine.reward_name == "icpo"
+    assert isinstance(t.data, ICPOData) and t.objective.engine.reward_name == "icpo"
     out = t.run()
     row = out["metrics"][0]
     assert {"reward/total", "reward/type_answer_attempt", "train/loss"} <= set(row)

@@ -216,13 +216,14 @@ def test_remat_auto_is_chosen_per_prompt_bucket_from_the_step_layout(tiny_chat_m
     t = Trainer(c, log=logs.append)
     assert t._grouped()
     want = choose_remat(t.model.cfg, 4, 2, 256, 16)  # 4 prompts x G 2, prompt bucket 256, completions 8 -> 16
-    assert t._remat(256) == want
+    assert t._remat(256, t.objective.footprint(256)) == want
     assert logs[-1] == f"rl.remat auto: prompt bucket 256, 4 prompts x 2 rows each -> {want!r}"
     c.rl.grad_accum = 8  # one row per micro-batch: groups split, the flat layout
     t = Trainer(c, log=logs.append)
-    assert not t._grouped() and t._remat(64) == choose_remat(t.model.cfg, 1, 1, 64, 16)
+    assert not t._grouped() and t._remat(64, t.objective.footprint(64)) == choose_remat(t.model.cfg, 1, 1, 64, 16)
     c.rl.remat = True
-    assert Trainer(c)._remat(64) is True  # an explicit choice is kept
+    t = Trainer(c)
+    assert t._remat(64, t.objective.footprint(64)) is True  # an explicit choice is kept
     # the chosen step trains: the loss and the update are those of the explicit setting
     c = tiny_config(tiny_chat_model_dir, tmp_path / "b", steps=1)
     c.rl.remat = "auto"

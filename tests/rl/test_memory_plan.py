@@ -62,9 +62,12 @@ def test_the_trainer_reuses_its_recorded_choice_on_resume(tiny_chat_model_dir, t
     c = tiny_config(tiny_chat_model_dir, tmp_path / "w")
     c.rl.remat = "auto"
     logs: list[str] = []
-    first = Trainer(c, log=logs.append)._remat(64)
+    def remat(t: Trainer, auto: bool = False) -> bool | str:
+        return (t._auto_remat if auto else t._remat)(64, t.objective.footprint(64))
+
+    first = remat(Trainer(c, log=logs.append))
     assert first is False and json.loads((tmp_path / "w" / PLAN_FILE).read_text())["buckets"]["64"]["remat"] is False
     monkeypatch.setattr(step, "available_memory", lambda: 1 << 20)  # the resume's host: 1 MiB free
-    assert Trainer(c, log=logs.append)._auto_remat(64) is True  # what the old code used from the resume on
-    assert Trainer(c, log=logs.append)._remat(64) is False
+    assert remat(Trainer(c, log=logs.append), auto=True) is True  # what the old code used from the resume on
+    assert remat(Trainer(c, log=logs.append)) is False
     assert logs[-1].startswith("rl.remat auto: prompt bucket 64 -> False, as recorded at the first start")

@@ -67,7 +67,7 @@ def test_a_killed_run_resumes_identically_and_exports_the_best_checkpoint(kind, 
     full = tmp_path / "full"
     Trainer(_config(kind, tiny_chat_model_dir, full)).run()
     crashed = tmp_path / "crashed"
-    run_killed_in_third_step(monkeypatch, "update_supervised",
+    run_killed_in_third_step(monkeypatch, "update",
                              lambda: Trainer(_config(kind, tiny_chat_model_dir, crashed)))
     Trainer(_config(kind, tiny_chat_model_dir, crashed)).run()
     a, b = _train_rows(full), _train_rows(crashed)
