@@ -15,7 +15,7 @@ tables, and at the end `summary.txt`, `curves.png` and the exported policy (`exp
 Multi-process runs (`jax.distributed`, one global mesh over every process's devices): each
 process draws its own batches (grain shards the training items by process), samples, scores and
 rewards its own rows, and feeds them to the one jitted train step as per-process rows of a global
-batch (`parallel.put_rows`); every process must feed the same number of rows. Bucketed shapes
+batch (`rl.batch.place`); every process must feed the same number of rows. Bucketed shapes
 (prompt and completion lengths) are agreed with `parallel.agree_max`. Histories and filtering
 (stage 1/2, once per run) are split over the processes, each on a process-local copy of the
 policy, and gathered so that every process holds the same items; process 0 writes the caches and
@@ -51,7 +51,8 @@ from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.outputs import fmt_metrics, write_outputs
 from jaxrl_mt.rl.policy_io import load_policy
 from jaxrl_mt.rl.probe import make_probe
-from jaxrl_mt.rl.objective import Footprint, Objective, place
+from jaxrl_mt.rl.batch import place
+from jaxrl_mt.rl.objective import Footprint, Objective
 from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv
 from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout
 from jaxrl_mt.rl.run_config import TrainConfig, typed_config

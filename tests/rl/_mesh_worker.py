@@ -26,14 +26,13 @@ def main(out: str, model_dir: str, root: str) -> None:
 
     assert jax.device_count() == 8, jax.devices()
     groups: list[int] = []
-    real = Trainer.rollout
+    real = Trainer.update
 
-    def spy(self, params, items, step):
-        ex, m, samples = real(self, params, items, step)
-        groups.append(ex.group)
-        return ex, m, samples
+    def spy(self, state, ex):
+        groups.append(ex.group)  # the rollout's example, as the update receives it
+        return real(self, state, ex)
 
-    Trainer.rollout = spy
+    Trainer.update = spy
     report = {}
     first = Path(root) / "none"
     for spec in MESHES:
