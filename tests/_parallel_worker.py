@@ -105,6 +105,7 @@ def opt_state_follows_params(opt_state, params) -> tuple[int, list[str]]:
 def run_mesh(out: Path, parts: set[str]) -> None:
     """Writes {"ref_losses", "meshes": {shape: measurements}}; parts: "train" and/or "infer"."""
     from jaxrl_mt.sampling import DecodeSession, Sampler, SamplingConfig
+    from jaxrl_mt.sampling.slots import empty_slots, state_shardings
     from jaxrl_mt.scoring import Scorer
 
     assert jax.device_count() == 8, jax.devices()
@@ -203,7 +204,9 @@ def run_mesh(out: Path, parts: set[str]) -> None:
                 r["pinned_loss_diff"] = max(abs(a - b) for a, b in zip(pl, losses))
         if "infer" in parts:
             sharded = parallel.shard_params(params0, mesh)
-            gen = Sampler(sharded, cfg, eos_ids=(1,), pad_id=0, mesh=mesh).generate_ids(prompts, sc)
+            on_mesh = Sampler(sharded, cfg, eos_ids=(1,), pad_id=0, mesh=mesh)
+            gen = on_mesh.generate_ids(prompts, sc)
+            slots = empty_slots(cfg, 8, 16, 8, 1, mesh)
             grouped = Sampler(sharded, cfg, eos_ids=(1,), pad_id=0, mesh=mesh).generate_ids(
                 prompts[:3], sc, group_size=4)  # 3 prompts prefilled once, 12 rows (16 with padding)
             score = Scorer(sharded, cfg, pad_id=0, batch_size=8).score(ctx, comp)
@@ -211,6 +214,9 @@ def run_mesh(out: Path, parts: set[str]) -> None:
             outs, cache_after = cached(sharded, cache)
             r.update({
                 "greedy_equal": ref_gen.tokens == gen.tokens,
+                "slot_widths": sorted({x[1] for x in on_mesh.compiled_shapes if x[0] == "segment"}),
+                "slot_rule_mismatch": sharding_mismatches(slots, state_shardings(mesh, slots)),
+                "slot_rows_split": not slots.tokens.sharding.is_fully_replicated,
                 "greedy_tokens": sum(len(t) for t in gen.tokens),
                 "grouped_equal": grouped.tokens == ref_grouped.tokens,
                 "gen_logprob_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(gen.logprobs, ref_gen.logprobs)),

@@ -276,4 +276,8 @@ def test_sampling_scoring_and_cache_under_mesh_match_one_device(mesh_infer: dict
     assert r["cached_logit_diff"] <= TOL, r
     assert r["session_equal"], r  # KV cache kept across turns (DecodeSession) under the mesh
     assert r["grouped_equal"], r  # each prompt prefilled once and its cache copied to its rows, under the mesh
+    # the slot engine ran on the mesh: its slots split over data x fsdp (widths multiples of the split)
+    split = {"8,1,1": 8, "2,4,1": 8, "2,2,2": 4}[shape]
+    assert r["slot_widths"] and all(w % split == 0 for w in r["slot_widths"]), r
+    assert r["slot_rule_mismatch"] == [] and r["slot_rows_split"], r
     assert r["cache_rule_mismatch"] == [] and r["cache_k_after_equivalent"], r

@@ -154,7 +154,8 @@ class DecodeEngine:
                        sampling: SamplingConfig, seed: Any, row_seeds: np.ndarray,
                        stop_ids: Sequence[Sequence[int]] | None = None, group: int = 1,
                        dparams: Params | None = None, on_shape: Any = None) -> tuple[dict[str, np.ndarray], dict]:
-        """Every row of a call through the slot engine (`sampling.scheduler.run_slots`), one device.
+        """Every row of a call through the slot engine (`sampling.scheduler.run_slots`), on one device or
+        a mesh within this process.
 
         Args: as `generate` (rows p0 x group, p1 x group, ...); on_shape: called with each program
         shape run.
@@ -175,7 +176,7 @@ class DecodeEngine:
                         sampling.row_params(b), as_key(seed), np.asarray(row_seeds, np.uint32),
                         method=sampling.method(), pad_id=self.pad_id, width=self.slot_width(b, group),
                         steps=self.segment_steps, prompt_bucket=pb, max_new=nb, group=group,
-                        min_prompt_bucket=self.min_prompt_bucket, on_shape=on_shape)
+                        min_prompt_bucket=self.min_prompt_bucket, on_shape=on_shape, mesh=self.mesh)
         counters = out.pop("counters")
         return out, counters
 

@@ -151,7 +151,7 @@ class Sampler:
         params = self.params if params is None else params
         dparams = self.decode_weights(params)
         t0 = time.perf_counter()
-        if self.engine.mesh is None:  # one device: the slot engine
+        if not self.engine.multi:  # one process: the slot engine
             out, counters = self.engine.generate_slots(params, prompts, budgets, sampling, seed, seeds, stop_ids, G,
                                                        dparams, on_shape=self.compiled_shapes.add)
         else:
@@ -174,8 +174,9 @@ class Sampler:
                          stop_ids: Sequence[Sequence[int]] | None, G: int,
                          dparams: Params | None) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         """The rows in chunks of `max_batch`, each one `generate_tokens` call run to its longest row: the
-        path of a mesh (until the slot engine shards its slots) and the reference of `benchmarks
-        workload`. Arguments as `generate_ids` (checked there); returns the outputs and counters."""
+        path of a mesh over several processes (the slot engine's host loop runs in one process) and
+        the reference of `benchmarks workload`. Arguments as `generate_ids` (checked there); returns
+        the outputs and counters."""
         chunk = max(1, (self.max_batch or len(prompts) * G) // G)  # prompts per chunk
         results: list[dict[str, np.ndarray]] = []
         counters: dict[str, int] = {}

@@ -79,8 +79,8 @@ class _Call:
 def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], budgets: np.ndarray,
               stops: np.ndarray, row_params: RowParams, key: jax.Array, row_seeds: np.ndarray, *, method: Method,
               pad_id: int, width: int, steps: int, prompt_bucket: int, max_new: int, group: int = 1,
-              min_prompt_bucket: int = 32, on_shape: Callable[[tuple[Any, ...]], None] | None = None
-              ) -> dict[str, Any]:
+              min_prompt_bucket: int = 32, on_shape: Callable[[tuple[Any, ...]], None] | None = None,
+              mesh: Any = None) -> dict[str, Any]:
     """Generates every row through W slots (see the module doc).
 
     Args:
@@ -91,6 +91,8 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
       width: W (>= G); steps: K, decode steps per segment; prompt_bucket: the widest prompt bucket
         (slots hold prompt_bucket + max_new cache slots); max_new: the output buffer;
       min_prompt_bucket: the smallest admission bucket; on_shape: called with each program shape run.
+      mesh: a mesh within this process: the slots split over its (data, fsdp) axes (W and every
+        width a multiple of their size), the caches by `parallel.CACHE_RULES`.
 
     Returns:
       {tokens [R, max_new], logprobs, lengths [R], finish [R], counters {segments, admissions,
@@ -102,9 +104,14 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
     keys = np.asarray(row_keys(key, jnp.asarray(row_seeds, jnp.uint32), n_rows))
     call = _Call(prompts, budgets, stops, row_params, keys, g, pad_id, min_prompt_bucket, prompt_bucket)
     note = on_shape or (lambda shape: None)
-    widths = slot_widths(width)
+    from jaxrl_mt.parallel import row_shards
+
+    m = row_shards(mesh)
+    if width % m:
+        raise ValueError(f"{width} slots do not split over the mesh's {m} row shards")
+    widths = tuple(w for w in slot_widths(width) if w % m == 0)
     start = _fit(widths, min(n_rows, width))
-    state = empty_slots(cfg, start, prompt_bucket + max_new, max_new, stops.shape[1])
+    state = empty_slots(cfg, start, prompt_bucket + max_new, max_new, stops.shape[1], mesh)
     owner = np.full(start, -1)  # row held by each slot
     out = {"tokens": np.zeros((n_rows, max_new), np.int32), "logprobs": np.zeros((n_rows, max_new), np.float32),
            "lengths": np.zeros(n_rows, np.int32), "finish": np.zeros(n_rows, np.int32)}
@@ -116,7 +123,7 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
         take = waiting[: len(free) // g]
         if take:
             rows, args, shape = call.admission(take, free, len(owner))
-            state = admit(params, cfg, state, *args, method=method)
+            state = admit(params, cfg, state, *args, method=method, mesh=mesh)
             note(shape)
             owner[free[: len(rows)]] = rows
             waiting, counters["admissions"] = waiting[len(take):], counters["admissions"] + 1
@@ -124,7 +131,7 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
         n_free = int((owner < 0).sum())
         narrower = max([x for x in widths if x < w], default=0)
         min_free = max(w // 8, g, n_free + 1) if waiting else w - narrower
-        state, stats = segment(params, cfg, state, jnp.int32(min_free), method=method, steps=steps)
+        state, stats = segment(params, cfg, state, jnp.int32(min_free), method=method, steps=steps, mesh=mesh)
         note(("segment", w, int(state.cache.valid.shape[1]), max_new))
         counters["segments"] += 1
         for k, v in zip(STAT_KEYS, np.asarray(stats).tolist()):
@@ -132,7 +139,7 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
         done += _collect(state, owner, out)
         live = int((owner >= 0).sum())
         if not waiting and 0 < live <= narrower:
-            state, owner = _narrow(state, owner, _fit(widths, live))
+            state, owner = _narrow(state, owner, _fit(widths, live), mesh)
             counters["compactions"] += 1
     return {**out, "counters": counters}
 
@@ -151,8 +158,8 @@ def _collect(state: SlotState, owner: np.ndarray, out: dict[str, np.ndarray]) ->
     return len(ended)
 
 
-def _narrow(state: SlotState, owner: np.ndarray, width: int) -> tuple[SlotState, np.ndarray]:
+def _narrow(state: SlotState, owner: np.ndarray, width: int, mesh: Any) -> tuple[SlotState, np.ndarray]:
     """The held slots gathered into a state of `width` slots (the rest: free slots)."""
     held = [i for i in range(len(owner)) if owner[i] >= 0]
     keep = held + [i for i in range(len(owner)) if owner[i] < 0][: width - len(held)]
-    return compact(state, jnp.asarray(keep, jnp.int32)), owner[keep]
+    return compact(state, jnp.asarray(keep, jnp.int32), mesh=mesh), owner[keep]

@@ -23,6 +23,7 @@ live slots (`models.cache_attention`), and finished slots stop growing.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import flax.struct
 import jax
@@ -53,8 +54,31 @@ class SlotState:
     rows: Rows  # per-slot constants (next_pos: the first new token's position, copied to `pos` on admission)
 
 
-def empty_slots(cfg: ModelConfig, width: int, cache_len: int, max_new: int, stop_width: int) -> SlotState:
-    """W free slots with caches of `cache_len` slots and output buffers of `max_new` tokens."""
+def state_shardings(mesh: Any, state: SlotState) -> SlotState:
+    """The shardings of a slot state on `mesh`: the cache by `parallel.CACHE_RULES`, every per-slot
+    array's slot axis over (data, fsdp) (works on abstract arrays: callable inside jit)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxrl_mt.parallel import batch_sharding, cache_shardings, row_shards
+
+    n = row_shards(mesh)
+
+    def rows(a: Any) -> NamedSharding:
+        split = a.ndim and a.shape[0] % n == 0
+        return batch_sharding(mesh, a.ndim) if split else NamedSharding(mesh, PartitionSpec())
+
+    return jax.tree_util.tree_map(rows, state.replace(cache=None)).replace(cache=cache_shardings(mesh, state.cache))
+
+
+def _laid_out(state: SlotState, mesh: Any) -> SlotState:
+    """`state` constrained to `state_shardings` (inside jit; no mesh: as is)."""
+    return state if mesh is None else jax.lax.with_sharding_constraint(state, state_shardings(mesh, state))
+
+
+def empty_slots(cfg: ModelConfig, width: int, cache_len: int, max_new: int, stop_width: int,
+                mesh: Any = None) -> SlotState:
+    """W free slots with caches of `cache_len` slots and output buffers of `max_new` tokens (placed on
+    `mesh` by `state_shardings` when given)."""
     c = init_cache(cfg, width, cache_len)
 
     def zi():  # a fresh buffer each: the programs donate the state, and a buffer may be donated once
@@ -63,8 +87,9 @@ def empty_slots(cfg: ModelConfig, width: int, cache_len: int, max_new: int, stop
     rp = RowParams(jnp.zeros((width,), jnp.float32), zi(), jnp.ones((width,), jnp.float32))
     rows = Rows(zi(), -jnp.ones((width, stop_width), jnp.int32), zi(), rp,
                 jax.random.split(jax.random.PRNGKey(0), width), zi())
-    return SlotState(KVCache(c.k, c.v, c.valid, zi()), zi(), zi(), zi(), jnp.zeros((width,), bool), zi(),
-                     jnp.zeros((width, max_new), jnp.int32), jnp.zeros((width, max_new), jnp.float32), rows)
+    state = SlotState(KVCache(c.k, c.v, c.valid, zi()), zi(), zi(), zi(), jnp.zeros((width,), bool), zi(),
+                      jnp.zeros((width, max_new), jnp.int32), jnp.zeros((width, max_new), jnp.float32), rows)
+    return state if mesh is None else jax.device_put(state, state_shardings(mesh, state))
 
 
 def _put(a: jax.Array, slots: jax.Array, x: jax.Array, axis: int = 0) -> jax.Array:
@@ -73,10 +98,10 @@ def _put(a: jax.Array, slots: jax.Array, x: jax.Array, axis: int = 0) -> jax.Arr
     return a.at[idx].set(x, mode="drop")
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "method"), donate_argnames=("state",),
+@functools.partial(jax.jit, static_argnames=("cfg", "method", "mesh"), donate_argnames=("state",),
                    compiler_options=_DECODE_OPTIONS)
 def admit(params: Params, cfg: ModelConfig, state: SlotState, slots: jax.Array, tokens: jax.Array,
-          mask: jax.Array, rows: Rows, source: jax.Array, *, method: Method) -> SlotState:
+          mask: jax.Array, rows: Rows, source: jax.Array, *, method: Method, mesh: Any = None) -> SlotState:
     """Prefills u prompts and writes n rows continuing them into `slots` [n] (W or more: a padding
     row, dropped).
 
@@ -102,10 +127,10 @@ def admit(params: Params, cfg: ModelConfig, state: SlotState, slots: jax.Array, 
     out = jnp.zeros((n, state.tokens.shape[1]), jnp.int32).at[:, 0].set(jnp.where(active, tok, 0))
     outlp = jnp.zeros((n, state.tokens.shape[1]), jnp.float32).at[:, 0].set(jnp.where(active, lp, 0.0))
     put = functools.partial(_put, slots=slots)
-    return SlotState(new_cache, put(state.pos, x=rows.next_pos), put(state.last, x=tok),
-                     put(state.count, x=active.astype(jnp.int32)), put(state.live, x=finish == 0),
-                     put(state.finish, x=finish), put(state.tokens, x=out), put(state.logprobs, x=outlp),
-                     jax.tree_util.tree_map(lambda a, x: _put(a, slots, x), state.rows, rows))
+    return _laid_out(SlotState(new_cache, put(state.pos, x=rows.next_pos), put(state.last, x=tok),
+                               put(state.count, x=active.astype(jnp.int32)), put(state.live, x=finish == 0),
+                               put(state.finish, x=finish), put(state.tokens, x=out), put(state.logprobs, x=outlp),
+                               jax.tree_util.tree_map(lambda a, x: _put(a, slots, x), state.rows, rows)), mesh)
 
 
 def _step(params: Params, cfg: ModelConfig, st: SlotState, method: Method) -> tuple[SlotState, jax.Array]:
@@ -130,10 +155,10 @@ def _step(params: Params, cfg: ModelConfig, st: SlotState, method: Method) -> tu
         finish=fin, live=live & (fin == 0)), stats
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "method", "steps"), donate_argnames=("state",),
+@functools.partial(jax.jit, static_argnames=("cfg", "method", "steps", "mesh"), donate_argnames=("state",),
                    compiler_options=_DECODE_OPTIONS)
 def segment(params: Params, cfg: ModelConfig, state: SlotState, min_free: jax.Array, *, method: Method,
-            steps: int) -> tuple[SlotState, jax.Array]:
+            steps: int, mesh: Any = None) -> tuple[SlotState, jax.Array]:
     """At least one and up to `steps` decode steps of the live slots; stops early once `min_free` slots
     are not live (or none is).
 
@@ -148,17 +173,17 @@ def segment(params: Params, cfg: ModelConfig, state: SlotState, min_free: jax.Ar
     def body(carry):
         i, st, total = carry
         st, stats = _step(params, cfg, st, method)
-        return i + 1, st, total + stats
+        return i + 1, _laid_out(st, mesh), total + stats
 
     _, state, total = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.zeros((len(STAT_KEYS),), jnp.int32)))
     return state, total
 
 
-@jax.jit
-def compact(state: SlotState, keep: jax.Array) -> SlotState:
+@functools.partial(jax.jit, static_argnames=("mesh",))
+def compact(state: SlotState, keep: jax.Array, *, mesh: Any = None) -> SlotState:
     """The slots `keep` [W'] of `state`, in that order: a state of width W' (the cache's row axis is 1)."""
     cache = state.cache
     narrow = KVCache(cache.k[:, keep], cache.v[:, keep], cache.valid[keep], cache.index[keep])
     fields = ("pos", "last", "count", "live", "finish", "tokens", "logprobs", "rows")
     rest = jax.tree_util.tree_map(lambda a: a[keep], {f: getattr(state, f) for f in fields})
-    return SlotState(narrow, **rest)
+    return _laid_out(SlotState(narrow, **rest), mesh)

@@ -189,7 +189,8 @@ def test_simulate_lockstep_one_sampler_call_per_turn(tiny_model):
     # running (the sampler splits a call into chunks of max_batch rows internally).
     want = [sum(len(r.user_turns) > k for r in runs) for k in range(longest)]
     assert sampler.sizes == want == [32, 24, 24, 24, 12, 8, 8]
-    assert sampler.compiled_shapes == {(4, 256, 16)}
+    # every turn's prompts in one bucket: one admission program (4 rows x 256) and one segment program
+    assert sampler.compiled_shapes == {("admit", 4, 4, 256), ("segment", 4, 272, 16)}
     assert [r["conv_id"] for r in recs] == [r.conv_id for r in runs]
     assert sorted(r["conv_id"] for r in got) == sorted(r.conv_id for r in runs)  # each flushed once
     for rec, run in zip(recs, runs):
