@@ -182,10 +182,10 @@ class DecodeEngine:
 
     def continue_(self, params: Params, cache: KVCache, positions: np.ndarray, segments: Sequence[Sequence[int]],
                   tb: int, budgets: np.ndarray, sampling: SamplingConfig, nb: int, seed: Any, row_seeds: np.ndarray,
-                  stop_ids: Sequence[Sequence[int]] | None = None, dparams: Params | None = None
-                  ) -> tuple[dict[str, np.ndarray], KVCache]:
-        """One `continue_tokens` call over a cache of B rows (segments, positions, budgets, row_seeds:
-        [B]; stop_ids: the real rows' lists, padding rows get none).
+                  stop_ids: Sequence[Sequence[int]] | None = None, dparams: Params | None = None,
+                  row_offsets: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], KVCache]:
+        """One `continue_tokens` call over a cache of B rows (segments, positions, budgets, row_seeds,
+        row_offsets: [B]; stop_ids: the real rows' lists, padding rows get none).
 
         Returns this process's rows of the outputs (tokens, logprobs, lengths, finish, last,
         positions) and the updated cache (the given one is donated).
@@ -201,13 +201,15 @@ class DecodeEngine:
 
             width = agree_max(width)
         n = len(stop_ids) if stop_ids is not None else bb
+        offsets = np.zeros(bb, np.int32) if row_offsets is None else np.asarray(row_offsets, np.int32)
         args = [np.asarray(positions, np.int32), tokens, mask, self.stops(stop_ids, n, bb, width),
-                np.asarray(budgets, np.int32), np.asarray(row_seeds, np.uint32), rp.temperature, rp.top_k, rp.top_p]
+                np.asarray(budgets, np.int32), np.asarray(row_seeds, np.uint32), offsets, rp.temperature, rp.top_k,
+                rp.top_p]
         args, key, _ = self._place(args, as_key(seed))
-        positions, tokens, mask, stops, budget, seeds, *rp = args
+        positions, tokens, mask, stops, budget, seeds, offsets, *rp = args
         out, cache = continue_tokens(params, self.cfg, cache, positions, tokens, mask, key, stops, budget,
                                      RowParams(*rp), max_new=nb, method=sampling.method(), fuse=self.fuse_weights,
-                                     dparams=dparams, mesh=self.mesh, row_seeds=seeds)
+                                     dparams=dparams, mesh=self.mesh, row_seeds=seeds, row_offsets=offsets)
         return {k: np.asarray(v) for k, v in fetch_rows(out).items()}, cache
 
 

@@ -59,7 +59,7 @@ class _Call:
         rows = [u * g + j for u in units for j in range(g)]
         n = len(rows)
         nb = min(width, _pow2(max(n, width // 8, 1)))
-        ub = _pow2(len(units))
+        ub = nb if g == 1 else _pow2(len(units))  # one row per prompt: the admission's own bucket
         p = min(bucket(max(len(self.prompts[u]) for u in units), self.min_prompt_bucket), self.prompt_bucket)
         tokens, mask = left_pad([list(self.prompts[u]) for u in units] + [[self.pad_id]] * (ub - len(units)),
                                 self.pad_id, p)

@@ -143,7 +143,7 @@ class DecodeSession:
     def step(self, segments: Sequence[Sequence[int] | None], sampling: SamplingConfig, *,
              seed: int | jax.Array = 0, max_new_tokens: Sequence[int] | None = None,
              stop_ids: Sequence[Sequence[int]] | None = None, row_seeds: Sequence[int] | None = None,
-             params: Params | None = None) -> GenerationResult:
+             params: Params | None = None, row_offsets: Sequence[int] | None = None) -> GenerationResult:
         """Appends segments to the rows' contexts and generates each active row's continuation.
 
         Args:
@@ -159,6 +159,9 @@ class DecodeSession:
           row_seeds: optional [n_rows] seeds: row i samples with fold_in(key(seed), row_seeds[i])
             (default: i).
           params: the parameters of this step (default: the host's).
+          row_offsets: optional [n_rows] tokens each row drew in earlier steps of the same reply:
+            its t-th token of this step is drawn as its (offset + t)-th (`kernels._slot_keys`), so
+            a reply decoded in slices with one seed draws what one call draws (default: 0).
 
         Returns:
           A GenerationResult over all rows (idle rows: no tokens, finish "none"); stats hold
@@ -173,7 +176,8 @@ class DecodeSession:
         budgets = self._budgets(segments, sampling.max_new_tokens, max_new_tokens)
         nb = bucket(sampling.max_new_tokens, self.engine.min_new_bucket)
         call = _Call(sampling, nb, seed, row_seed_array(row_seeds, self.n_rows), stop_ids,
-                     self.sampler.params if params is None else params)
+                     self.sampler.params if params is None else params,
+                     row_offsets=None if row_offsets is None else np.asarray(row_offsets, np.int32))
         call.dparams = self.sampler.decode_weights(call.params)
         if self.chunks is None:
             self.chunks = self._plan(segments, nb)
@@ -281,12 +285,14 @@ class DecodeSession:
         segs = [list(segments[i]) if segments[i] is not None else [] for i in rows] + [[]] * (bb - len(rows))
         positions = np.zeros(bb, np.int32)
         positions[: len(rows)] = [len(self.tokens[i]) for i in rows]
-        budget, seeds = np.zeros(bb, np.int32), np.zeros(bb, np.uint32)
+        budget, seeds, offsets = np.zeros(bb, np.int32), np.zeros(bb, np.uint32), np.zeros(bb, np.int32)
         budget[: len(rows)], seeds[: len(rows)] = budgets[rows], call.row_seeds[rows]
+        if call.row_offsets is not None:
+            offsets[: len(rows)] = call.row_offsets[rows]
         stops = None if call.stop_ids is None else [call.stop_ids[i] for i in rows]
         self.sampler.compiled_shapes.add((bb, tb, int(chunk.cache.valid.shape[1]), call.nb))
         return self.engine.continue_(call.params, chunk.cache, positions, segs, tb, budget, call.sampling, call.nb,
-                                     call.seed, seeds, stops, call.dparams)
+                                     call.seed, seeds, stops, call.dparams, offsets)
 
 
 @dataclasses.dataclass
@@ -300,3 +306,4 @@ class _Call:
     stop_ids: Sequence[Sequence[int]] | None
     params: Params
     dparams: Params | None = None
+    row_offsets: np.ndarray | None = None  # [n_rows] tokens each row drew before this step

@@ -17,9 +17,10 @@ Cancellation: a job whose client leaves (its ``submit`` is cancelled) is dropped
 and from every call not yet started. A call whose budget exceeds ``slice_tokens`` is decoded in
 slices of that many tokens on a ``DecodeSession`` (the KV cache is kept between slices, so a
 slice prefills only the last sampled token); between slices the rows of jobs that left, and rows
-that are done, are released, so an abandoned request stops generating within one slice. Greedy
-replies are the same sliced or not (the session's continuation equals a fresh prefill); sampled
-ones are drawn with one key per slice.
+that are done, are released, so an abandoned request stops generating within one slice. A row
+draws its t-th token with its own step counter (`row_offsets`: the tokens it drew in earlier
+slices), so a reply is the same sliced or not, greedy or sampled with the call's seed (up to the
+rounding of a continuation against a fresh prefill).
 
 Long prompts: a prompt longer than ``prefill_tokens`` is prefilled in pieces of that many tokens,
 one session step each (the token sampled after a piece is dropped, so the cache holds exactly the
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 import time
 from collections import Counter
@@ -307,7 +307,7 @@ class Batcher:
         tokens: list[list[int]] = [[] for _ in rows]
         finish: list[str | None] = [None] * len(rows)
         key, piece = jax.random.PRNGKey(seed), self.prefill_tokens or max(len(t) for t in todo)
-        for k in itertools.count():  # each step feeds a piece of a prompt or yields >= 1 token per active row
+        while True:  # each step feeds a piece of a prompt or yields >= 1 token per active row
             gone = [i for i, j in enumerate(rows) if finish[i] is None and j.cancelled]
             for i in gone:
                 finish[i] = "cancelled"
@@ -325,9 +325,9 @@ class Batcher:
             for i in active:
                 segments[i], todo[i] = todo[i][:piece], todo[i][piece:]
             budgets = [1 if i in feeding else min(nmax, max(left[i], 1)) for i in range(len(rows))]
-            res = sess.step(segments, dataclasses.replace(sampling, max_new_tokens=nmax),
-                            seed=jax.random.fold_in(key, k), max_new_tokens=budgets,
-                            stop_ids=[list(j.stop_ids) for j in rows])
+            res = sess.step(segments, dataclasses.replace(sampling, max_new_tokens=nmax), seed=key,
+                            max_new_tokens=budgets, stop_ids=[list(j.stop_ids) for j in rows],
+                            row_offsets=[len(t) for t in tokens])  # a row's t-th token: its own count
             if not feeding:
                 sess.min_segment_bucket = 16  # later slices feed one token per row: no prompt-sized padding
             self.stats["slices"] += 1

@@ -258,3 +258,17 @@ def test_sliced_greedy_replies_equal_one_sampler_call(server, tiny_model):  # no
         assert status == 200 and got["choices"][0]["message"]["content"] == text
         assert got["choices"][0]["finish_reason"] == reason
     assert server.service.batcher.stats["slices"] - slices >= 3 * 2  # each reply took several slices
+
+
+def test_a_sampled_seeded_reply_is_the_same_sliced(server, tiny_model):  # noqa: F811
+    """Each row draws its t-th token with its own step counter (`row_offsets`), so a seeded sampled
+    request decoded in 16-token slices gets the reply of one `generate_ids` call with that seed
+    (before, every slice drew with a key of its own: a different reply)."""
+    chat = [{"role": "user", "content": "Tell me about the sea."}]
+    want = server.service.sampler.generate_ids([encode_prompt(tiny_model.tokenizer, chat)],
+                                               SamplingConfig(max_new_tokens=40, temperature=1.0), seed=1234)
+    slices = server.service.batcher.stats["slices"]
+    status, got = post(server.url, json.dumps({"model": TINY_NAME, "messages": chat, "temperature": 1.0,
+                                               "max_tokens": 40, "seed": 1234}).encode())
+    assert status == 200 and got["choices"][0]["message"]["content"] == want.texts[0]
+    assert want.lengths[0] > SLICE and server.service.batcher.stats["slices"] - slices >= 2
