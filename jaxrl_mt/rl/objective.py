@@ -139,11 +139,7 @@ class SupervisedObjective(Objective):
         return self.recipe.batch(self.env, items), {}, []
 
     def loss(self, params: Any, cfg: Any, lc: LossConfig, batch: Any) -> tuple[Any, dict[str, Any]]:
-        return self._loss(params, cfg, lc, batch)
-
-    @property
-    def _loss(self) -> Loss:
-        return self.recipe.loss(self.env)
+        return self.recipe.loss(self.env)(params, cfg, lc, batch)
 
     def plan(self, batch: Any) -> tuple[int | str, Footprint]:
         """Bucket: the method and its row lengths (``sft:0x160``, ``dpo:64x32``)."""
