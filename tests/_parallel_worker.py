@@ -377,6 +377,7 @@ def run_trainer(out: Path, workdir: Path, model_dir: Path, steps: int) -> None:
     from configs.rlsta import get_config
     from jaxrl_mt.rl import loop
     from jaxrl_mt.rl.loop import Trainer
+    from jaxrl_mt.rl.objective import GRPOObjective
 
     assert parallel.maybe_initialize_distributed(), "JAX_COORDINATOR_ADDRESS not set"
     c = get_config("cpu")
@@ -391,11 +392,11 @@ def run_trainer(out: Path, workdir: Path, model_dir: Path, steps: int) -> None:
     c.log.samples_every = 1
     c.export = True
     seen: dict = {"updates": 0, "batches": []}
-    rollout, write_outputs = Trainer.rollout, loop.write_outputs
+    rollout, write_outputs = GRPOObjective.batch, loop.write_outputs
 
-    def rollout_spy(self, params, items, step):
+    def rollout_spy(self, policy, items, step):  # the objective's batch: the step's rollout
         seen["batches"].append([it.item_id for it in items])
-        return rollout(self, params, items, step)
+        return rollout(self, policy, items, step)
 
     def outputs_spy(c, cfg, tok, params, evals, **kw):  # every process: a digest of the final global parameters
         host = parallel.gather_to_host(params)
@@ -405,7 +406,7 @@ def run_trainer(out: Path, workdir: Path, model_dir: Path, steps: int) -> None:
         seen["digest"] = h.hexdigest()
         return write_outputs(c, cfg, tok, params, evals, **kw)
 
-    Trainer.rollout, loop.write_outputs = rollout_spy, outputs_spy
+    GRPOObjective.batch, loop.write_outputs = rollout_spy, outputs_spy
     trainer = Trainer(c)
     summary = trainer.run()
     out.write_text(json.dumps({
