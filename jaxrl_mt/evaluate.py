@@ -57,7 +57,7 @@ from jaxrl_mt.eval.task_config import (
 from jaxrl_mt.chat import ChatError, with_template_options
 from jaxrl_mt.sampling import Sampler
 from jaxrl_mt.sampling.counters import utilisation
-from jaxrl_mt.models.attention import IMPLS as ATTENTION_IMPLS
+from jaxrl_mt.models.attention import IMPLS as ATTENTION_IMPLS, record as attention_record
 from jaxrl_mt.eval.task_scoring import conversation_system
 from jaxrl_mt.rewards.abstain import with_abstain
 from jaxrl_mt.models.config import ModelError
@@ -224,7 +224,8 @@ def _check_workdir(workdir: Path, c: EvalConfig) -> None:
                 raise EvalError(f"{path}: field '{k}': the transcripts there were made with {have.get(k)!r}, "
                                 f"this run has {want[k]!r}; use another workdir")
     check_writable_dir(workdir, "config field 'workdir':")  # OSError: one line, exit 2
-    path.write_text(json.dumps(want, indent=2) + "\n", encoding="utf-8")
+    kept = want if is_http(c.model) else {**want, **attention_record(c.attention)}  # JAXRL_MT_ATTENTION too
+    path.write_text(json.dumps(kept, indent=2) + "\n", encoding="utf-8")
 
 
 def _run_todo(c: EvalConfig, todo: list[Any], store: TranscriptStore | None, plugins: dict[str, Any], *,

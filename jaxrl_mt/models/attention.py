@@ -26,9 +26,13 @@ Implementations (`IMPLS`):
   * `auto`: einsum while T x S < `AUTO_EINSUM_MAX` (today's speed at short lengths), else the
     backend's kernel, else blockwise.
 
-`resolve` picks the implementation for a call's static shape; a kernel that cannot serve a call
-falls back to blockwise with one log line (once per (impl, reason)) naming why. The environment
-variable `JAXRL_MT_ATTENTION` overrides the configured choice.
+`resolve` is the one selector: it picks the implementation for a call's static shape by capability
+checks, never by trying a kernel and catching its failure. A kernel this process cannot run at all
+(another backend, not installed: `unavailable`) is an `AttentionError` when chosen explicitly and
+skipped by `auto`; a kernel that cannot serve one call (a cache or segment layout, a length, a
+dtype, a head dimension: `_kernel_refusal`) falls back to blockwise with one log line (once per
+(impl, reason)) naming why. The environment variable `JAXRL_MT_ATTENTION` overrides the configured
+choice (`choice`: one warning per override); `record` is what a run's config file keeps of it.
 """
 
 from __future__ import annotations
@@ -79,70 +83,126 @@ def dense_mask(spec: MaskSpec) -> jax.Array:
     return vis
 
 
-def log_once(impl: str, reason: str) -> None:
+class AttentionError(ValueError):
+    """An attention choice that cannot run: not one of IMPLS, or a kernel this process lacks."""
+
+
+def log_once(impl: str, reason: str, *, level: int = logging.INFO) -> None:
     """Logs `reason` once per (impl, reason) for the process."""
     if (impl, reason) not in _LOGGED:
         _LOGGED.add((impl, reason))
-        log.info("attention %s: %s", impl, reason)
+        log.log(level, "attention %s: %s", impl, reason)
+
+
+def choice(impl: str) -> str:
+    """The choice in force: `JAXRL_MT_ATTENTION` when set (a warning, once, when it differs from the
+    configured `impl`), else `impl`. Raises AttentionError when it is not one of IMPLS."""
+    env = os.environ.get(ENV_VAR)
+    if env and env not in IMPLS:
+        raise AttentionError(f"environment variable {ENV_VAR}={env!r}: expected one of {', '.join(IMPLS)}")
+    if impl not in IMPLS:
+        raise AttentionError(f"attention must be one of {IMPLS}, got {impl!r}")
+    if env and env != impl:
+        log_once(env, f"{ENV_VAR}={env} overrides the configured attention {impl!r}", level=logging.WARNING)
+    return env or impl
+
+
+def record(impl: str) -> dict[str, str | None]:
+    """What a run's config file keeps of the attention: the configured value, the one in force and
+    the environment variable's value (None when unset)."""
+    env = os.environ.get(ENV_VAR) or None
+    return {"attention": impl, "attention_effective": env or impl, "attention_env": env}
 
 
 def resolve(impl: str, backend: str, t: int, s: int, dtype: object, *, self_attn: bool,
-            segments: bool = False) -> tuple[str, str]:
-    """The implementation that serves a call, and why.
+            segments: bool = False, head_dim: int | None = None) -> tuple[str, str]:
+    """The implementation that serves a call, and why (the one selector of the package).
 
     Args:
-      impl: the configured choice (one of IMPLS); the env var JAXRL_MT_ATTENTION overrides it.
+      impl: the configured choice (one of IMPLS); the env var JAXRL_MT_ATTENTION overrides it (`choice`).
       backend: `jax.default_backend()` ("cpu", "gpu", "tpu").
       t, s: query and key lengths (static).
       dtype: the compute dtype of q/k/v.
       self_attn: the call is causal self-attention (keys are the queries, positions 0..T-1).
       segments: the spec has segment ids.
+      head_dim: the query/key head dimension when known (`attend` passes it; cuDNN bounds it).
 
     Returns:
       (one of "einsum", "blockwise", "pallas", "cudnn", a one-line reason).
+
+    Raises:
+      AttentionError: the choice is not one of IMPLS, or names a kernel this process cannot run
+        (`unavailable`: another backend, not installed).
     """
-    impl = os.environ.get(ENV_VAR) or impl
-    if impl not in IMPLS:
-        raise ValueError(f"attention must be one of {IMPLS}, got {impl!r}")
+    impl = choice(impl)
+    why_auto = ""
     if impl == "auto":
         if t * s < AUTO_EINSUM_MAX:
             return "einsum", f"auto: T*S = {t * s} < {AUTO_EINSUM_MAX}"
         impl = {"tpu": "pallas", "gpu": "cudnn"}.get(backend, "blockwise")
-        if impl == "blockwise":
-            return impl, f"auto: T*S = {t * s} on {backend}"
+        why_auto = f"auto: T*S = {t * s} on {backend}"
+        missing = unavailable(impl, backend) if impl != "blockwise" else ""
+        if missing:
+            log_once(impl, f"auto runs blockwise: {missing}")
+            return "blockwise", missing
     if impl in ("einsum", "blockwise"):
-        return impl, "configured"
-    why = _kernel_refusal(impl, backend, t, s, dtype, self_attn=self_attn, segments=segments)
+        return impl, why_auto or "configured"
+    missing = unavailable(impl, backend)
+    if missing:
+        raise AttentionError(f"attention {impl!r} cannot run in this process: {missing}")
+    why = _kernel_refusal(impl, t, s, dtype, self_attn=self_attn, segments=segments, head_dim=head_dim)
     if why:
         log_once(impl, f"falls back to blockwise: {why}")
         return "blockwise", why
-    return impl, "configured"
+    return impl, why_auto or "configured"
 
 
-def _kernel_refusal(impl: str, backend: str, t: int, s: int, dtype: object, *, self_attn: bool,
-                    segments: bool) -> str:
-    """Why the kernel `impl` cannot serve the call ("" when it can)."""
+def unavailable(impl: str, backend: str) -> str:
+    """Why the kernel `impl` ("pallas" or "cudnn") cannot run in this process at all ("" when it can)."""
     want = {"pallas": "tpu", "cudnn": "gpu"}[impl]
     if backend != want:
         return f"{impl} needs backend {want}, running on {backend}"
-    if not self_attn or segments:
-        return "only causal self-attention with padding is served (cache / segment layouts are not)"
-    if impl == "pallas":
-        if _pallas_flash() is None:
-            return "jax.experimental.pallas.ops.tpu.flash_attention is not importable"
-        if t % 128:
-            return f"sequence length {t} is not a multiple of 128"
-    if impl == "cudnn" and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
-        return f"cuDNN flash attention needs bf16/fp16, got {jnp.dtype(dtype).name}"
+    if impl == "pallas" and _pallas_flash() is None:
+        return "jax.experimental.pallas.ops.tpu.flash_attention is not importable"
+    if impl == "cudnn" and _gpu_capability() is None:
+        return "cuDNN flash attention needs a CUDA GPU (no compute capability reported)"
     return ""
 
 
+def _kernel_refusal(impl: str, t: int, s: int, dtype: object, *, self_attn: bool, segments: bool,
+                    head_dim: int | None = None) -> str:
+    """Why the (available) kernel `impl` cannot serve the call ("" when it can)."""
+    if not self_attn or segments:
+        return "only causal self-attention with padding is served (cache / segment layouts are not)"
+    if impl == "pallas" and t % 128:
+        return f"sequence length {t} is not a multiple of 128"
+    if impl == "cudnn":
+        if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+            return f"cuDNN flash attention needs bf16/fp16, got {jnp.dtype(dtype).name}"
+        h_max = 256 if (_gpu_capability() or (0, 0)) >= (9, 0) else 128  # jax's check_is_flash_attention
+        if head_dim is not None and (head_dim % 8 or head_dim > h_max):
+            return f"cuDNN flash attention needs a head dim <= {h_max} and a multiple of 8, got {head_dim}"
+    return ""
+
+
+@functools.cache
 def _pallas_flash():
     try:
         from jax.experimental.pallas.ops.tpu import flash_attention as fa
-    except Exception:  # not shipped on this install / platform
+    except ImportError:  # not shipped on this install / platform
         return None
     return fa
+
+
+@functools.cache
+def _gpu_capability() -> tuple[int, ...] | None:
+    """The first GPU's CUDA compute capability, e.g. (9, 0); None without a CUDA GPU."""
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError:  # no GPU backend in this process
+        return None
+    cc = getattr(devices[0], "compute_capability", None) if devices else None
+    return tuple(int(x) for x in str(cc).split(".")[:2]) if cc else None
 
 
 # ----------------------------------------------------------------------------- einsum
@@ -363,7 +423,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, impl: st
     Args:
       q: [B, T, Hq, K] queries; k, v: [B, Hkv, S, K] keys/values (Hq a multiple of Hkv).
       spec: the mask (`MaskSpec`).
-      impl: one of IMPLS (the env var JAXRL_MT_ATTENTION overrides it).
+      impl: one of IMPLS (the env var JAXRL_MT_ATTENTION overrides it); an impossible explicit
+        kernel raises AttentionError (`resolve`).
       block_k: keys per block of the blockwise implementation.
       self_attn: causal self-attention (S == T, positions 0..T-1): the kernels can serve it.
 
@@ -372,14 +433,11 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, impl: st
     """
     segments = spec.q_seg is not None or spec.kv_seg is not None
     chosen, _ = resolve(impl, jax.default_backend(), q.shape[1], k.shape[2], q.dtype, self_attn=self_attn,
-                        segments=segments)
+                        segments=segments, head_dim=q.shape[-1])
     if chosen == "einsum":
         return einsum_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), dense_mask(spec))
-    if chosen in ("pallas", "cudnn"):
-        try:
-            if chosen == "pallas":
-                return _pallas_attention(q, k, v, spec).astype(v.dtype)
-            return _cudnn_attention(q, k, v, spec, block_k=block_k)
-        except Exception as e:  # the kernel refused this shape / dtype at trace time
-            log_once(chosen, f"falls back to blockwise: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if chosen == "pallas":
+        return _pallas_attention(q, k, v, spec).astype(v.dtype)
+    if chosen == "cudnn":
+        return _cudnn_attention(q, k, v, spec, block_k=block_k)
     return blockwise_attention(q, k, v, spec, block_k=block_k)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -87,6 +88,9 @@ def test_eval_config_json_keeps_the_results_defining_fields_as_before(tmp_path):
                      system_prompt="S", temperature=0.0, enable_thinking=True, abstain=True)
     _check_workdir(tmp_path, normalize_config(cfg))
     stored = json.loads((tmp_path / "eval_config.json").read_text())
+    attention = {k: stored.pop(k) for k in ("attention", "attention_effective", "attention_env")}
+    assert attention == {"attention": "auto", "attention_effective": os.environ.get("JAXRL_MT_ATTENTION") or "auto",
+                         "attention_env": os.environ.get("JAXRL_MT_ATTENTION") or None}  # kept, never compared
     assert list(stored) == list(RESULT_FIELDS)
     assert stored == {  # what the dict-based config wrote (a resumed evaluation compares against it)
         "model": "builtin:smollm2-135m-instruct", "dtype": "float32", "dataset": ["synthetic:1", "lic:@"],
@@ -94,3 +98,12 @@ def test_eval_config_json_keeps_the_results_defining_fields_as_before(tmp_path):
         "system_prompt": "S", "protocol": "lic", "verifier_mode": "strict", "judge": "rule",
         "user_simulator": "fixed", "user_temperature": 0.0, "strategy": "plain", "seed": 0, "abstain": True,
         "enable_thinking": True}
+
+
+def test_eval_config_json_records_the_attention_variable(tmp_path, monkeypatch):
+    """JAXRL_MT_ATTENTION overriding the configured attention is kept in eval_config.json (issue 52 item 5)."""
+    monkeypatch.setenv("JAXRL_MT_ATTENTION", "blockwise")
+    _check_workdir(tmp_path, normalize_config(get_config("cpu", workdir=str(tmp_path), attention="einsum")))
+    stored = json.loads((tmp_path / "eval_config.json").read_text())
+    assert (stored["attention"], stored["attention_effective"], stored["attention_env"]) == (
+        "einsum", "blockwise", "blockwise")

@@ -133,24 +133,65 @@ def test_cache_continuation_with_holes(hq, hkv, block_k):
 
 def test_resolve_auto_kernels_env_and_log_once(monkeypatch, caplog):
     monkeypatch.delenv(A.ENV_VAR, raising=False)
+    monkeypatch.setattr(A, "_gpu_capability", lambda: (9, 0))  # a CUDA GPU as far as `resolve` knows
     assert A.resolve("auto", "cpu", 256, 320, jnp.float32, self_attn=True)[0] == "einsum"
     assert A.resolve("auto", "cpu", 1024, 1024, jnp.float32, self_attn=True)[0] == "blockwise"
     assert A.resolve("auto", "gpu", 1024, 1024, jnp.float32, self_attn=True) == (
         "blockwise", "cuDNN flash attention needs bf16/fp16, got float32")
-    assert A.resolve("pallas", "tpu", 1000, 1000, jnp.bfloat16, self_attn=True)[1] == \
-        "sequence length 1000 is not a multiple of 128"
+    assert A.resolve("auto", "gpu", 1024, 1024, jnp.bfloat16, self_attn=True, head_dim=128)[0] == "cudnn"
+    assert A.resolve("cudnn", "gpu", 1024, 1024, jnp.bfloat16, self_attn=True, head_dim=100) == (
+        "blockwise", "cuDNN flash attention needs a head dim <= 256 and a multiple of 8, got 100")
+    if A._pallas_flash() is not None:
+        assert A.resolve("pallas", "tpu", 1000, 1000, jnp.bfloat16, self_attn=True)[1] == \
+            "sequence length 1000 is not a multiple of 128"
     assert A.resolve("cudnn", "gpu", 1024, 2048, jnp.bfloat16, self_attn=False)[0] == "blockwise"
     A._LOGGED.clear()
     with caplog.at_level(logging.INFO, logger=A.__name__):
         for _ in range(3):
-            assert A.resolve("pallas", "cpu", 64, 64, jnp.float32, self_attn=True)[0] == "blockwise"
+            assert A.resolve("cudnn", "gpu", 64, 64, jnp.float32, self_attn=True)[0] == "blockwise"
     assert [r.getMessage() for r in caplog.records] == [
-        "attention pallas: falls back to blockwise: pallas needs backend tpu, running on cpu"]
+        "attention cudnn: falls back to blockwise: cuDNN flash attention needs bf16/fp16, got float32"]
+
+
+def test_an_impossible_explicit_kernel_is_an_error_and_auto_skips_it(monkeypatch):
+    """A kernel the process cannot run (another backend, no CUDA GPU) raises when named, never a silent
+    blockwise; `auto` runs blockwise in its place. `attend` itself runs no try/except."""
+    monkeypatch.delenv(A.ENV_VAR, raising=False)
+    with pytest.raises(A.AttentionError, match="attention 'pallas' cannot run in this process: pallas needs "
+                                               "backend tpu, running on cpu"):
+        A.resolve("pallas", "cpu", 256, 256, jnp.bfloat16, self_attn=True)
+    monkeypatch.setattr(A, "_gpu_capability", lambda: None)
+    with pytest.raises(A.AttentionError, match="cuDNN flash attention needs a CUDA GPU"):
+        A.resolve("cudnn", "gpu", 256, 256, jnp.bfloat16, self_attn=True)
+    assert A.resolve("auto", "gpu", 1024, 1024, jnp.bfloat16, self_attn=True)[0] == "blockwise"
+    q, k, v = _qkv(np.random.default_rng(0), 1, 8, 8, 2, 1)
+    spec = A.causal_spec(jnp.ones((1, 8), bool))
+    if jax.default_backend() == "cpu":
+        with pytest.raises(A.AttentionError, match="needs backend"):
+            A.attend(q, k, v, spec, impl="pallas", self_attn=True)
+    import inspect
+    assert "except" not in inspect.getsource(A.attend)
+
+
+def test_the_environment_variable_overrides_with_a_warning_and_is_recorded(monkeypatch, caplog):
+    monkeypatch.delenv(A.ENV_VAR, raising=False)
+    assert A.record("einsum") == {"attention": "einsum", "attention_effective": "einsum", "attention_env": None}
     monkeypatch.setenv(A.ENV_VAR, "blockwise")
-    assert A.resolve("einsum", "cpu", 8, 8, jnp.float32, self_attn=True)[0] == "blockwise"
+    A._LOGGED.clear()
+    with caplog.at_level(logging.INFO, logger=A.__name__):
+        for _ in range(2):
+            assert A.resolve("einsum", "cpu", 8, 8, jnp.float32, self_attn=True)[0] == "blockwise"
+        assert A.resolve("blockwise", "cpu", 8, 8, jnp.float32, self_attn=True)[0] == "blockwise"  # no override
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "attention blockwise: JAXRL_MT_ATTENTION=blockwise overrides the configured attention 'einsum'")]
+    assert A.record("einsum") == {"attention": "einsum", "attention_effective": "blockwise",
+                                  "attention_env": "blockwise"}
     monkeypatch.setenv(A.ENV_VAR, "flash")
-    with pytest.raises(ValueError, match="attention must be one of"):
+    with pytest.raises(A.AttentionError, match="environment variable JAXRL_MT_ATTENTION='flash': expected one of"):
         A.resolve("auto", "cpu", 8, 8, jnp.float32, self_attn=True)
+    monkeypatch.delenv(A.ENV_VAR)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        A.resolve("flash", "cpu", 8, 8, jnp.float32, self_attn=True)
 
 
 def test_decoder_and_grouped_forward_blockwise_equal_einsum():
