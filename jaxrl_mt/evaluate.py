@@ -4,11 +4,11 @@
     python -m jaxrl_mt.evaluate --config configs/eval_lic.py:lic --config.model=workdir:/runs/rlsta
 
 Loads the model (a registry spec, or ``workdir:PATH`` for a training checkpoint through
-``jaxrl_mt.rl.loop.load_policy``; ``http:URL#MODEL`` evaluates a model behind an OpenAI-compatible
-endpoint instead, see ``jaxrl_mt.eval.http_assistant``) and the instructions of each selected task (``task``:
-one, a list or ``all``; ``datasets.TASK``: its source specs; see ``jaxrl_mt.eval.task_config``), plans N runs per
-instruction and scenario, simulates all of them in lockstep (one sampler call per turn for the
-whole batch), and writes into the workdir:
+``jaxrl_mt.rl.policy_io.load_policy``, without the trainer; ``http:URL#MODEL`` evaluates a model behind an
+OpenAI-compatible endpoint instead, see ``jaxrl_mt.eval.http_assistant``) and the instructions of each
+selected task (``task``: one, a list or ``all``; ``datasets.TASK``: its source specs; see
+``jaxrl_mt.eval.task_config``), plans N runs per instruction and scenario, simulates all of them in
+lockstep (one sampler call per turn for the whole batch), and writes into the workdir:
 
 - ``transcripts.jsonl``: one line per finished conversation, appended as they finish. A rerun
   with the same workdir skips the conversations already there (resume); the results-defining
@@ -200,14 +200,10 @@ def load_tasks(sources: Sequence[str], *, task: str = "math", limit: int = 0,
 def load_eval_model(spec: str, *, dtype: str = "float32", attention: str = "auto") -> Any:
     """A registry Model for a model spec; ``workdir:PATH`` loads a training checkpoint's policy;
     ``attention``: the implementation of every forward (``models.attention.IMPLS``)."""
-    if spec.startswith("workdir:"):
-        try:
-            from jaxrl_mt.rl.loop import load_policy
-        except ImportError as e:
-            raise EvalError(f"config field 'model': {spec!r} needs jaxrl_mt.rl.loop.load_policy ({e})") from None
-        model = load_policy(spec.split(":", 1)[1])
-        model.cfg = model.cfg.replace(attention=attention)
-        return model
+    if spec.startswith("workdir:"):  # the checkpoint loader alone: `import jaxrl_mt.rl.loop` stays out
+        from jaxrl_mt.rl.policy_io import load_policy
+
+        return load_policy(spec.split(":", 1)[1], attention=attention)
     from jaxrl_mt.models.registry import load_model
 
     return load_model(spec, param_dtype=dtype, dtype=dtype, attention=attention)

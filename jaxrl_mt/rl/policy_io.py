@@ -18,14 +18,16 @@ from jaxrl_mt.rl.state import RETIRED_KEYS
 __all__ = ["load_policy"]
 
 
-def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
+def load_policy(workdir: str | os.PathLike, step: int | None = None, *, attention: str = "auto") -> Model:
     """The policy of a training run: its base model with a checkpoint's parameters (a LoRA run's
-    checkpoint holds adapters: merged onto the base).
+    checkpoint holds adapters: merged onto the base). Imports no trainer (``rl.loop``): evaluation
+    and serving load a checkpoint through this module alone.
 
     Args:
       workdir: the run's workdir (``config.json``, ``checkpoints/``).
       step: a training checkpoint's step; None: the policy the run exports, i.e. its kept best
         checkpoint (``<workdir>/best``: SFT's and DPO's lowest validation loss) when it keeps one, else its latest.
+      attention: the attention implementation of the model's forwards (``models.attention.IMPLS``).
     """
     wd = Path(workdir)
     cfg_path = wd / "config.json"
@@ -33,7 +35,7 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None) -> Model:
         raise FileNotFoundError(f"{wd}: not a training workdir (no config.json)")
     conf = json.loads(cfg_path.read_text())
     model = load_model(conf["model"], param_dtype=conf.get("param_dtype", "float32"),
-                       dtype=conf.get("dtype", "float32"))
+                       dtype=conf.get("dtype", "float32"), attention=attention)
     lo = conf.get("lora") or {}
     lc = LoraConfig(rank=lo["rank"], alpha=lo["alpha"], targets=lo["targets"]) if lo.get("rank") else None
     trained = model.params if lc is None else init_adapters(model.params, lc, jax.random.key(0))  # the structure

@@ -214,18 +214,30 @@ def test_bad_data_is_named(tmp_path):
         evaluate(tiny_config(tmp_path / "w", dataset=("synthetic:1", "synthetic:1")), log=lambda s: None)
 
 
-def test_workdir_model_spec_uses_training_loader(monkeypatch, tiny_model):
-    """`workdir:PATH` goes to jaxrl_mt.rl.loop.load_policy (stood in here until it exists)."""
+def test_workdir_model_spec_uses_the_checkpoint_loader(monkeypatch):
+    """`workdir:PATH` goes to jaxrl_mt.rl.policy_io.load_policy with the configured attention."""
     import types
 
-    seen = []
-    fake = types.ModuleType("jaxrl_mt.rl.loop")
-    fake.load_policy = lambda path: seen.append(path) or tiny_model
-    monkeypatch.setitem(sys.modules, "jaxrl_mt.rl.loop", fake)
-    assert load_eval_model("workdir:/runs/rlsta") is tiny_model and seen == ["/runs/rlsta"]
-    monkeypatch.setitem(sys.modules, "jaxrl_mt.rl.loop", None)  # import fails
-    with pytest.raises(EvalError, match=r"config field 'model': 'workdir:/x' needs jaxrl_mt\.rl\.loop\.load_policy"):
-        load_eval_model("workdir:/x")
+    seen, policy = [], object()
+    fake = types.ModuleType("jaxrl_mt.rl.policy_io")
+    fake.load_policy = lambda path, attention: seen.append((path, attention)) or policy
+    monkeypatch.setitem(sys.modules, "jaxrl_mt.rl.policy_io", fake)
+    assert load_eval_model("workdir:/runs/rlsta", attention="blockwise") is policy
+    assert seen == [("/runs/rlsta", "blockwise")]
+
+
+def test_evaluate_loads_a_checkpoint_without_importing_the_trainer(tmp_path):
+    """Importing jaxrl_mt.evaluate, and loading a `workdir:` model through it, leaves jaxrl_mt.rl.loop
+    (the trainer) unimported (issue 52 item 5)."""
+    code = ("import sys, jaxrl_mt.evaluate as e\n"
+            "try:\n    e.load_eval_model(sys.argv[1])\nexcept FileNotFoundError as err:\n    print(err)\n"
+            "print(sorted(m for m in sys.modules if m in ('jaxrl_mt.rl.loop', 'jaxrl_mt.rl.policy_io')))\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", code, f"workdir:{tmp_path}"], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == [f"{tmp_path}: not a training workdir (no config.json)",
+                                     "['jaxrl_mt.rl.policy_io']"]
 
 
 # --------------------------------------------------------------------------- the command line
