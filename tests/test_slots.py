@@ -68,16 +68,57 @@ def test_freed_slots_are_refilled_and_the_tail_narrows(params):
 
 
 def test_a_group_shares_its_prefill_and_equals_its_rows_passed_alone(params):
-    """G = 3 rows of each prompt admitted together from one prefill draw what each row draws when its
-    prompt is passed once per row (sampled, per-row seeds)."""
+    """G = 3 rows of each prompt admitted together from one prefill, the prompt stored once and read
+    once per step (`models.prefix_attention`), draw what each row draws when its prompt is passed once
+    per row (sampled, per-row seeds; log-probs within 1e-5)."""
     hot = SamplingConfig(max_new_tokens=9, temperature=1.0)
     prompts = PROMPTS[:2]
     rows = [p for p in prompts for _ in range(3)]
     budgets = [9, 4, 7, 2, 9, 5]
     seeds = list(range(10, 16))
-    ref, _ = _slots(params, hot, rows, budgets, seeds, 3, 4)
+    ref, ref_out = _slots(params, hot, rows, budgets, seeds, 3, 4)
     out = run_slots(params, CFG, prompts, np.asarray(budgets), stop_array([[1]] * 6, 6), hot.row_params(6),
                     jax.random.PRNGKey(7), np.asarray(seeds, np.uint32), method=hot.method(), pad_id=0, width=3,
                     steps=4, prompt_bucket=16, max_new=16, group=3)
     assert [out["tokens"][i, :out["lengths"][i]].tolist() for i in range(6)] == ref
-    assert out["counters"]["admissions"] == 2  # one group at a time in 3 slots
+    np.testing.assert_allclose(np.concatenate([out["logprobs"][i, :out["lengths"][i]] for i in range(6)]),
+                               np.concatenate([ref_out["logprobs"][i, :len(t)] for i, t in enumerate(ref)]), atol=1e-5)
+    c = out["counters"]
+    assert c["admissions"] == 2  # one group at a time in 3 slots
+    # each step reads the 2 stored prompts once (16 slots each) and each slot's own cache (16 slots),
+    # not every row's copy of its prompt: steps x 32 + row-steps x 16
+    assert c["slots_read"] == c["steps"] * 2 * 16 + c["row_steps"] * 16
+
+
+def test_prefix_attention_equals_attention_over_the_concatenated_caches():
+    """Rows reading their group's stored prompt once (`models.prefix_attention`) get the attention
+    over [prompt, own cache, new tokens] of each row on its own; a row without a stored prompt gets
+    its own cache's."""
+    import jax.numpy as jnp
+
+    from jaxrl_mt.models.cache_attention import cached_attention
+    from jaxrl_mt.models.prefix_attention import PrefixCache, prefix_attention
+
+    rng = np.random.default_rng(0)
+    w, t, hq, hkv, kd, u, p, s, n_layers = 5, 1, 4, 2, 8, 2, 6, 4, 2
+    f = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+    q, k_new, v_new = f(w, t, hq, kd), f(w, t, hkv, kd), f(w, t, hkv, kd)
+    kp, vp, kc, vc = f(n_layers, u, hkv, p, kd), f(n_layers, u, hkv, p, kd), f(n_layers, w, hkv, s, kd), \
+        f(n_layers, w, hkv, s, kd)
+    pvalid = jnp.asarray([[0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1]], bool)  # left-padded prompts
+    seen = jnp.asarray(rng.random((w, s)) < 0.6)
+    pid, gpos = np.asarray([0, 0, 1, 0, 2]), np.asarray([0, 1, 0, 2, 0])  # row 4: no stored prompt
+    members = np.full((u, 3), w)
+    for r in range(w):
+        if pid[r] < u:
+            members[pid[r], gpos[r]] = r
+    new_mask = jnp.ones((w, t, t), bool)
+    prefix = PrefixCache(kp, vp, pvalid, jnp.asarray(pid), jnp.asarray(gpos), jnp.asarray(members))
+    got = prefix_attention(q, prefix, jnp.int32(1), kc, vc, seen, k_new, v_new, new_mask)
+    for r in range(w):
+        has = pid[r] < u
+        kfull = jnp.concatenate([kp[1, min(pid[r], u - 1)], kc[1, r]], axis=1)[None]
+        vfull = jnp.concatenate([vp[1, min(pid[r], u - 1)], vc[1, r]], axis=1)[None]
+        sfull = jnp.concatenate([pvalid[min(pid[r], u - 1)] & has, seen[r]])[None]
+        want = cached_attention(q[r:r + 1], kfull, vfull, sfull, k_new[r:r + 1], v_new[r:r + 1], new_mask[r:r + 1])
+        np.testing.assert_allclose(np.asarray(got[r]), np.asarray(want[0]), atol=1e-5)

@@ -31,6 +31,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxrl_mt.models.attention import MaskSpec, attend, causal_spec, einsum_attention, resolve
 from jaxrl_mt.models.cache_attention import cached_attention
 from jaxrl_mt.models.config import ModelConfig, ModelError
+from jaxrl_mt.models.prefix_attention import PrefixCache, prefix_attention
 
 PROJ = "proj"  # checkpoint name of a weight projection's output (`dense`, `remat_layer`)
 attention = einsum_attention  # the dense-mask attention (`models.attention.einsum_attention`)
@@ -235,7 +236,8 @@ def remat_layer(body: Any, remat: bool | str) -> Any:
 
 def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array,
             token_mask: jax.Array, cache: KVCache | None = None, *, logits: str = "all",
-            remat: bool | str = False, fresh: bool = False) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
+            remat: bool | str = False, fresh: bool = False,
+            prefix: PrefixCache | None = None) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
     """Runs the decoder.
 
     Args:
@@ -253,6 +255,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         the new tokens attend only themselves -- causal self-attention over T keys instead of
         S + T, which the attention kernels can serve -- and their keys/values are written at
         slot 0. Same result as `fresh=False` on an empty cache (static; the caller vouches).
+      prefix: optional prompts stored once per group of rows (`models.prefix_attention`): with a
+        cache, each row also attends its group's prompt before its own cache (read once per group).
 
     Returns:
       (logits fp32 or None, final hidden states [B, T, D] after the final norm, updated cache).
@@ -291,13 +295,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
 
         def body(x, xs):
             lp, li = xs
-            if impl == "einsum":  # reads this layer's slots before the write index only (`cache_attention`)
-                attn = lambda q, k, v: cached_attention(q, cache.k, cache.v, seen, k, v, new_mask,  # noqa: E731
-                                                        bound=bound, layer=li)
-            else:
-                k_l = jax.lax.dynamic_index_in_dim(cache.k, li, 0, keepdims=False).astype(dt)
-                v_l = jax.lax.dynamic_index_in_dim(cache.v, li, 0, keepdims=False).astype(dt)
-                attn = lambda q, k, v: spec_attention(cfg, impl, q, k, v, spec, k_l, v_l)  # noqa: E731
+            attn = _cache_attention(cfg, impl, cache, seen, new_mask, spec, bound, prefix, li, dt)
             x, new_k, new_v = _layer(cfg, lp, x, cos, sin, attn)
             return x, (new_k, new_v)
 
@@ -311,6 +309,18 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
         return None, hidden, new_cache
     h = hidden[:, -1:] if logits == "last" else hidden
     return lm_head(params, cfg, h), hidden, new_cache
+
+
+def _cache_attention(cfg: ModelConfig, impl: str, cache: KVCache, seen: jax.Array, new_mask: jax.Array, spec: Any,
+                     bound: jax.Array, prefix: PrefixCache | None, li: jax.Array, dt: Any) -> Any:
+    """Layer li's attention of new tokens over the cache (and themselves), as a function of (q, k, v)."""
+    if prefix is not None:  # the group's prompt read once, then the row's own cache
+        return lambda q, k, v: prefix_attention(q, prefix, li, cache.k, cache.v, seen, k, v, new_mask)
+    if impl == "einsum":  # reads this layer's slots before the write index only (`cache_attention`)
+        return lambda q, k, v: cached_attention(q, cache.k, cache.v, seen, k, v, new_mask, bound=bound, layer=li)
+    k_l = jax.lax.dynamic_index_in_dim(cache.k, li, 0, keepdims=False).astype(dt)
+    v_l = jax.lax.dynamic_index_in_dim(cache.v, li, 0, keepdims=False).astype(dt)
+    return lambda q, k, v: spec_attention(cfg, impl, q, k, v, spec, k_l, v_l)
 
 
 def read_bound(index: jax.Array, token_mask: jax.Array) -> jax.Array:

@@ -24,7 +24,7 @@ from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params
 from jaxrl_mt.sampling.kernels import Method, Rows, row_keys
 from jaxrl_mt.sampling.methods import RowParams
-from jaxrl_mt.sampling.slots import STAT_KEYS, SlotState, admit, compact, empty_slots, segment
+from jaxrl_mt.sampling.slots import STAT_KEYS, SlotState, admit, admit_shared, compact, empty_slots, segment
 
 
 def _pow2(n: int) -> int:
@@ -76,6 +76,41 @@ class _Call:
             ("admit", ub, nb, p)
 
 
+class _Store:
+    """The places of the prompts stored once per group (G > 1) and the row tables of a segment."""
+
+    def __init__(self, places: int, group: int):
+        self.free, self.group = list(range(places)), group
+        self.place: dict[int, int] = {}  # prompt -> its place
+        self.left: dict[int, int] = {}  # prompt -> its rows not yet collected
+
+    def take(self, units: list[int]) -> np.ndarray:
+        """Places for the prompts `units` (as many free places as units, checked by the caller)."""
+        for u in units:
+            self.place[u], self.left[u] = self.free.pop(0), self.group
+        return np.asarray([self.place[u] for u in units], np.int32)
+
+    def collected(self, rows: list[int]) -> None:
+        """Frees the place of every prompt whose rows are all collected."""
+        for r in rows:
+            u = r // self.group
+            self.left[u] -= 1
+            if not self.left[u]:
+                self.free.append(self.place.pop(u))
+                del self.left[u]
+
+    def tables(self, owner: np.ndarray, places: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(pid [W], gpos [W], members [U, G]) of the slots' rows (`models.prefix_attention.PrefixCache`)."""
+        w, g = len(owner), self.group
+        pid, gpos = np.full(w, places, np.int32), np.zeros(w, np.int32)
+        members = np.full((places, g), w, np.int32)
+        for i, r in enumerate(owner):
+            if r >= 0:
+                pid[i], gpos[i] = self.place[r // g], r % g
+                members[pid[i], gpos[i]] = i
+        return jnp.asarray(pid), jnp.asarray(gpos), jnp.asarray(members)
+
+
 def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], budgets: np.ndarray,
               stops: np.ndarray, row_params: RowParams, key: jax.Array, row_seeds: np.ndarray, *, method: Method,
               pad_id: int, width: int, steps: int, prompt_bucket: int, max_new: int, group: int = 1,
@@ -111,7 +146,10 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
         raise ValueError(f"{width} slots do not split over the mesh's {m} row shards")
     widths = tuple(w for w in slot_widths(width) if w % m == 0)
     start = _fit(widths, min(n_rows, width))
-    state = empty_slots(cfg, start, prompt_bucket + max_new, max_new, stops.shape[1], mesh)
+    places = min(len(prompts), 2 * -(-width // g))  # stored prompts (G > 1): groups in flight at most
+    store = _Store(places, g) if g > 1 else None
+    state = empty_slots(cfg, start, max_new if store else prompt_bucket + max_new, max_new, stops.shape[1], mesh,
+                        shared=(places, prompt_bucket) if store else None)
     owner = np.full(start, -1)  # row held by each slot
     out = {"tokens": np.zeros((n_rows, max_new), np.int32), "logprobs": np.zeros((n_rows, max_new), np.float32),
            "lengths": np.zeros(n_rows, np.int32), "finish": np.zeros(n_rows, np.int32)}
@@ -120,23 +158,32 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
     done = 0
     while done < n_rows:
         free = [i for i in range(len(owner)) if owner[i] < 0]
-        take = waiting[: len(free) // g]
+        take = waiting[: min(len(free) // g, len(store.free) if store else n_rows)]
         if take:
             rows, args, shape = call.admission(take, free, len(owner))
-            state = admit(params, cfg, state, *args, method=method, mesh=mesh)
+            if store:
+                stored = np.full(args[1].shape[0], places, np.int32)  # padding prompts: dropped
+                stored[: len(take)] = store.take(take)
+                state = admit_shared(params, cfg, state, args[0], jnp.asarray(stored), *args[1:], method=method,
+                                     mesh=mesh)
+            else:
+                state = admit(params, cfg, state, *args, method=method, mesh=mesh)
             note(shape)
             owner[free[: len(rows)]] = rows
             waiting, counters["admissions"] = waiting[len(take):], counters["admissions"] + 1
         w = len(owner)
-        n_free = int((owner < 0).sum())
         narrower = max([x for x in widths if x < w], default=0)
-        min_free = max(w // 8, g, n_free + 1) if waiting else w - narrower
-        state, stats = segment(params, cfg, state, jnp.int32(min_free), method=method, steps=steps, mesh=mesh)
+        min_free = max(w // 8, g, int((owner < 0).sum()) + 1) if waiting else w - narrower
+        state, stats = segment(params, cfg, state, jnp.int32(min_free), store.tables(owner, places) if store else None,
+                               method=method, steps=steps, mesh=mesh)
         note(("segment", w, int(state.cache.valid.shape[1]), max_new))
         counters["segments"] += 1
         for k, v in zip(STAT_KEYS, np.asarray(stats).tolist()):
             counters[k] += int(v)
-        done += _collect(state, owner, out)
+        ended = _collect(state, owner, out)
+        done += len(ended)
+        if store:
+            store.collected(ended)
         live = int((owner >= 0).sum())
         if not waiting and 0 < live <= narrower:
             state, owner = _narrow(state, owner, _fit(widths, live), mesh)
@@ -144,8 +191,8 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
     return {**out, "counters": counters}
 
 
-def _collect(state: SlotState, owner: np.ndarray, out: dict[str, np.ndarray]) -> int:
-    """Moves the rows that ended into `out` and frees their slots; returns how many."""
+def _collect(state: SlotState, owner: np.ndarray, out: dict[str, np.ndarray]) -> list[int]:
+    """Moves the rows that ended into `out` and frees their slots; returns those rows."""
     live = np.asarray(state.live)
     ended = [i for i in range(len(owner)) if owner[i] >= 0 and not live[i]]
     if ended:
@@ -154,8 +201,9 @@ def _collect(state: SlotState, owner: np.ndarray, out: dict[str, np.ndarray]) ->
             r = owner[i]
             out["tokens"][r], out["logprobs"][r] = toks[i], lps[i]
             out["lengths"][r], out["finish"][r] = count[i], fin[i]
-            owner[i] = -1
-    return len(ended)
+    rows = [int(owner[i]) for i in ended]
+    owner[ended] = -1
+    return rows
 
 
 def _narrow(state: SlotState, owner: np.ndarray, width: int, mesh: Any) -> tuple[SlotState, np.ndarray]:

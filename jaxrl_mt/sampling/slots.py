@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jaxrl_mt.models.cache_attention import read_length
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import KVCache, Params, forward, init_cache, positions_from_mask, read_bound
+from jaxrl_mt.models.prefix_attention import PrefixCache
 from jaxrl_mt.sampling.kernels import _DECODE_OPTIONS, FINISH_LENGTH, Method, Rows, _finished, _slot_keys
 from jaxrl_mt.sampling.methods import RowParams
 
@@ -52,6 +53,7 @@ class SlotState:
     tokens: jax.Array  # [W, N]
     logprobs: jax.Array  # [W, N]
     rows: Rows  # per-slot constants (next_pos: the first new token's position, copied to `pos` on admission)
+    shared: KVCache | None = None  # prompts stored once per group [L, U, Hkv, P, K] (`admit_shared`); index unused
 
 
 def state_shardings(mesh: Any, state: SlotState) -> SlotState:
@@ -67,7 +69,9 @@ def state_shardings(mesh: Any, state: SlotState) -> SlotState:
         split = a.ndim and a.shape[0] % n == 0
         return batch_sharding(mesh, a.ndim) if split else NamedSharding(mesh, PartitionSpec())
 
-    return jax.tree_util.tree_map(rows, state.replace(cache=None)).replace(cache=cache_shardings(mesh, state.cache))
+    out = jax.tree_util.tree_map(rows, state.replace(cache=None, shared=None))
+    shared = None if state.shared is None else cache_shardings(mesh, state.shared)
+    return out.replace(cache=cache_shardings(mesh, state.cache), shared=shared)
 
 
 def _laid_out(state: SlotState, mesh: Any) -> SlotState:
@@ -76,9 +80,10 @@ def _laid_out(state: SlotState, mesh: Any) -> SlotState:
 
 
 def empty_slots(cfg: ModelConfig, width: int, cache_len: int, max_new: int, stop_width: int,
-                mesh: Any = None) -> SlotState:
+                mesh: Any = None, shared: tuple[int, int] | None = None) -> SlotState:
     """W free slots with caches of `cache_len` slots and output buffers of `max_new` tokens (placed on
-    `mesh` by `state_shardings` when given)."""
+    `mesh` by `state_shardings` when given); `shared` = (U, P): a store of U prompts of P slots read
+    once per group (`admit_shared`)."""
     c = init_cache(cfg, width, cache_len)
 
     def zi():  # a fresh buffer each: the programs donate the state, and a buffer may be donated once
@@ -87,8 +92,12 @@ def empty_slots(cfg: ModelConfig, width: int, cache_len: int, max_new: int, stop
     rp = RowParams(jnp.zeros((width,), jnp.float32), zi(), jnp.ones((width,), jnp.float32))
     rows = Rows(zi(), -jnp.ones((width, stop_width), jnp.int32), zi(), rp,
                 jax.random.split(jax.random.PRNGKey(0), width), zi())
+    store = None
+    if shared is not None:
+        sc = init_cache(cfg, *shared)
+        store = KVCache(sc.k, sc.v, sc.valid, jnp.zeros((shared[0],), jnp.int32))
     state = SlotState(KVCache(c.k, c.v, c.valid, zi()), zi(), zi(), zi(), jnp.zeros((width,), bool), zi(),
-                      jnp.zeros((width, max_new), jnp.int32), jnp.zeros((width, max_new), jnp.float32), rows)
+                      jnp.zeros((width, max_new), jnp.int32), jnp.zeros((width, max_new), jnp.float32), rows, store)
     return state if mesh is None else jax.device_put(state, state_shardings(mesh, state))
 
 
@@ -133,15 +142,52 @@ def admit(params: Params, cfg: ModelConfig, state: SlotState, slots: jax.Array, 
                                jax.tree_util.tree_map(lambda a, x: _put(a, slots, x), state.rows, rows)), mesh)
 
 
-def _step(params: Params, cfg: ModelConfig, st: SlotState, method: Method) -> tuple[SlotState, jax.Array]:
+@functools.partial(jax.jit, static_argnames=("cfg", "method", "mesh"), donate_argnames=("state",),
+                   compiler_options=_DECODE_OPTIONS)
+def admit_shared(params: Params, cfg: ModelConfig, state: SlotState, slots: jax.Array, stored: jax.Array,
+                 tokens: jax.Array, mask: jax.Array, rows: Rows, source: jax.Array, *, method: Method,
+                 mesh: Any = None) -> SlotState:
+    """`admit` of groups whose prompt is stored once: the u prompts' KV go to the store's places
+    `stored` [u] (U or more: padding, dropped); each of the n rows starts with an empty own cache."""
+    n, p = source.shape[0], tokens.shape[1]
+    cache = jax.lax.optimization_barrier(init_cache(cfg, tokens.shape[0], p))
+    logits, _, cache = forward(params, cfg, tokens, positions_from_mask(mask), mask, cache, logits="last", fresh=True)
+    tok, lp = method(logits[source][:, 0], _slot_keys(rows, jnp.zeros((n,), jnp.int32)), rows.params)
+    active = rows.budget > 0
+    finish = jnp.where(active, _finished(tok, jnp.ones((n,), jnp.int32), rows), FINISH_LENGTH)
+    st, c = state.shared, state.cache
+    valid = jnp.concatenate([mask.astype(bool), jnp.zeros((mask.shape[0], st.valid.shape[1] - p), bool)], axis=1)
+    store = KVCache(st.k.at[:, stored, :, :p].set(cache.k.astype(st.k.dtype), mode="drop"),
+                    st.v.at[:, stored, :, :p].set(cache.v.astype(st.v.dtype), mode="drop"),
+                    _put(st.valid, stored, valid), st.index)
+    own = KVCache(c.k, c.v, _put(c.valid, slots, jnp.zeros((n, c.valid.shape[1]), bool)),
+                  _put(c.index, slots, jnp.zeros((n,), jnp.int32)))
+    out = jnp.zeros((n, state.tokens.shape[1]), jnp.int32).at[:, 0].set(jnp.where(active, tok, 0))
+    outlp = jnp.zeros((n, state.tokens.shape[1]), jnp.float32).at[:, 0].set(jnp.where(active, lp, 0.0))
+    put = functools.partial(_put, slots=slots)
+    return _laid_out(SlotState(own, put(state.pos, x=rows.next_pos), put(state.last, x=tok),
+                               put(state.count, x=active.astype(jnp.int32)), put(state.live, x=finish == 0),
+                               put(state.finish, x=finish), put(state.tokens, x=out), put(state.logprobs, x=outlp),
+                               jax.tree_util.tree_map(lambda a, x: _put(a, slots, x), state.rows, rows), store), mesh)
+
+
+def _step(params: Params, cfg: ModelConfig, st: SlotState, method: Method,
+          tables: tuple[jax.Array, jax.Array, jax.Array] | None = None) -> tuple[SlotState, jax.Array]:
     """One decode step of the live slots, and what it executed ([5] int32, `STAT_KEYS` but steps)."""
     w = st.live.shape[0]
     live = st.live
-    stats = jnp.stack([jnp.int32(1), jnp.int32(w), jnp.sum(live, dtype=jnp.int32),
-                       w * read_length(read_bound(st.cache.index, live[:, None]), st.cache.valid.shape[1]),
-                       jnp.sum(jnp.where(live, jnp.sum(st.cache.valid, axis=-1, dtype=jnp.int32), 0))])
+    read = w * read_length(read_bound(st.cache.index, live[:, None]), st.cache.valid.shape[1])
+    context = jnp.sum(jnp.where(live, jnp.sum(st.cache.valid, axis=-1, dtype=jnp.int32), 0))
+    prefix = None
+    if st.shared is not None:  # every stored prompt read once; a prompt with a live row is live context
+        prefix = PrefixCache(st.shared.k, st.shared.v, st.shared.valid, *tables)
+        u, p = st.shared.valid.shape
+        read += u * p
+        held = jnp.zeros((u + 1,), jnp.int32).at[jnp.minimum(tables[0], u)].max(live.astype(jnp.int32))[:u] > 0
+        context += jnp.sum(jnp.where(held, jnp.sum(st.shared.valid, axis=-1, dtype=jnp.int32), 0))
+    stats = jnp.stack([jnp.int32(1), jnp.int32(w), jnp.sum(live, dtype=jnp.int32), read, context])
     logits, _, cache = forward(params, cfg, st.last[:, None], st.pos[:, None], live[:, None], st.cache,
-                               logits="last")
+                               logits="last", prefix=prefix)
     cache = cache._replace(index=st.cache.index + live.astype(jnp.int32))  # finished slots stop growing
     tok, lp = method(logits[:, 0], _slot_keys(st.rows, st.count), st.rows.params)
     count = st.count + live.astype(jnp.int32)
@@ -157,10 +203,12 @@ def _step(params: Params, cfg: ModelConfig, st: SlotState, method: Method) -> tu
 
 @functools.partial(jax.jit, static_argnames=("cfg", "method", "steps", "mesh"), donate_argnames=("state",),
                    compiler_options=_DECODE_OPTIONS)
-def segment(params: Params, cfg: ModelConfig, state: SlotState, min_free: jax.Array, *, method: Method,
-            steps: int, mesh: Any = None) -> tuple[SlotState, jax.Array]:
+def segment(params: Params, cfg: ModelConfig, state: SlotState, min_free: jax.Array,
+            tables: tuple[jax.Array, jax.Array, jax.Array] | None = None, *, method: Method, steps: int,
+            mesh: Any = None) -> tuple[SlotState, jax.Array]:
     """At least one and up to `steps` decode steps of the live slots; stops early once `min_free` slots
-    are not live (or none is).
+    are not live (or none is). With stored prompts (`state.shared`), `tables` = (pid [W], gpos [W],
+    members [U, G]): which stored prompt each slot's row continues (`models.prefix_attention`).
 
     Returns:
       The state and [5] int32 counts of what ran (`STAT_KEYS`).
@@ -172,7 +220,7 @@ def segment(params: Params, cfg: ModelConfig, state: SlotState, min_free: jax.Ar
 
     def body(carry):
         i, st, total = carry
-        st, stats = _step(params, cfg, st, method)
+        st, stats = _step(params, cfg, st, method, tables)
         return i + 1, _laid_out(st, mesh), total + stats
 
     _, state, total = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.zeros((len(STAT_KEYS),), jnp.int32)))
@@ -186,4 +234,4 @@ def compact(state: SlotState, keep: jax.Array, *, mesh: Any = None) -> SlotState
     narrow = KVCache(cache.k[:, keep], cache.v[:, keep], cache.valid[keep], cache.index[keep])
     fields = ("pos", "last", "count", "live", "finish", "tokens", "logprobs", "rows")
     rest = jax.tree_util.tree_map(lambda a: a[keep], {f: getattr(state, f) for f in fields})
-    return _laid_out(SlotState(narrow, **rest), mesh)
+    return _laid_out(SlotState(narrow, **rest, shared=state.shared), mesh)  # stored prompts stay in place
