@@ -19,15 +19,20 @@ Everything goes under ``OUT`` (the markdown path without ``.md``): per-model tra
 of each run's small files (metrics, config, run info, filter statistics), ``manifest.json``,
 ``report.json`` and PNG plots (see ``experiments.report``). ``--recompute`` rebuilds the
 report from those files alone; a rerun resumes the evaluations already on disk.
+
+From Python: ``compare.run(Comparison(models=("base", "runs/grpo_exp"), out="r.md", ...))``; the
+command line is a thin wrapper (``parse`` builds the ``Comparison``, one field per option).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shlex
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +40,8 @@ from experiments.common import compress_transcripts, eval_config, evaluation_fin
 from experiments.provenance import code_version, record_evaluation, record_evaluation_time
 from experiments.report import RUN_FILES, build, write
 
-__all__ = ["attach_run_files", "evaluation_jobs", "extra_pairs", "greedy_only", "inference_arms", "main",
-           "pairs_with", "resolve_models"]
+__all__ = ["Comparison", "attach_run_files", "evaluation_jobs", "extra_pairs", "greedy_only", "inference_arms",
+           "main", "pairs_with", "parse", "resolve_models", "run"]
 
 BASE = "builtin:smollm2-135m-instruct"
 # The experiment presets' reply budget and system prompt (configs/rlsta.py:experiment, eval.max_new_tokens and
@@ -45,12 +50,77 @@ MAX_NEW_TOKENS = 64
 SYSTEM = ""
 
 
-def _items(text: str | None) -> list[str]:
-    """The non-empty items of a comma-separated option, stripped."""
-    return [x.strip() for x in (text or "").split(",") if x.strip()]
+Names = tuple[str, ...]
 
 
-def resolve_models(names: str, base: str) -> list[dict[str, Any]]:
+def _opt(default: Any, help: str = "") -> Any:  # noqa: A002 (argparse's word)
+    """A ``Comparison`` field: its default and its command-line help."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One comparison: the command line's options as typed fields, with its defaults (``--lic-runs``
+    is ``lic_runs``; a comma-separated option is a tuple of its items)."""
+
+    models: Names = _opt(("base",), "comma-separated: base, a training run folder, NAME=SPEC or a model spec")
+    heldout: str = _opt("docs/results/heldout.jsonl", "tasks JSONL from experiments.heldout")
+    out: str = _opt("docs/results/rlsta_cpu.md", "the markdown report; files go to OUT/")
+    base: str = _opt(BASE, "model spec of 'base'")
+    limit: int = _opt(0, "evaluate the first N held-out problems (0: all)")
+    lic_runs: int = _opt(4, "LiC runs per problem at T=1 (0: skip LiC)")
+    greedy_only: Names = _opt((), "comma-separated model names evaluated without LiC")
+    lic_every: int = _opt(4, "LiC on every k-th evaluated problem")
+    max_new_tokens: int = _opt(MAX_NEW_TOKENS, "reply budget per turn, every model")
+    system: str = _opt(SYSTEM, "system prompt, every model ('': the template's default)")
+    strategy: Names = _opt((), "comma-separated NAME=STRATEGY: model NAME answers with that registered strategy "
+                           "(e.g. sedt=sedt: SeDT on the model named sedt)")
+    recap: Names = _opt((), "comma-separated model names evaluated on LiC's RECAP in place of MT-Add and MT-Refine")
+    run_files: str = _opt("", "a folder of training runs' small files (RUN_FILES): a model without a run folder "
+                          "takes FOLDER/<name> when it is there")
+    pairs_with: Names = _opt((), "comma-separated model names: the paired differences are those that involve one "
+                             "of them (default: every pair)")
+    pairs: Names = _opt((), "comma-separated B:A items: the paired difference B - A as well (e.g. an arm against "
+                        "its control, when neither is in --pairs-with)")
+    title: str = _opt("", "the report's title (default: the first experiment's)")
+    abstain_models: Names = _opt((), "comma-separated model names that get the abstain instruction (as --abstain "
+                                 "gives it to every model)")
+    abstain: bool = _opt(False, "'+ Abstain': every model gets the instruction to withhold an answer while "
+                         "incomplete")
+    max_batch: int = _opt(64)
+    seed: int = _opt(0)
+    bootstrap: int = _opt(1000, "bootstrap replicates (kept in manifest.json)")
+    gzip: bool = _opt(False, "gzip each transcripts.jsonl once its evaluation is done")
+    recompute: bool = _opt(False, "rebuild the report from OUT/ alone")
+    command: str = _opt("")  # the command line the manifest records ("": ``command_line()``); not an option
+
+    def argv(self) -> list[str]:
+        """Command-line arguments that ``parse`` turns into this comparison (the fields off their defaults)."""
+        out: list[str] = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "command" or v == f.default:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            out += [flag] if isinstance(v, bool) else [flag, ",".join(v) if isinstance(v, tuple) else str(v)]
+        return out
+
+    def command_line(self) -> str:
+        """The shell command of this comparison, as the manifest records it."""
+        return self.command or "python -m experiments.compare " + shlex.join(self.argv())
+
+
+def _items(text: str | Sequence[str] | None) -> list[str]:
+    """The non-empty items of a comma-separated option (or of a sequence of items), stripped."""
+    parts = text.split(",") if isinstance(text, str) else (text or ())
+    return [x.strip() for x in parts if x.strip()]
+
+
+def _names(text: str) -> Names:
+    return tuple(_items(text))
+
+
+def resolve_models(names: str | Sequence[str], base: str) -> list[dict[str, Any]]:
     """``[{"name", "spec", "run_dir"}]`` for the ``--models`` list (names must be unique).
 
     An item ``NAME=SPEC`` (NAME of letters, digits, ``_ . -``) names a model spec, e.g. a committed
@@ -95,7 +165,7 @@ def _subset(heldout: Path, out: Path, limit: int, every: int) -> tuple[Path, Pat
     return greedy, lic, tasks
 
 
-def pairs_with(a: argparse.Namespace, models: list[dict[str, Any]]) -> list[str]:
+def pairs_with(a: Comparison, models: list[dict[str, Any]]) -> list[str]:
     """The ``--pairs-with`` names (each must be a model's).
 
     Raises:
@@ -108,7 +178,7 @@ def pairs_with(a: argparse.Namespace, models: list[dict[str, Any]]) -> list[str]
     return names
 
 
-def extra_pairs(a: argparse.Namespace, models: list[dict[str, Any]]) -> list[list[str]]:
+def extra_pairs(a: Comparison, models: list[dict[str, Any]]) -> list[list[str]]:
     """The ``--pairs`` items as ``[[b, a], ...]`` (``B:A``: the paired difference B - A, whatever
     ``--pairs-with`` keeps; both must be models' names).
 
@@ -128,12 +198,12 @@ def extra_pairs(a: argparse.Namespace, models: list[dict[str, Any]]) -> list[lis
     return out
 
 
-def greedy_only(a: argparse.Namespace) -> list[str]:
+def greedy_only(a: Comparison) -> list[str]:
     """The model names of ``--greedy-only`` (evaluated without the LiC runs, e.g. ablations)."""
     return _items(a.greedy_only)
 
 
-def inference_arms(a: argparse.Namespace, names: list[str]) -> dict[str, dict[str, Any]]:
+def inference_arms(a: Comparison, names: list[str]) -> dict[str, dict[str, Any]]:
     """``{name: {"strategy": ...}, {"recap": True} and/or {"abstain": True}}`` from ``--strategy``,
     ``--recap`` and ``--abstain-models`` (a model trained to abstain, e.g. RLAAR, is evaluated with
     the instruction it was trained with; ``--abstain`` gives it to every model).
@@ -158,8 +228,7 @@ def inference_arms(a: argparse.Namespace, names: list[str]) -> dict[str, dict[st
     return out
 
 
-def evaluation_jobs(m: dict[str, Any], greedy: Path, lic: Path, a: argparse.Namespace
-                    ) -> list[tuple[str, dict[str, Any]]]:
+def evaluation_jobs(m: dict[str, Any], greedy: Path, lic: Path, a: Comparison) -> list[tuple[str, dict[str, Any]]]:
     """``[(subfolder, evaluate config fields)]`` of one model (``resolve_models`` entry): greedy always,
     LiC unless skipped. A ``recap`` model answers LiC's RECAP (the sharded turns, then one that
     recaps every shard) where the others answer MT-Add (SHARDED), and no MT-Refine (RECAP has no
@@ -176,7 +245,7 @@ def evaluation_jobs(m: dict[str, Any], greedy: Path, lic: Path, a: argparse.Name
     return jobs
 
 
-def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: argparse.Namespace) -> None:
+def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: Comparison) -> None:
     """Runs (or resumes) the greedy and LiC evaluations of one model into ``OUT/models/<name>/``."""
     from jaxrl_mt.evaluate import evaluate, load_eval_model
 
@@ -204,52 +273,53 @@ def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: arg
                 shutil.copyfile(Path(m["run_dir"]) / f, dst / f)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="base")
-    ap.add_argument("--heldout", default="docs/results/heldout.jsonl", help="tasks JSONL from experiments.heldout")
-    ap.add_argument("--out", default="docs/results/rlsta_cpu.md", help="the markdown report; files go to OUT/")
-    ap.add_argument("--base", default=BASE, help="model spec of 'base'")
-    ap.add_argument("--limit", type=int, default=0, help="evaluate the first N held-out problems (0: all)")
-    ap.add_argument("--lic-runs", type=int, default=4, help="LiC runs per problem at T=1 (0: skip LiC)")
-    ap.add_argument("--greedy-only", default="", help="comma-separated model names evaluated without LiC")
-    ap.add_argument("--lic-every", type=int, default=4, help="LiC on every k-th evaluated problem")
-    ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="reply budget per turn, every model")
-    ap.add_argument("--system", default=SYSTEM, help="system prompt, every model ('': the template's default)")
-    ap.add_argument("--strategy", default="", help="comma-separated NAME=STRATEGY: model NAME answers with "
-                    "that registered strategy (e.g. sedt=sedt: SeDT on the model named sedt)")
-    ap.add_argument("--recap", default="", help="comma-separated model names evaluated on LiC's RECAP in place "
-                    "of MT-Add and MT-Refine")
-    ap.add_argument("--run-files", default="", help="a folder of training runs' small files (RUN_FILES): "
-                    "a model without a run folder takes FOLDER/<name> when it is there")
-    ap.add_argument("--pairs-with", default="", help="comma-separated model names: the paired differences are "
-                    "those that involve one of them (default: every pair)")
-    ap.add_argument("--pairs", default="", help="comma-separated B:A items: the paired difference B - A as "
-                    "well (e.g. an arm against its control, when neither is in --pairs-with)")
-    ap.add_argument("--title", default="", help="the report's title (default: the first experiment's)")
-    ap.add_argument("--abstain-models", default="", help="comma-separated model names that get the abstain "
-                    "instruction (as --abstain gives it to every model)")
-    ap.add_argument("--abstain", action="store_true",
-                    help="'+ Abstain': every model gets the instruction to withhold an answer while incomplete")
-    ap.add_argument("--max-batch", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (kept in manifest.json)")
-    ap.add_argument("--gzip", action="store_true", help="gzip each transcripts.jsonl once its evaluation is done")
-    ap.add_argument("--recompute", action="store_true", help="rebuild the report from OUT/ alone")
-    a = ap.parse_args(argv)
+def parser(defaults: Comparison = Comparison()) -> argparse.ArgumentParser:
+    """The command line of ``Comparison``: one option per field, its default taken from ``defaults``."""
+    ap = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(Comparison):
+        if f.name == "command":
+            continue
+        flag, default = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
+        if f.type == "bool":
+            ap.add_argument(flag, action="store_true", default=default, help=f.metadata["help"] or None)
+        else:
+            kind = {"int": int, "str": str, "Names": _names}[f.type]
+            ap.add_argument(flag, type=kind, default=default, help=f.metadata["help"] or None)
+    return ap
+
+
+def parse(argv: Sequence[str], defaults: Comparison = Comparison()) -> Comparison:
+    """The ``Comparison`` of command-line arguments, the options not given taken from ``defaults``."""
+    return dataclasses.replace(defaults, **vars(parser(defaults).parse_args(list(argv))))
+
+
+def _plan(a: Comparison) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    """The models to evaluate (``resolve_models`` entries with their inference arms and run files) and
+    the extra pairs; SystemExit on a name that is not a model's, before anything is written."""
+    models = resolve_models(a.models, a.base)
+    arms = inference_arms(a, [m["name"] for m in models])
+    models = [{**m, **arms.get(m["name"], {})} for m in models]
+    if a.run_files:
+        models = attach_run_files(models, Path(a.run_files))
+    unknown = sorted(set(greedy_only(a)) - {m["name"] for m in models})
+    if unknown:
+        raise SystemExit(f"--greedy-only: {unknown} are not among the --models names "
+                         f"{[m['name'] for m in models]}")
+    return models, extra_pairs(a, models)
+
+
+def run(a: Comparison) -> int:
+    """Evaluates the models of ``a`` (resuming what is on disk) or, with ``a.recompute``, rebuilds the
+    report from ``OUT/`` alone; writes the report. Returns 0.
+
+    Raises:
+      SystemExit: a model name that is not among the models, a duplicate, a malformed item.
+    """
     md = Path(a.out)
     out = md.with_suffix("")
     if not a.recompute:
-        models = resolve_models(a.models, a.base)
-        arms = inference_arms(a, [m["name"] for m in models])
-        models = [{**m, **arms.get(m["name"], {})} for m in models]
-        if a.run_files:
-            models = attach_run_files(models, Path(a.run_files))
-        unknown = sorted(set(greedy_only(a)) - {m["name"] for m in models})
-        if unknown:
-            raise SystemExit(f"--greedy-only: {unknown} are not among the --models names "
-                             f"{[m['name'] for m in models]}")
-        pairs = extra_pairs(a, models)
+        models, pairs = _plan(a)
         out.mkdir(parents=True, exist_ok=True)
         greedy, lic, tasks = _subset(Path(a.heldout), out, a.limit, a.lic_every)
         from experiments.analysis import family_of
@@ -263,8 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                     **({"title": a.title} if a.title else {}),
                     **({"pairs_with": pairs_with(a, models)} if a.pairs_with else {}),
                     **({"pairs": pairs} if pairs else {}),
-                    "command": "python -m experiments.compare " + shlex.join(argv if argv is not None
-                                                                                       else sys.argv[1:])}
+                    "command": a.command_line()}
         write_json(out / "manifest.json", manifest)
         for m in models:
             print(f"evaluating {m['name']} ({m['spec']})", file=sys.stderr, flush=True)
@@ -273,6 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     for p in write(report, out, md):
         print(f"wrote {p}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: ``run(parse(argv))``, the manifest recording the command as given."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run(dataclasses.replace(parse(argv), command="python -m experiments.compare " + shlex.join(argv)))
 
 
 if __name__ == "__main__":

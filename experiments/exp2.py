@@ -27,8 +27,8 @@ stored in bfloat16 (about 9.8 MB at rank 16) are copied to ``docs/results/exp2/r
 commit: the comparison evaluates the committed adapter, so anyone can evaluate the same model again.
 A fully fine-tuned arm (``FULL``: the plan's LoRA rule chose full fine-tuning) is evaluated from the policy
 its workdir exports (the last checkpoint; SFT's and DPO's kept best by validation loss); its weights (270 MB
-in bfloat16) are not committed. ``evaluate`` runs ``experiments.compare`` on the held-out set at the chosen
-budget and prompt; a rerun resumes the evaluations already on disk.
+in bfloat16) are not committed. ``evaluate`` calls ``experiments.compare.run`` with the ``Comparison`` of the
+held-out set at the chosen budget and prompt (``comparison``); a rerun resumes the evaluations already on disk.
 """
 
 from __future__ import annotations
@@ -40,13 +40,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from experiments.common import ROOT, evaluation_finished, refresh_copy
+from experiments import compare
+from experiments.compare import Comparison
 from experiments.report import RUN_FILES
 
-__all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "best_other_arm", "compare_args", "finished", "main",
-           "model_spec", "reproduce_args", "same_training", "unevaluable", "weights_here"]
+__all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "best_other_arm", "comparison", "finished", "main",
+           "model_spec", "reproduction", "same_training", "unevaluable", "weights_here"]
 
 RUNS = Path("runs/exp2")
 RESULTS = Path("docs/results/exp2/runs")
@@ -311,55 +313,54 @@ def _abstains(name: str) -> bool:
     return name.startswith("rlaar")
 
 
-def _settings(names: Sequence[str], base: str) -> list[str]:
-    """The ``experiments.compare`` arguments every evaluation of this comparison shares: base model,
-    held-out set, the chosen budget and system prompt, RLAAR's abstain instruction (as in its training)."""
+def _settings(names: Sequence[str], base: str) -> dict[str, Any]:
+    """The ``Comparison`` fields every evaluation of this comparison shares: base model, held-out set,
+    the chosen budget and system prompt, RLAAR's abstain instruction (as in its training)."""
     from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
 
-    abstain = [n for n in names if _abstains(n) or n == ABSTAIN_CONTROL]
-    return ["--base", base, *(["--abstain-models", ",".join(abstain)] if abstain else []), "--heldout", str(HELDOUT),
-            "--max-new-tokens", str(EXP2_BUDGET), "--system", EXP2_SYSTEM, "--gzip"]
+    abstain = tuple(n for n in names if _abstains(n) or n == ABSTAIN_CONTROL)
+    return dict(base=base, abstain_models=abstain, heldout=str(HELDOUT), max_new_tokens=EXP2_BUDGET,
+                system=EXP2_SYSTEM, gzip=True)
 
 
-def compare_args(names: list[str], runs: Path, results: Path, out: Path, lic_extra: list[str],
-                 base: str = BASE) -> list[str]:
-    """``experiments.compare`` arguments: base, the arms ``names``, and ``INFERENCE`` on the base model.
+def comparison(names: list[str], runs: Path, results: Path, out: Path, lic_extra: list[str],
+               base: str = BASE) -> Comparison:
+    """The ``experiments.compare`` comparison of base, the arms ``names`` and ``INFERENCE`` on the base model.
 
     Every model gets the chosen budget and system prompt (``_settings``); greedy FULL / MT-Add /
     MT-Refine for all (RECAP in place of MT-Add and MT-Refine), LiC at T = 1 for ``LIC_MODELS`` and
     ``lic_extra`` (the plan's "best other arm"). RLAAR's arms get the paired difference against their
     control (``ABSTAIN_CONTROL``: the base model with the same instruction).
     """
-    models = ["base", *(f"{n}={model_spec(n, runs, results, base)}" for n in names),
-              *(f"{n}={base}" for n in INFERENCE)]
+    models = ("base", *(f"{n}={model_spec(n, runs, results, base)}" for n in names),
+              *(f"{n}={base}" for n in INFERENCE))
     lic = {*LIC_MODELS, *lic_extra}
-    greedy_only = [n for n in ("base", *names, *INFERENCE) if n not in lic]
-    refs = [n for n in PAIRS_WITH if n == "base" or n in names]
-    controls = [f"{n}:{ABSTAIN_CONTROL}" for n in names if _abstains(n)]
-    return ["--title", TITLE, "--pairs-with", ",".join(refs), *(["--pairs", ",".join(controls)] if controls else []),
-            "--models", ",".join(models), "--strategy", "sedt=sedt", "--recap", "recap", "--run-files", str(results),
-            "--out", str(out), "--greedy-only", ",".join(greedy_only), *_settings([*names, *INFERENCE], base)]
+    return Comparison(title=TITLE, pairs_with=tuple(n for n in PAIRS_WITH if n == "base" or n in names),
+                      pairs=tuple(f"{n}:{ABSTAIN_CONTROL}" for n in names if _abstains(n)), models=models,
+                      strategy=("sedt=sedt",), recap=("recap",), run_files=str(results), out=str(out),
+                      greedy_only=tuple(n for n in ("base", *names, *INFERENCE) if n not in lic),
+                      **_settings([*names, *INFERENCE], base))
 
 
-def reproduce_args(name: str, runs: Path, results: Path, out: Path, base: str = BASE) -> list[str]:
-    """``experiments.compare`` arguments that evaluate arm ``name`` again as ``evaluate`` did (greedy only,
-    ``_settings``: the same held-out set, budget, system prompt, seed and batch)."""
-    return ["--models", f"{name}={model_spec(name, runs, results, base)}", "--out", str(out),
-            *_settings([name], base)]
+def reproduction(name: str, runs: Path, results: Path, out: Path, base: str = BASE) -> Comparison:
+    """The comparison that evaluates arm ``name`` again as ``evaluate`` did (greedy only, ``_settings``:
+    the same held-out set, budget, system prompt, seed and batch)."""
+    return Comparison(models=(f"{name}={model_spec(name, runs, results, base)}",), out=str(out), lic_runs=0,
+                      **_settings([name], base))
 
 
 def reproduce(names: list[str], runs: Path, results: Path, report: Path, base: str, passed: list[str]) -> int:
     """Evaluates each arm again into ``runs/reproduce/`` and compares it with ``report``'s evaluation;
     returns 1 when one differs. Each arm's earlier reproduction there is removed first: the evaluation
-    is run whole, not resumed."""
-    from experiments import compare
+    is run whole, not resumed. ``passed``: more ``experiments.compare`` options (never LiC)."""
     from experiments.reproduce import same_evaluation, summary
 
     out = runs / "reproduce" / "report.md"
     bad = 0
     for name in names:
         shutil.rmtree(out.with_suffix("") / "models" / name, ignore_errors=True)
-        rc = compare.main(reproduce_args(name, runs, results, out, base) + passed + ["--lic-runs", "0"])
+        c = compare.parse(passed, reproduction(name, runs, results, out, base))
+        rc = compare.run(dataclasses.replace(c, lic_runs=0))
         if rc:
             return rc
         ref, new = (p.with_suffix("") / "models" / name / "greedy" for p in (report, out))
@@ -403,8 +404,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n:17s} {state:9s} python -m experiments.train_arm {cmd}")
         return 0
     if a.stage == "evaluate":
-        from experiments import compare
-
         done = [n for n in names if finished(runs / n) or finished(results / n)]
         lic_extra = [n.strip() for n in a.lic_extra.split(",") if n.strip()]
         if "best" in lic_extra:  # the plan's rule, applied to the greedy evaluations on disk
@@ -421,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"evaluate: {lost} have evaluations to run but their weights are not here (fully "
                              f"fine-tuned in an earlier checkout): run `train --again --arms {','.join(lost)}` first")
         print(f"exp2: evaluating base, {', '.join(done)}, {', '.join(INFERENCE)}", file=sys.stderr, flush=True)
-        return compare.main(compare_args(done, runs, results, Path(a.out), lic_extra, a.base) + passed)
+        return compare.run(compare.parse(passed, comparison(done, runs, results, Path(a.out), lic_extra, a.base)))
     if a.stage == "all":  # each stage resumes what an earlier invocation left
         where = ["--runs", a.runs, "--results", a.results, "--data", a.data, "--arms", a.arms]
         evaluate = [*where, "--out", a.out, "--base", a.base, *passed]

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 
-from experiments.compare import (attach_run_files, evaluation_jobs, extra_pairs, greedy_only, inference_arms, main,
-                                 resolve_models)
+from experiments import compare
+from experiments.compare import (Comparison, attach_run_files, evaluation_jobs, extra_pairs, greedy_only,
+                                 inference_arms, main, parse, resolve_models)
 
 
-def _args(lic_runs: int = 4, only: str = "", strategy: str = "", recap: str = "", abstain: str = ""
-          ) -> argparse.Namespace:
-    return argparse.Namespace(lic_runs=lic_runs, greedy_only=only, strategy=strategy, recap=recap,
-                              abstain_models=abstain)
+def _args(lic_runs: int = 4, only: str = "", strategy: str = "", recap: str = "", abstain: str = "") -> Comparison:
+    return parse(["--lic-runs", str(lic_runs), "--greedy-only", only, "--strategy", strategy, "--recap", recap,
+                  "--abstain-models", abstain])
 
 
 def _m(name: str, **kw) -> dict:
@@ -64,11 +63,11 @@ def test_a_greedy_only_name_that_is_not_a_model_fails_before_anything_runs(tmp_p
 
 def test_extra_pairs_name_two_models_each_and_a_wrong_one_fails_before_anything_runs(tmp_path: Path) -> None:
     models = [_m("base"), _m("rlaar_s0"), _m("base_abstain")]
-    assert extra_pairs(argparse.Namespace(pairs=" rlaar_s0:base_abstain,"), models) == [["rlaar_s0", "base_abstain"]]
-    assert extra_pairs(argparse.Namespace(pairs=""), models) == []
+    assert extra_pairs(parse(["--pairs", " rlaar_s0:base_abstain,"]), models) == [["rlaar_s0", "base_abstain"]]
+    assert extra_pairs(Comparison(), models) == []
     for bad in ("rlaar_s0", "rlaar_s0:", "a:b:c"):
         with pytest.raises(SystemExit, match="is not B:A"):
-            extra_pairs(argparse.Namespace(pairs=bad), models)
+            extra_pairs(Comparison(pairs=(bad,)), models)
     out = tmp_path / "r.md"
     with pytest.raises(SystemExit, match=r"--pairs: \['rlaar'\] are not among the --models names"):
         main(["--models", "base", "--pairs", "rlaar:base", "--out", str(out)])
@@ -96,3 +95,19 @@ def test_committed_run_files_are_attached_to_named_models_only(tmp_path: Path) -
     models = [_m("base"), _m("grpo_s0"), _m("sft_s0"), {**_m("rlsta_exp"), "run_dir": "runs/rlsta_exp"}]
     got = attach_run_files(models, tmp_path)
     assert [m["run_dir"] for m in got] == [None, str(tmp_path / "grpo_s0"), None, "runs/rlsta_exp"]
+
+
+def test_the_command_line_is_a_thin_wrapper_of_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """main parses the options into a Comparison (each a typed field) and hands it to run, the manifest's
+    command the one given; a Comparison's argv parses back to itself."""
+    seen = []
+    monkeypatch.setattr(compare, "run", lambda c: seen.append(c) or 0)
+    argv = ["--models", "base, x=B ,", "--limit", "3", "--abstain", "--system", "Be brief.", "--out", "o.md"]
+    assert main(argv) == 0
+    assert seen == [Comparison(models=("base", "x=B"), limit=3, abstain=True, system="Be brief.", out="o.md",
+                               command="python -m experiments.compare --models 'base, x=B ,' --limit 3 "
+                               "--abstain --system 'Be brief.' --out o.md")]
+    c = Comparison(models=("base",), pairs=("a:b",), title="It's", gzip=True, lic_runs=0)
+    assert parse(c.argv()) == c and c.argv() == ["--lic-runs", "0", "--pairs", "a:b", "--title", "It's", "--gzip"]
+    assert c.command_line() == "python -m experiments.compare --lic-runs 0 --pairs a:b --title 'It'\"'\"'s' --gzip"
+    assert parse([]) == Comparison() and greedy_only(Comparison()) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -157,19 +158,18 @@ def test_the_filter_samples_of_the_first_supervised_arm_go_to_the_next(tmp_path:
     assert exp2.FILTER_TEXTS == FILTER_TEXTS
 
 
-def test_the_evaluation_command_gives_every_model_the_same_settings(tmp_path: Path) -> None:
+def test_the_evaluation_gives_every_model_the_same_settings(tmp_path: Path) -> None:
     from configs.rlsta import EXP2_BUDGET, EXP2_SYSTEM
-    from experiments.compare import resolve_models
+    from experiments.compare import parse, resolve_models
 
     results, runs = tmp_path / "results", tmp_path / "runs"
     for n in ("grpo_s0", "rlsta_s0"):  # the LoRA arms' committed adapters
         (results / n / "adapter").mkdir(parents=True)
         (results / n / "adapter" / "adapter_config.json").write_text("{}")
-    args = exp2.compare_args(["rlsta_s0", "grpo_s0", "grpo_full_s0", "rlsta_full_s0", "rlaar_full_s0"], runs, results,
-                             tmp_path / "r.md", ["rlaar_full_s0"])
-    opt = dict(zip(args[::2], args[1::2]))
-    assert args[-1] == "--gzip" and len(args) % 2 == 1 and opt["--base"] == exp2.BASE and opt["--title"] == exp2.TITLE
-    models = resolve_models(opt["--models"], exp2.BASE)
+    c = exp2.comparison(["rlsta_s0", "grpo_s0", "grpo_full_s0", "rlsta_full_s0", "rlaar_full_s0"], runs, results,
+                        tmp_path / "r.md", ["rlaar_full_s0"])
+    assert c.gzip and c.base == exp2.BASE and c.title == exp2.TITLE and c.out == str(tmp_path / "r.md")
+    models = resolve_models(c.models, exp2.BASE)
     assert [(m["name"], m["spec"]) for m in models] == [
         ("base", exp2.BASE),
         ("rlsta_s0", f"{exp2.BASE}+lora:{results / 'rlsta_s0' / 'adapter'}"),
@@ -179,16 +179,37 @@ def test_the_evaluation_command_gives_every_model_the_same_settings(tmp_path: Pa
         ("rlaar_full_s0", f"workdir:{runs / 'rlaar_full_s0'}"),
         ("sedt", exp2.BASE), ("recap", exp2.BASE), ("base_abstain", exp2.BASE)]
     # LiC: base, GRPO and RLSTA (fully fine-tuned, and the LoRA ones run before the LoRA rule's outcome) + extra
-    assert opt["--greedy-only"].split(",") == ["sedt", "recap", "base_abstain"]
-    assert (opt["--max-new-tokens"], opt["--system"]) == (str(EXP2_BUDGET), EXP2_SYSTEM)
-    assert (opt["--strategy"], opt["--recap"]) == ("sedt=sedt", "recap")
-    assert opt["--abstain-models"] == "rlaar_full_s0,base_abstain"  # RLAAR and its control: the same instruction
-    assert opt["--run-files"] == str(results) and opt["--heldout"] == str(exp2.HELDOUT)
-    assert opt["--pairs-with"] == "base,grpo_full_s0,rlsta_full_s0"  # differences against base, GRPO and RLSTA
-    assert opt["--pairs"] == "rlaar_full_s0:base_abstain"  # and RLAAR against its control
-    assert "--pairs" not in exp2.compare_args(["grpo_s0"], runs, results, tmp_path / "r.md", [])  # no RLAAR arm
+    assert c.greedy_only == ("sedt", "recap", "base_abstain")
+    assert (c.max_new_tokens, c.system) == (EXP2_BUDGET, EXP2_SYSTEM)
+    assert (c.strategy, c.recap) == (("sedt=sedt",), ("recap",))
+    assert c.abstain_models == ("rlaar_full_s0", "base_abstain")  # RLAAR and its control: the same instruction
+    assert c.run_files == str(results) and c.heldout == str(exp2.HELDOUT)
+    assert c.pairs_with == ("base", "grpo_full_s0", "rlsta_full_s0")  # differences against base, GRPO and RLSTA
+    assert c.pairs == ("rlaar_full_s0:base_abstain",)  # and RLAAR against its control
+    assert exp2.comparison(["grpo_s0"], runs, results, tmp_path / "r.md", []).pairs == ()  # no RLAAR arm
+    # the command line the manifest records builds the same comparison; options passed to exp2 override its fields
+    assert parse(c.argv()) == c and f"--system '{EXP2_SYSTEM}'" in c.command_line()
+    assert parse(["--limit", "4", "--greedy-only", "a,b"], c) == dataclasses.replace(c, limit=4, greedy_only=("a", "b"))
+    r = exp2.reproduction("grpo_s0", runs, results, tmp_path / "p.md")
+    assert (r.models, r.lic_runs, r.system, r.abstain_models) == (
+        (f"grpo_s0={exp2.BASE}+lora:{results / 'grpo_s0' / 'adapter'}",), 0, EXP2_SYSTEM, ())
     with pytest.raises(SystemExit, match="--lic-extra"):
         exp2.main(["evaluate", "--runs", str(runs), "--results", str(results), "--lic-extra", "sft_full_s0"])
+
+
+def test_evaluate_calls_compare_run_with_the_comparison(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`exp2 evaluate` hands compare.run a Comparison (no command-line strings), the passed options applied."""
+    seen = []
+    monkeypatch.setattr(exp2.compare, "run", lambda c: seen.append(c) or 0)
+    monkeypatch.setattr(exp2, "unevaluable", lambda *a: [])
+    results = tmp_path / "results"
+    (results / "grpo_s0").mkdir(parents=True)
+    monkeypatch.setattr(exp2, "finished", lambda wd: wd == results / "grpo_s0")
+    assert exp2.main(["evaluate", "--runs", str(tmp_path / "runs"), "--results", str(results), "--out",
+                      str(tmp_path / "r.md"), "--limit", "3"]) == 0
+    assert [c.limit for c in seen] == [3]
+    assert seen[0] == dataclasses.replace(exp2.comparison(["grpo_s0"], tmp_path / "runs", results, tmp_path / "r.md",
+                                                          []), limit=3)
 
 
 def test_icpo_and_rlaar_train_on_the_problems_of_the_shared_items(tmp_path: Path,
