@@ -303,15 +303,16 @@ def test_seed_determinism(tiny):
 
 
 def test_prompt_lengths_in_one_bucket_compile_one_program(tiny):
-    """Three rows whose prompts share the 32-token bucket: one admission program (4 rows x 32) and one
-    segment program (4 slots of 32 + 16 cache slots), compiled once for every such call."""
+    """Three rows whose prompts share the 32-token bucket: one admission program (3 rows x 32: the slots
+    start at the narrowest width holding the call's rows) and one segment program (3 slots of 32 + 16
+    cache slots), compiled once for every such call."""
     cfg = TINY.replace(max_position_embeddings=100)  # a config no other test compiles for
     s = Sampler(tiny.params, cfg, eos_ids=(1,), min_prompt_bucket=32)
     before = admit._cache_size(), segment._cache_size()
     for lens in ([5, 9, 2], [17, 30, 1], [32, 4, 4]):
         r = s.generate_ids([[7] * n for n in lens], SamplingConfig(5, 0.0), stop_ids=[[]] * 3)
         assert len(r.tokens) == 3
-    assert s.compiled_shapes == {("admit", 4, 4, 32), ("segment", 4, 48, 16)}
+    assert s.compiled_shapes == {("admit", 3, 3, 32), ("segment", 3, 48, 16)}
     assert (admit._cache_size(), segment._cache_size()) == (before[0] + 1, before[1] + 1)
     s.generate_ids([[7] * 20, [7] * 3, [7] * 11], SamplingConfig(5, 0.0), stop_ids=[[]] * 3)  # same bucket
     assert (admit._cache_size(), segment._cache_size()) == (before[0] + 1, before[1] + 1)

@@ -124,22 +124,31 @@ def admit(params: Params, cfg: ModelConfig, state: SlotState, slots: jax.Array, 
     cache = jax.lax.optimization_barrier(init_cache(cfg, tokens.shape[0], p))
     logits, _, cache = forward(params, cfg, tokens, positions_from_mask(mask), mask, cache, logits="last", fresh=True)
     logits, mask, ck, cv = logits[source], mask[source], cache.k[:, source], cache.v[:, source]
-    tok, lp = method(logits[:, 0], _slot_keys(rows, jnp.zeros((n,), jnp.int32)), rows.params)
-    active = rows.budget > 0
-    finish = jnp.where(active, _finished(tok, jnp.ones((n,), jnp.int32), rows), FINISH_LENGTH)
     c = state.cache
     valid = jnp.concatenate([mask.astype(bool), jnp.zeros((n, c.valid.shape[1] - p), bool)], axis=1)
     # slots [0, P) of each admitted slot; the rest keeps the previous row's (finite) values, never seen
     new_cache = KVCache(c.k.at[:, slots, :, :p].set(ck.astype(c.k.dtype), mode="drop"),
                         c.v.at[:, slots, :, :p].set(cv.astype(c.v.dtype), mode="drop"),
                         _put(c.valid, slots, valid), _put(c.index, slots, jnp.full((n,), p, jnp.int32)))
+    return _seat(state, slots, rows, logits[:, 0], method, new_cache, state.shared, mesh)
+
+
+def _seat(state: SlotState, slots: jax.Array, rows: Rows, logits: jax.Array, method: Method, cache: KVCache,
+          shared: KVCache | None, mesh: Any) -> SlotState:
+    """The state with n admitted rows in `slots`: their first tokens drawn from `logits` [n, V] (each
+    row's key at count 0), their constants, outputs and live flags written; `cache` and `shared`
+    already hold their context."""
+    n = logits.shape[0]
+    tok, lp = method(logits, _slot_keys(rows, jnp.zeros((n,), jnp.int32)), rows.params)
+    active = rows.budget > 0
+    finish = jnp.where(active, _finished(tok, jnp.ones((n,), jnp.int32), rows), FINISH_LENGTH)
     out = jnp.zeros((n, state.tokens.shape[1]), jnp.int32).at[:, 0].set(jnp.where(active, tok, 0))
     outlp = jnp.zeros((n, state.tokens.shape[1]), jnp.float32).at[:, 0].set(jnp.where(active, lp, 0.0))
     put = functools.partial(_put, slots=slots)
-    return _laid_out(SlotState(new_cache, put(state.pos, x=rows.next_pos), put(state.last, x=tok),
+    return _laid_out(SlotState(cache, put(state.pos, x=rows.next_pos), put(state.last, x=tok),
                                put(state.count, x=active.astype(jnp.int32)), put(state.live, x=finish == 0),
                                put(state.finish, x=finish), put(state.tokens, x=out), put(state.logprobs, x=outlp),
-                               jax.tree_util.tree_map(lambda a, x: _put(a, slots, x), state.rows, rows)), mesh)
+                               jax.tree_util.tree_map(lambda a, x: _put(a, slots, x), state.rows, rows), shared), mesh)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "method", "mesh"), donate_argnames=("state",),
@@ -152,9 +161,6 @@ def admit_shared(params: Params, cfg: ModelConfig, state: SlotState, slots: jax.
     n, p = source.shape[0], tokens.shape[1]
     cache = jax.lax.optimization_barrier(init_cache(cfg, tokens.shape[0], p))
     logits, _, cache = forward(params, cfg, tokens, positions_from_mask(mask), mask, cache, logits="last", fresh=True)
-    tok, lp = method(logits[source][:, 0], _slot_keys(rows, jnp.zeros((n,), jnp.int32)), rows.params)
-    active = rows.budget > 0
-    finish = jnp.where(active, _finished(tok, jnp.ones((n,), jnp.int32), rows), FINISH_LENGTH)
     st, c = state.shared, state.cache
     valid = jnp.concatenate([mask.astype(bool), jnp.zeros((mask.shape[0], st.valid.shape[1] - p), bool)], axis=1)
     store = KVCache(st.k.at[:, stored, :, :p].set(cache.k.astype(st.k.dtype), mode="drop"),
@@ -162,13 +168,7 @@ def admit_shared(params: Params, cfg: ModelConfig, state: SlotState, slots: jax.
                     _put(st.valid, stored, valid), st.index)
     own = KVCache(c.k, c.v, _put(c.valid, slots, jnp.zeros((n, c.valid.shape[1]), bool)),
                   _put(c.index, slots, jnp.zeros((n,), jnp.int32)))
-    out = jnp.zeros((n, state.tokens.shape[1]), jnp.int32).at[:, 0].set(jnp.where(active, tok, 0))
-    outlp = jnp.zeros((n, state.tokens.shape[1]), jnp.float32).at[:, 0].set(jnp.where(active, lp, 0.0))
-    put = functools.partial(_put, slots=slots)
-    return _laid_out(SlotState(own, put(state.pos, x=rows.next_pos), put(state.last, x=tok),
-                               put(state.count, x=active.astype(jnp.int32)), put(state.live, x=finish == 0),
-                               put(state.finish, x=finish), put(state.tokens, x=out), put(state.logprobs, x=outlp),
-                               jax.tree_util.tree_map(lambda a, x: _put(a, slots, x), state.rows, rows), store), mesh)
+    return _seat(state, slots, rows, logits[source][:, 0], method, own, store, mesh)
 
 
 def _step(params: Params, cfg: ModelConfig, st: SlotState, method: Method,

@@ -22,22 +22,9 @@ from jaxrl_mt.rl.data import validate_config
 from jaxrl_mt.rl.recipe import ConfigError
 from jaxrl_mt.rl.loop import Trainer
 from tests.rl.test_loop import run_killed_in_third_step
-from jaxrl_mt.rl.sft_data import DpoPair, SftItem
+from jaxrl_mt.rl.sft_data import DpoPair
 from jaxrl_mt.rl.supervised import _read_rows, _write_rows
-
-HIST = (("user", "Tom has 3 apples."), ("assistant", "OK, Tom has 3 apples."))
-
-
-def _rows(kind: str, n: int) -> list:
-    out = []
-    for i in range(n):
-        msgs = HIST + (("user", f"He buys {i + 1} more. How many now?"),)
-        if kind == "sft":
-            out.append(SftItem(f"p{i}|sharded|0", f"p{i}", msgs, f"3 + {i + 1} = {i + 4}. The answer is {i + 4}."))
-        else:
-            out.append(DpoPair(f"p{i}|sharded|0", f"p{i}", msgs, f"3 + {i + 1} = {i + 4}. The answer is {i + 4}.",
-                               f"The answer is {i + 3}."))
-    return out
+from tests.rl._three_steps import sup_rows as _rows
 
 
 def _config(kind: str, model_dir: Path, wd: Path, steps: int = 4):
