@@ -347,13 +347,19 @@ def _write_new(cache: KVCache, token_mask: jax.Array, nk: jax.Array, nv: jax.Arr
 
 
 def _write_rows(cache: KVCache, token_mask: jax.Array, nk: jax.Array, nv: jax.Array) -> KVCache:
-    """`_write_new` with a per-row index [B]: row b's T tokens go to its slots index[b]..index[b]+T-1."""
-    upd = jax.vmap(lambda c, n, i: jax.lax.dynamic_update_slice(c, n, (0, 0, i, 0)), in_axes=(1, 1, 0), out_axes=1)
-    nk, nv = nk.swapaxes(2, 3), nv.swapaxes(2, 3)  # [L, B, Hkv, T, K]
-    kc = upd(cache.k, nk.astype(cache.k.dtype), cache.index)
-    vc = upd(cache.v, nv.astype(cache.v.dtype), cache.index)
-    valid = jax.vmap(lambda c, m, i: jax.lax.dynamic_update_slice(c, m, (i,)))(cache.valid, token_mask, cache.index)
-    return KVCache(kc, vc, valid, cache.index + token_mask.shape[1])
+    """`_write_new` with a per-row index [B]: row b's T tokens go to its slots index[b]..index[b]+T-1.
+
+    One scatter per array on the cache's own layout (slots past the end are dropped): a vmapped
+    dynamic_update_slice over the row axis made XLA:CPU transpose and copy the whole cache at every
+    decode step."""
+    b, t = token_mask.shape
+    rows = jnp.arange(b)[:, None]  # [B, 1]
+    cols = cache.index[:, None] + jnp.arange(t)[None]  # [B, T]
+    # k[:, rows, :, cols] indexes [B, T, L, Hkv, K]
+    kc = cache.k.at[:, rows, :, cols].set(nk.transpose(1, 2, 0, 3, 4).astype(cache.k.dtype), mode="drop")
+    vc = cache.v.at[:, rows, :, cols].set(nv.transpose(1, 2, 0, 3, 4).astype(cache.v.dtype), mode="drop")
+    valid = cache.valid.at[rows, cols].set(token_mask, mode="drop")
+    return KVCache(kc, vc, valid, cache.index + t)
 
 
 def lm_head(params: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:

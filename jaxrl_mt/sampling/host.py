@@ -1,12 +1,14 @@
-"""The host side of generation: `Sampler` tokenises, chunks rows, calls the frozen engine, decodes.
+"""The host side of generation: `Sampler` tokenises, calls the frozen engine, decodes.
 
 Prompts are left-padded; each row has its own stop tokens and its own budget of new tokens.
 Prompt length and batch are bucketed (powers of two, `jaxrl_mt.batching`) so a run compiles a
-handful of programs. Rows beyond `max_batch` are answered in chunks. Row r samples with its own
-key (fold_in(key(seed), row_seeds[r]); default row seed: r), so a row's tokens do not depend on
-the chunk or the batch it is answered in. Shapes, placement on the mesh and the kernel call are
-the `DecodeEngine`'s (`sampling.engine`); the parameters are passed per call (`params=`), the
-sampler's own `params` being the default.
+handful of programs. In one process a call runs the slot engine (`sampling.scheduler`): at most
+`max_batch` slots, refilled with waiting rows as rows finish; a mesh over several processes
+answers rows in chunks of `max_batch` (`generate_chunked`). Row r draws its t-th token with
+fold_in(fold_in(key(seed), row_seeds[r]), t) (default row seed: r), so a row's tokens do not
+depend on the slot, chunk or batch it is answered in. Shapes, placement on the mesh and the
+kernel calls are the `DecodeEngine`'s (`sampling.engine`); the parameters are passed per call
+(`params=`), the sampler's own `params` being the default.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from jaxrl_mt.sampling.results import GenerationResult
 
 
 class Sampler:
-    """Host-side driver around a `DecodeEngine`: tokenises, chunks rows, decodes texts.
+    """Host-side driver around a `DecodeEngine`: tokenises, runs the engine, decodes texts.
 
     Args:
       params: the default parameters of a call (a call may pass its own, `params=`).
@@ -118,11 +120,11 @@ class Sampler:
           max_new_tokens: optional per-row budgets (each <= sampling.max_new_tokens).
           stop_ids: optional per-row stop ids (default: the model's EOS ids for every row).
           group_size: G: each prompt is answered G times, in rows p0 x G, p1 x G, ... (B = U * G
-            rows; `max_new_tokens` and `stop_ids` are per row). Each prompt is prefilled once per
-            call and its KV cache copied to its G rows. A chunk holds whole groups
-            (max(1, max_batch // G) prompts); with G = 1 a chunk is `max_batch` rows. When one
-            chunk holds every row, the draws are those of the same rows with each prompt passed
-            G times (the prefill differs only by the rounding of a smaller batch).
+            rows; `max_new_tokens` and `stop_ids` are per row). Each prompt is prefilled once and
+            its G rows admitted together; the slot engine stores the prompt once and reads it once
+            per step (`models.prefix_attention`); the chunked path copies its KV cache to the G
+            rows, a chunk holding whole groups. The draws are those of the same rows with each
+            prompt passed G times (up to the rounding of a different batch and summation order).
           row_seeds: optional [U * G] per-row seeds: row r samples with fold_in(key(seed), row_seeds[r]),
             whatever else is in the call (default: r).
           params: the parameters of this call (default: the sampler's).
