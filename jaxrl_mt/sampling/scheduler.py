@@ -5,9 +5,10 @@ longest waiting prompts first (each admission prefills at its own prompts' bucke
 prompt is not padded to the call's longest), runs decode segments that return once an eighth of
 the slots is free, collects finished rows, and, once no row waits, gathers the live slots into a
 state an eighth of W narrower or more (`compact`), so the tail of a call runs at about the width
-of its live rows. A GRPO group's G rows enter together and share one prefill. Shapes are
-bucketed: admissions of a power of two of rows, at least W / 8; slot widths `slot_widths(W)`
-(multiples of W / 8, powers of two below); prompt buckets as the engine's.
+of its live rows. A GRPO group's G rows enter together, share one prefill and one stored copy of
+their prompt, read once per step (`models.prefix_attention`). Shapes are bucketed: admissions of
+a power of two of rows, at least W / 8; slot widths `slot_widths(W)` (multiples of W / 8, powers
+of two below); prompt buckets as the engine's.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
       budgets: [R]; stops: [R, E]; row_params: [R] values; key: the call's PRNG key;
       row_seeds: [R] (row r draws its t-th token with fold_in(fold_in(key, seed_r), t)).
       width: W (>= G); steps: K, decode steps per segment; prompt_bucket: the widest prompt bucket
-        (slots hold prompt_bucket + max_new cache slots); max_new: the output buffer;
+        (slots hold prompt_bucket + max_new cache slots; with G > 1 the prompts are stored apart,
+        2W/G places of prompt_bucket slots, and a slot holds max_new); max_new: the output buffer;
       min_prompt_bucket: the smallest admission bucket; on_shape: called with each program shape run.
       mesh: a mesh within this process: the slots split over its (data, fsdp) axes (W and every
         width a multiple of their size), the caches by `parallel.CACHE_RULES`.
