@@ -78,6 +78,15 @@ class DecodeEngine:
         """The new-token buffer of a call (at most the context left after `used` slots)."""
         return min(bucket(max_new, self.min_new_bucket), self.cfg.max_position_embeddings - used)
 
+    def prompt_bucket(self, prompts: Sequence[Sequence[int]], max_new: int) -> int:
+        """P of a call: its longest prompt's bucket, at most the context left after `max_new` tokens."""
+        longest = max(len(p) for p in prompts)
+        return min(bucket(longest, self.min_prompt_bucket), self.cfg.max_position_embeddings - max_new)
+
+    def stop_width(self, stop_ids: Sequence[Sequence[int]] | None) -> int:
+        """E, the stop ids of a row (at least 1): the longest given list, or the default `eos_ids`."""
+        return max(1, max((len(s) for s in stop_ids), default=0) if stop_ids is not None else len(self.eos_ids))
+
     def stops(self, stop_ids: Sequence[Sequence[int]] | None, n: int, rows: int, width: int = 1) -> np.ndarray:
         """[rows, E] stop ids of n real rows (default: `eos_ids`; padding rows: none), at least `width` wide."""
         lists = [list(stop_ids[i]) if stop_ids is not None else list(self.eos_ids) for i in range(n)]
@@ -119,9 +128,8 @@ class DecodeEngine:
             prompts, group = [p for p in prompts for _ in range(group)], 1
         b = len(prompts) * group
         bb = self.rows_bucket(b)
-        ctx = self.cfg.max_position_embeddings
-        pb = min(bucket(max(len(p) for p in prompts), self.min_prompt_bucket), ctx - sampling.max_new_tokens)
-        width = max(1, max((len(s) for s in stop_ids), default=0) if stop_ids is not None else len(self.eos_ids))
+        pb = self.prompt_bucket(prompts, sampling.max_new_tokens)
+        width = self.stop_width(stop_ids)
         if self.multi:  # one program: every process pads to the largest row, prompt and stop-list buckets
             bb, pb, width = agree_max_many([bb, pb, width])
         nb = self.new_bucket(sampling.max_new_tokens, pb)
@@ -166,10 +174,9 @@ class DecodeEngine:
         from jaxrl_mt.sampling.scheduler import run_slots
 
         b = len(prompts) * group
-        ctx = self.cfg.max_position_embeddings
-        pb = min(bucket(max(len(p) for p in prompts), self.min_prompt_bucket), ctx - sampling.max_new_tokens)
+        pb = self.prompt_bucket(prompts, sampling.max_new_tokens)
         nb = self.new_bucket(sampling.max_new_tokens, pb)
-        width = max(1, max((len(s) for s in stop_ids), default=0) if stop_ids is not None else len(self.eos_ids))
+        width = self.stop_width(stop_ids)
         weights = dparams if dparams is not None else (decode_params_jit(params, self.cfg) if self.fuse_weights
                                                        else params)
         out = run_slots(weights, self.cfg, prompts, np.asarray(budgets, np.int32), self.stops(stop_ids, b, b, width),
@@ -195,7 +202,7 @@ class DecodeEngine:
         bb = len(segments)
         tokens, mask = left_pad([list(s) for s in segments], self.pad_id, tb)
         rp = sampling.row_params(bb)
-        width = max(1, max((len(s) for s in stop_ids), default=0) if stop_ids is not None else len(self.eos_ids))
+        width = self.stop_width(stop_ids)
         if self.multi:
             from jaxrl_mt.parallel import agree_max
 

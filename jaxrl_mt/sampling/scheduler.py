@@ -28,10 +28,6 @@ from jaxrl_mt.sampling.methods import RowParams
 from jaxrl_mt.sampling.slots import STAT_KEYS, SlotState, admit, admit_shared, compact, empty_slots, segment
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 def slot_widths(most: int) -> tuple[int, ...]:
     """The widths a call's slots take, ascending: multiples of W / 8 up to W, powers of two below it
     (a compiled segment program each; the tail narrows by an eighth of W at a time)."""
@@ -59,8 +55,8 @@ class _Call:
         g = self.group
         rows = [u * g + j for u in units for j in range(g)]
         n = len(rows)
-        nb = min(width, _pow2(max(n, width // 8, 1)))
-        ub = nb if g == 1 else _pow2(len(units))  # one row per prompt: the admission's own bucket
+        nb = min(width, bucket(max(n, width // 8, 1), 1))
+        ub = nb if g == 1 else bucket(len(units), 1)  # one row per prompt: the admission's own bucket
         p = min(bucket(max(len(self.prompts[u]) for u in units), self.min_prompt_bucket), self.prompt_bucket)
         tokens, mask = left_pad([list(self.prompts[u]) for u in units] + [[self.pad_id]] * (ub - len(units)),
                                 self.pad_id, p)
