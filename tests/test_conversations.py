@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from jaxrl_mt.conversations import SEED_STRIDE, ConversationRun, TurnRecord, row_seed, run_conversations
-from jaxrl_mt.sampling import DecodeSession, SamplingConfig
+from jaxrl_mt.sampling import DecodeSession, Sampler, SamplingConfig
 from jaxrl_mt.sedt import SeDTConfig, sedt_strategy
 from tests.test_kv_reuse import chat_sampler, make_runs
 
@@ -47,35 +47,42 @@ def test_final_turn_hook_holds_the_last_turns_and_answers_them_once(tiny_chat_mo
 
 
 def test_sedt_earlier_turns_share_the_plain_loop_cache_and_seeds(tiny_chat_model_dir, monkeypatch):
-    """SeDT's earlier turns go through the same cached lockstep steps as the plain strategy, with the
-    same seeds; greedy, they are the plain strategy's turns. (Sampled turns may differ once a held
-    row shrinks a chunk: a draw depends on the batch layout, as when a plain conversation ends.)"""
+    """SeDT's earlier turns go through the same slot-engine call as the plain strategy (each
+    conversation's cache kept in its slot), with the same seeds; greedy, they are the plain
+    strategy's turns."""
     sampler = chat_sampler(tiny_chat_model_dir)
     runs = make_runs([4, 3, 4, 1])
     for r in runs:
         r.meta["n_planned"] = len(r.user_turns)
-    steps: list[tuple[str, int]] = []
-    real_step = DecodeSession.step
+    feeds: list[tuple[str, int, int, int, bool]] = []  # (strategy, base seed, conversation, row seed, fresh)
+    real = Sampler.run_turns
 
-    def step(self, segments, sampling, *, seed=0, **kw):
-        live = [i for i, g in enumerate(segments) if g is not None]
-        steps.append((name, (seed, tuple((i, int(kw["row_seeds"][i])) for i in live))))
-        return real_step(self, segments, sampling, seed=seed, **kw)
+    def run_turns(self, first, sampling, advance, *, seed=0, **kw):
+        def spy(replies):
+            out = advance(replies)
+            feeds.extend((name, seed, f.conv, f.seed, f.fresh) for f in out)
+            return out
 
-    monkeypatch.setattr(DecodeSession, "step", step)
+        feeds.extend((name, seed, f.conv, f.seed, f.fresh) for f in first)
+        return real(self, first, sampling, spy, seed=seed, **kw)
+
+    monkeypatch.setattr(Sampler, "run_turns", run_turns)
     greedy = SamplingConfig(max_new_tokens=6, temperature=0.0)
     plain, sedt = copy.deepcopy(runs), copy.deepcopy(runs)
     name = "plain"
     run_conversations(sampler, plain, greedy, seed=11, reuse_cache=True)
     name = "sedt"
     sedt_strategy(sampler, sedt, greedy, seed=11, reuse_cache=True, config=SeDTConfig(self_correct=False))
-    seeds = {n: [sd for m, sd in steps if m == n] for n in ("plain", "sedt")}
-    # one base seed; each live row's seed is its conversation's (conv_id, turn) seed
-    assert [sd for sd, _ in seeds["plain"]] == [11] * 4
-    assert all(rs == row_seed(runs[i], k) for k, (_, rows) in enumerate(seeds["plain"]) for i, rs in rows)
-    # turns 0-2 in the cached loop with the plain loop's seeds; the final turns are SeDT's
-    assert len(seeds["sedt"]) == 3
-    assert all(a[0] == b[0] and set(a[1]) <= set(b[1]) for a, b in zip(seeds["sedt"], seeds["plain"]))
+    got = {n: [(c, rs, fresh) for m, sd, c, rs, fresh in feeds if m == n and sd == 11] for n in ("plain", "sedt")}
+    assert len(got["plain"]) + len(got["sedt"]) == len(feeds)  # one base seed for both
+    # each conversation's turn t samples with its (conv_id, t) seed; only its first turn is prefilled whole
+    for i, r in enumerate(runs):
+        mine = [(rs, fresh) for c, rs, fresh in got["plain"] if c == i]
+        assert mine == [(row_seed(r, t), t == 0) for t in range(len(r.user_turns))]
+    # SeDT's cached turns are the plain loop's, its final turns held (answered by its own calls)
+    assert sorted(got["sedt"]) == sorted(f for f in got["plain"]
+                                         if f[1] != row_seed(runs[f[0]], len(runs[f[0]].user_turns) - 1)
+                                         or len(runs[f[0]].user_turns) < 2)
     for p, s in zip(plain, sedt):
         final = len(s.user_turns) >= 2  # a single-turn conversation is answered plainly
         n_same = len(s.turns) - 1 if final else len(s.turns)

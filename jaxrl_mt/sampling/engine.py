@@ -154,6 +154,13 @@ class DecodeEngine:
         shape = (bb, pb, nb) if src is None else ("grouped", len(rows), bb, pb, nb)
         return {k: np.asarray(v)[:b] for k, v in r.items()}, shape
 
+    def weights(self, params: Params, dparams: Params | None = None) -> Params:
+        """The weights the slot programs decode with: `dparams` when given (fused once by the host),
+        else the fused `decode_params` when `fuse_weights`, else `params`."""
+        if dparams is not None:
+            return dparams
+        return decode_params_jit(params, self.cfg) if self.fuse_weights else params
+
     def slot_width(self, rows: int, group: int = 1) -> int:
         """W, the slots of a call of `rows` rows: its row bucket, at most `max_batch` (at least a group)."""
         return max(group, self.rows_bucket(min(rows, self.max_batch or rows)))
@@ -177,8 +184,7 @@ class DecodeEngine:
         pb = self.prompt_bucket(prompts, sampling.max_new_tokens)
         nb = self.new_bucket(sampling.max_new_tokens, pb)
         width = self.stop_width(stop_ids)
-        weights = dparams if dparams is not None else (decode_params_jit(params, self.cfg) if self.fuse_weights
-                                                       else params)
+        weights = self.weights(params, dparams)
         out = run_slots(weights, self.cfg, prompts, np.asarray(budgets, np.int32), self.stops(stop_ids, b, b, width),
                         sampling.row_params(b), as_key(seed), np.asarray(row_seeds, np.uint32),
                         method=sampling.method(), pad_id=self.pad_id, width=self.slot_width(b, group),

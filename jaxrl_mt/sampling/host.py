@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from jaxrl_mt.batching import as_key
 from jaxrl_mt.chat import ChatError, Conversation, encode_prompt
 from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params
@@ -170,6 +171,25 @@ class Sampler:
                                       **extra})
         res.texts = self.decode_texts(toks, res.finish_reasons)
         return res
+
+    def run_turns(self, feeds: Sequence[Any], sampling: SamplingConfig, advance: Any, *,
+                  seed: int | jax.Array = 0, params: Params | None = None) -> dict[str, int]:
+        """Answers conversations turn after turn on the slot engine, a slot holding a conversation's
+        cache across its turns (`sampling.turns.run_turns`: `feeds` its first `Feed`s, `advance` the
+        hook giving the next ones). One process only. Returns the engine's counters (also added to
+        `totals`)."""
+        from jaxrl_mt.sampling.turns import run_turns
+
+        if self.engine.multi:
+            raise ValueError("run_turns runs in one process (a mesh over several: DecodeSession)")
+        sampling.validate()
+        params = self.params if params is None else params
+        weights = self.engine.weights(params, self.decode_weights(params))
+        counters = run_turns(weights, self.engine, feeds, sampling, as_key(seed), advance,
+                             width=self.engine.slot_width(max(len(feeds), 1)), on_shape=self.compiled_shapes.add)
+        for k in KEYS:
+            self.totals[k] += int(counters.get(k, 0))
+        return counters
 
     def generate_chunked(self, params: Params, prompts: Sequence[Sequence[int]], budgets: np.ndarray,
                          sampling: SamplingConfig, seed: Any, seeds: np.ndarray,

@@ -133,6 +133,40 @@ def admit(params: Params, cfg: ModelConfig, state: SlotState, slots: jax.Array, 
     return _seat(state, slots, rows, logits[:, 0], method, new_cache, state.shared, mesh)
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "method", "mesh"), donate_argnames=("state",),
+                   compiler_options=_DECODE_OPTIONS)
+def extend(params: Params, cfg: ModelConfig, state: SlotState, slots: jax.Array, positions: jax.Array,
+           tokens: jax.Array, mask: jax.Array, rows: Rows, *, method: Method, mesh: Any = None) -> SlotState:
+    """Appends a segment to the cached context of the rows held in `slots` [n] (W or more: a padding
+    row, dropped) and seats their next replies: a conversation's next turn, its earlier turns read
+    from its slot's cache, not prefilled again.
+
+    Args:
+      positions: [n] RoPE position of each segment's first token (the tokens in the row's context).
+      tokens, mask: [n, T] left-padded segments, written at each slot's own cache index (the padding
+        slots stay holes, never read); the slots need room for T + the reply's tokens.
+      rows: the n rows' constants (next_pos: positions + segment lengths).
+    """
+    c = state.cache
+    at = jnp.minimum(slots, c.index.shape[0] - 1)  # padding rows read a real slot; their write is dropped
+    mine = KVCache(c.k[:, at], c.v[:, at], c.valid[at], c.index[at])
+    seg_pos = positions[:, None] + positions_from_mask(mask)
+    logits, _, mine = forward(params, cfg, tokens, seg_pos, mask, mine, logits="last")
+    cache = KVCache(c.k.at[:, slots].set(mine.k, mode="drop"), c.v.at[:, slots].set(mine.v, mode="drop"),
+                    _put(c.valid, slots, mine.valid), _put(c.index, slots, mine.index))
+    return _seat(state, slots, rows, logits[:, 0], method, cache, state.shared, mesh)
+
+
+@functools.partial(jax.jit, static_argnames=("length", "mesh"), donate_argnames=("state",))
+def widen(state: SlotState, *, length: int, mesh: Any = None) -> SlotState:
+    """`state` with caches of `length` slots (>= the current S): the new slots empty."""
+    c = state.cache
+    more = length - c.valid.shape[1]
+    pad = ((0, 0), (0, 0), (0, 0), (0, more), (0, 0))
+    cache = KVCache(jnp.pad(c.k, pad), jnp.pad(c.v, pad), jnp.pad(c.valid, ((0, 0), (0, more))), c.index)
+    return _laid_out(state.replace(cache=cache), mesh)
+
+
 def _seat(state: SlotState, slots: jax.Array, rows: Rows, logits: jax.Array, method: Method, cache: KVCache,
           shared: KVCache | None, mesh: Any) -> SlotState:
     """The state with n admitted rows in `slots`: their first tokens drawn from `logits` [n, V] (each
