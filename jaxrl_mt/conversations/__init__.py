@@ -1,15 +1,21 @@
 """The batched multi-turn runner shared by RL history generation, LiC evaluation and SeDT.
 
-All conversations of a batch advance in lockstep: at turn k every still-active conversation gets
-its next user message from a user policy, then ONE batched sampler call answers all of them.
-Nobody loops over conversations one at a time.
+With ``reuse_cache=True`` and a plain one-process `Sampler` (the usual case), each conversation
+holds a slot of the decode engine across its turns (`slotted`, over `sampling.turns`):
+conversations proceed apart, a reply that ends gets its hooks (`on_turn`, the user policy, a
+`FinalTurn`) at once and its next turn is appended to its slot's cache, and a slot freed by a
+finished conversation takes the next waiting one; only conversations in flight hold a cache.
+Otherwise (``reuse_cache=False``, a sampler of messages behind an API, a `generate_ids`
+override, a mesh over several processes, or a `DecodeSession` passed in) all conversations
+advance in lockstep (`runner`): at turn k every still-active conversation gets its next user
+message, then ONE batched call answers all of them (re-rendered and prefilled whole, or, with a
+session, continued on its `DecodeSession` row: `cached`).
 
-With ``reuse_cache=True`` each conversation keeps its KV cache between turns (a
-``jaxrl_mt.sampling.DecodeSession``): a turn prefills only what is new since the last reply, i.e.
-the reply's last sampled token (never fed during decoding) and the chat template's text between
-that reply and the next generation prompt (see :func:`turn_suffix`). The model then sees exactly
-the tokens it generated (no detokenize/retokenize round trip); a stop token that ended a reply is
-replaced by the template's end-of-turn text, as a full re-render would do.
+A kept cache prefills only what is new since the last reply: the reply's last sampled token
+(never fed during decoding) and the chat template's text between that reply and the next
+generation prompt (see :func:`turn_suffix`). The model then sees exactly the tokens it generated
+(no detokenize/retokenize round trip); a stop token that ended a reply is replaced by the
+template's end-of-turn text, as a full re-render would do.
 
 The cache is valid only while the template is prefix-preserving for that conversation: the
 previous prompt as rendered, followed by the reply verbatim, must be a prefix of the new
@@ -22,8 +28,9 @@ never reused.
 
 Each conversation samples with its own key: its row seed (:func:`row_seed`) is a hash of its
 ``conv_id`` and turn index, so a conversation's turn draws the same tokens whichever other
-conversations share its batch, and a conversation redone on its own (a resumed evaluation)
-equals the one of the uninterrupted run.
+conversations share its batch or its schedule (slotted or lockstep, up to the rounding of other
+shapes), and a conversation redone on its own (a resumed evaluation) equals the one of the
+uninterrupted run.
 """
 
 from jaxrl_mt.conversations.records import (SEED_STRIDE, ConversationRun, FinalTurn, FixedOrderUser, TurnCallback,
