@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
+from jaxrl_mt.rl.run_config import ROLLOUT_KEYS
 from jaxrl_mt.runtime import load_config_file
 
 
@@ -22,8 +23,8 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.method = "dpo"
     c.reward = ""  # no reward: preference pairs
     c.workdir = c.workdir.replace("rlsta", "dpo")
-    c.rl.alpha = 0.0
-    c.rl.beta = 0.0
+    for k in ROLLOUT_KEYS:  # no rollouts: no group size, rollout sampling, GRPO loss or reward weights
+        del c.rl[k]
     c.dpo = ConfigDict()
     c.dpo.beta = 0.1  # DPO temperature (TRL's default)
     c.dpo.label_smoothing = 0.0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
+from jaxrl_mt.rl.run_config import ROLLOUT_KEYS
 from jaxrl_mt.runtime import load_config_file
 
 
@@ -23,8 +24,8 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.method = "sft"
     c.reward = ""  # no reward: fixed targets
     c.workdir = c.workdir.replace("rlsta", "sft")
-    c.rl.alpha = 0.0
-    c.rl.beta = 0.0
+    for k in ROLLOUT_KEYS:  # no rollouts: no group size, rollout sampling, GRPO loss or reward weights
+        del c.rl[k]
     c.sft = ConfigDict()
     c.sft.val_fraction = 0.1  # problems held out for the validation loss
     if preset == "paper":

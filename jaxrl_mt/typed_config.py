@@ -69,7 +69,7 @@ def build(cls: type, raw: Mapping[str, Any], prefix: str = "", error: type[Excep
 
     Args:
       cls: the (frozen) dataclass; a field whose type is a dataclass (or ``X | None``) is a section.
-      raw: field name -> value (a nested mapping per section).
+      raw: field name -> value (a nested mapping per section, or the section's instance, kept as is).
       prefix: the dotted path of ``raw`` itself ("" at the top).
       error: the exception class raised.
 
@@ -93,7 +93,9 @@ def build(cls: type, raw: Mapping[str, Any], prefix: str = "", error: type[Excep
                 raise error(f"config has no field {path}")
             continue
         sub = next((t for t in typing.get_args(tp) or (tp,) if dataclasses.is_dataclass(t)), None)
-        if sub is not None:
+        if sub is not None and isinstance(raw[name], sub):
+            out[name] = raw[name]  # a section built already (its own paths named in its errors)
+        elif sub is not None:
             if not isinstance(raw[name], Mapping):
                 raise error(f"config field {path} must be a section, got {raw[name]!r}")
             out[name] = build(sub, raw[name], path + ".", error)

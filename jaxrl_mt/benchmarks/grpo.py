@@ -174,10 +174,13 @@ def bench_items(prompts: Sequence[dict[str, str]]) -> list[Any]:
 
 def make_engine(model: Any, spec: dict[str, Any], remat: bool | str, *, copy_reference: bool = True) -> Any:
     """The trainer's RolloutEngine for the benchmark: reward ``rlsta`` (lenient verifier + 1 x anchor), KL beta."""
+    import dataclasses
+
     import jax
-    from ml_collections import ConfigDict
 
     from jaxrl_mt.rewards.registry import RewardEnv, make_reward
+    from jaxrl_mt.rl.run_config import RewardSection, typed_config
+    from jaxrl_mt.runtime import load_config_file
     from jaxrl_mt.rl.rollout import RolloutEngine
     from jaxrl_mt.rl.step import LossConfig
     from jaxrl_mt.sampling import Sampler
@@ -188,9 +191,10 @@ def make_engine(model: Any, spec: dict[str, Any], remat: bool | str, *, copy_ref
     # base weights themselves, never donated)
     ref_params = jax.tree_util.tree_map(lambda x: x.copy(), model.params) if copy_reference else model.params
     ref_scorer = Scorer(ref_params, model.cfg, pad_id=model.pad_id, batch_size=min(16, len(spec["prompts"]) * G))
-    rl = ConfigDict({"rl": {"alpha": 1.0, "verifier_mode": "lenient", "anchor_prompt": "full",
-                            "zero_anchor_for_wrong": False}})
-    reward = make_reward("rlsta", RewardEnv(rl, G, model.tokenizer, None, ref_scorer))
+    c = typed_config(load_config_file(Path(__file__).resolve().parents[2] / "configs" / "rlsta.py", "cpu"))
+    rl = dataclasses.replace(c.rl, verifier_mode="lenient",
+                             reward=RewardSection(alpha=1.0, anchor_prompt="full", zero_anchor_for_wrong=False))
+    reward = make_reward("rlsta", RewardEnv(dataclasses.replace(c, rl=rl), G, model.tokenizer, None, ref_scorer))
     lc = LossConfig(beta=spec["beta"], loss_type="grpo", temperature=1.0, max_completion_length=T, remat=remat,
                     chunk=HEAD_CHUNK)
     return RolloutEngine(sampler=Sampler.from_model(model), reward_fn=reward, reward_name="rlsta",

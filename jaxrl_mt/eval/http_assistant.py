@@ -22,7 +22,7 @@ from jaxrl_mt.sampling import SamplingConfig
 __all__ = ["check_http_config", "http_backend_kw", "is_http", "remote_sampler", "simulate_remote"]
 
 
-def is_http(spec: Any) -> bool:
+def is_http(spec: object) -> bool:
     """Whether a model/judge/user-simulator spec names an HTTP endpoint."""
     return isinstance(spec, str) and spec.startswith("http:")
 

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from jaxrl_mt.registry import Registry
+
+if TYPE_CHECKING:
+    from jaxrl_mt.rl.run_config import TrainConfig
 
 __all__ = ["REWARDS", "RefLogprobs", "RewardEnv", "RewardFn", "RewardOutput", "check_output", "group_rows",
            "make_reward", "register_reward", "reward_names"]
@@ -55,7 +58,7 @@ class RewardOutput(NamedTuple):
 class RewardEnv:
     """What a reward may use besides the items and generations."""
 
-    config: Any  # the training config (``rl.*`` fields, a method's own section such as ``icpo``)
+    config: TrainConfig  # the training config (``rl.reward``, ``rl.verifier_mode``, a method's section: ``icpo``)
     group_size: int  # G: consecutive generations per item
     tokenizer: Any = None  # the policy's tokenizer
     system: str | None = None  # the system prompt of the run

@@ -28,8 +28,9 @@ from jaxrl_mt.rewards.verifier import verify
 def rlsta_reward(env: RewardEnv, items: Sequence[Any], generations: Any, *, alpha: float) -> RewardOutput:
     """R = R_v + alpha * R_s of each generation (rows grouped by item, G each)."""
     rl, g = env.config.rl, env.group_size
-    w = verifier_weight(rl)
-    if w == 0 and rl.zero_anchor_for_wrong:
+    r = rl.reward
+    w = r.verifier_weight
+    if w == 0 and r.zero_anchor_for_wrong:
         raise ValueError("rl.verifier_weight = 0 (no verifier) cannot zero the anchor of wrong answers "
                          "(rl.zero_anchor_for_wrong needs the verifier's verdicts)")
     rows = group_rows(items, g)
@@ -37,24 +38,19 @@ def rlsta_reward(env: RewardEnv, items: Sequence[Any], generations: Any, *, alph
     strict = np.array([verify(t, gold, "strict") for t, gold in zip(generations.texts, golds)], np.float64)
     lenient = np.array([verify(t, gold, "lenient") for t, gold in zip(generations.texts, golds)], np.float64)
     rv = strict if rl.verifier_mode == "strict" else lenient
-    anchors = [it.anchor_prompt if rl.anchor_prompt == "full" else it.merged_user for it in rows]
+    anchors = [it.anchor_prompt if r.anchor_prompt == "full" else it.merged_user for it in rows]
     rs, ref = anchor_scores(env.ref_scorer, env.tokenizer, anchors, generations.tokens, system=env.system)
-    if rl.zero_anchor_for_wrong:
+    if r.zero_anchor_for_wrong:
         rs = zero_anchor_for_wrong(rs, rv, g)
     comps = {"verifier": rv, "anchor": rs, "verifier_strict": strict, "verifier_lenient": lenient}
     cols = {"gold": golds, "R_v": [f"{x:.0f}" for x in rv], "R_s": [f"{x:.3f}" for x in rs]}
     return RewardOutput(w * rv + alpha * rs, comps, cols, ref)
 
 
-def verifier_weight(rl: Any) -> float:
-    """``rl.verifier_weight`` of a config section (1.0 when the field is absent)."""
-    return float(rl.get("verifier_weight", 1.0) if hasattr(rl, "get") else getattr(rl, "verifier_weight", 1.0))
-
-
 @register_reward("rlsta")
 def build_rlsta(env: RewardEnv) -> RewardFn:
     """RLSTA: verifier + ``rl.alpha`` x anchor."""
-    return lambda items, generations: rlsta_reward(env, items, generations, alpha=float(env.config.rl.alpha))
+    return lambda items, generations: rlsta_reward(env, items, generations, alpha=env.config.rl.reward.alpha)
 
 
 @register_reward("grpo")

@@ -17,24 +17,25 @@ from typing import Any, Callable
 import jax
 
 from jaxrl_mt.models.lora import LoraConfig, attach, init_adapters, merge
+from jaxrl_mt.rl.run_config import TrainConfig
+from jaxrl_mt.rl.step import LossConfig
 
 __all__ = ["Trainable", "lora_config", "lora_forward"]
 
 _merge = jax.jit(merge, static_argnums=2)
 
 
-def lora_config(c: Any) -> LoraConfig | None:
+def lora_config(c: TrainConfig) -> LoraConfig | None:
     """The run's LoRA settings (``lora.rank``, ``lora.alpha``, ``lora.targets``), None for full fine-tuning."""
-    lo = getattr(c, "lora", None)
+    lo = c.lora
     if lo is None or lo.rank == 0:
         return None
     return LoraConfig(rank=lo.rank, alpha=lo.alpha, targets=lo.targets)
 
 
-def lora_forward(c: Any) -> str:
+def lora_forward(c: TrainConfig) -> str:
     """The loss's adapter forward, ``lora.forward``: "unmerged" (default) or "merged"."""
-    lo = getattr(c, "lora", None)
-    return getattr(lo, "forward", "unmerged") if lo is not None else "unmerged"
+    return c.lora.forward if c.lora is not None else "unmerged"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Trainable:
         return batch if self.lora is None else (self.base, batch)
 
 
-def _adapted_loss(adapters: Any, cfg: Any, lc: Any, base_and_batch: tuple[Any, Any], *, loss: Callable[..., Any],
-                  scale: float, combine: Callable[..., Any]) -> Any:
+def _adapted_loss(adapters: Any, cfg: Any, lc: LossConfig, base_and_batch: tuple[Any, Any], *,
+                  loss: Callable[..., Any], scale: float, combine: Callable[..., Any]) -> Any:
     base, batch = base_and_batch
     return loss(combine(base, adapters, scale), cfg, lc, batch)

@@ -1,4 +1,4 @@
-"""Start-up checks of a training config that the typed checks of ``rl.data.validate_config`` miss (issue 32).
+"""Start-up checks of a training config that its sections' own checks miss (issue 32; ``TrainConfig.check``).
 
 Every float field must be finite (``rl.lr=inf`` passed ``lr > 0`` and saved a checkpoint of infinite
 parameters), and the interval and count fields must be at least 1 (``checkpoint.every=0`` was a
@@ -7,11 +7,10 @@ ZeroDivisionError after the first step).
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Mapping
 
-__all__ = ["flatten", "run_field_checks"]
+__all__ = ["field_checks", "flatten"]
 
 # interval and count fields: (dotted name, least value)
 _LEAST = (("checkpoint.every", 1), ("checkpoint.keep", 1), ("log.every", 1), ("log.samples_every", 0),
@@ -29,20 +28,16 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _config_dict(c: Any) -> dict[str, Any]:
-    return json.loads(c.to_json()) if hasattr(c, "to_json") else dict(c)
-
-
-def run_field_checks(c: Any) -> list[tuple[bool, str]]:
-    """``(ok, message)`` pairs for ``validate_config``: every float finite, intervals and counts in range.
+def field_checks(config: Mapping[str, Any]) -> list[tuple[bool, str]]:
+    """``(ok, message)`` pairs: every float finite, intervals and counts in range.
 
     Args:
-      c: a training config (configs/rlsta.py).
+      config: a training config as its nested dict (``TrainConfig.to_dict``: the file's layout).
 
     Returns:
       One pair per check; a failed check's message names the field and its value.
     """
-    flat = flatten(_config_dict(c))
+    flat = flatten(config)
     checks = [(False, f"{k} must be a finite number, got {v}") for k, v in sorted(flat.items())
               if isinstance(v, float) and not math.isfinite(v)]
     for name, least in _LEAST:

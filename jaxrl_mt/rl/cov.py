@@ -37,7 +37,6 @@ Shapes: ``N`` rows, ``T`` completion tokens per row; everything is jittable (the
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,27 +58,6 @@ class CovConfig:
 
 
 DEFAULT_COV = CovConfig()
-
-
-def cov_settings(rl: Any) -> tuple[str, CovConfig]:
-    """``(rl.loss_variant, CovConfig)`` of a config's ``rl`` section; absent fields take the defaults
-    (``"clip"``, :data:`DEFAULT_COV`): ``rl.loss_variant``, ``rl.clip_cov_ratio``, ``rl.clip_cov_lb``,
-    ``rl.clip_cov_ub``, ``rl.kl_cov_ratio``, ``rl.ppo_kl_coef``."""
-    get = rl.get if hasattr(rl, "get") else lambda k, d: getattr(rl, k, d)
-    fields = {f.name: type(getattr(DEFAULT_COV, f.name))(get(f.name, getattr(DEFAULT_COV, f.name)))
-              for f in dataclasses.fields(CovConfig)}
-    return str(get("loss_variant", "clip")), CovConfig(**fields)
-
-
-def cov_checks(rl: Any) -> list[tuple[bool, str]]:
-    """``(ok, message)`` start-up checks of the Cov settings (``rl.data.validate_config``)."""
-    variant, c = cov_settings(rl)
-    return [(variant in LOSS_VARIANTS, f"rl.loss_variant must be one of {LOSS_VARIANTS}, got {variant!r}"),
-            (0 < c.clip_cov_ratio <= 1, f"rl.clip_cov_ratio must be in (0, 1], got {c.clip_cov_ratio}"),
-            (c.clip_cov_lb < c.clip_cov_ub, f"rl.clip_cov_lb ({c.clip_cov_lb}) must be < rl.clip_cov_ub "
-                                            f"({c.clip_cov_ub})"),
-            (0 < c.kl_cov_ratio <= 1, f"rl.kl_cov_ratio must be in (0, 1], got {c.kl_cov_ratio}"),
-            (c.ppo_kl_coef >= 0, f"rl.ppo_kl_coef must be >= 0, got {c.ppo_kl_coef}")]
 
 
 def token_covariance(logp: jax.Array, advantages: jax.Array, mask: jax.Array) -> jax.Array:

@@ -1,14 +1,13 @@
 """Training data and config checks of the loop: sources -> scenarios (RLSTA, GRPO) or items (ICPO).
 
 Everything here runs before any model is loaded, so a bad config or an empty dataset fails at
-start-up with one line (``ConfigError``). The recipe interface, the method registry and
-``ConfigError`` itself live in :mod:`jaxrl_mt.rl.recipe`.
+start-up with one line (``ConfigError``, :mod:`jaxrl_mt.rl.run_config`'s). The recipe interface and
+the method registry live in :mod:`jaxrl_mt.rl.recipe`.
 """
 
 from __future__ import annotations
 
-import json
-import re
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -18,105 +17,52 @@ from jaxrl_mt.checkpointing import check_writable
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError, Scenario
 from jaxrl_mt.data.scenarios import build_scenario
-from jaxrl_mt.models.attention import IMPLS as ATTENTION_IMPLS
 from jaxrl_mt.models.registry import attention_env_problem
-from jaxrl_mt.models.lora import TARGETS as LORA_TARGETS
 from jaxrl_mt.rewards.registry import reward_names
-from jaxrl_mt.rewards.rlsta import verifier_weight
-from jaxrl_mt.rl.config_checks import run_field_checks
-from jaxrl_mt.rl.cov import cov_checks
-from jaxrl_mt.rl.grpo import KL_ESTIMATORS, LOSS_TYPES
 from jaxrl_mt.rl.recipe import METHODS, ConfigError, is_supervised
-
-
-def reward_name(c: Any) -> str:
-    """The reward a config trains with: its ``reward`` field, or the method's own when empty or absent."""
-    name = c.get("reward", "") if hasattr(c, "get") else getattr(c, "reward", "")
-    return name or c.method
-
-
-REMAT_CHOICES = (False, True, "dots", "auto")
+from jaxrl_mt.rl.run_config import RL_GROUPS, ROLLOUT_GROUPS, ConfigLike, DataSection, TrainConfig, typed_config
 
 
 # ----------------------------------------------------------------------------- config checks
 
 
-def _targets_check(lo: Any) -> tuple[bool, str]:
-    """``lora.targets`` is a regular expression, matching a projection when LoRA is on (rank > 0)."""
-    try:
-        pattern = re.compile(lo.targets)
-    except (re.error, TypeError) as e:
-        return False, f"lora.targets {lo.targets!r} is not a regular expression ({e})"
-    return (lo.rank == 0 or any(pattern.fullmatch(k) for k in LORA_TARGETS),
-            f"lora.targets {lo.targets!r} matches none of {', '.join(LORA_TARGETS)}")
+def is_rollout_method(method: str) -> bool:
+    """Whether a registered method samples rollouts (GRPO's family: ``rl.rollout``, ``rl.loss``, ``rl.reward``)."""
+    return method in METHODS and not is_supervised(method)
 
 
-def validate_config(c: Any) -> None:
-    """Fails fast on values that cannot work (keys are checked by the locked ConfigDict)."""
-    rl = c.rl
-    checks = [*run_field_checks(c), *cov_checks(rl),
-        (rl.alpha >= 0, f"rl.alpha must be >= 0, got {rl.alpha}"),
-        (rl.group_size >= 2, f"rl.group_size (G) must be >= 2 for group-relative advantages, got {rl.group_size}"),
-        (rl.batch_size >= 1, f"rl.batch_size must be >= 1, got {rl.batch_size}"),
-        (rl.steps >= 1, f"rl.steps must be >= 1, got {rl.steps}"),
-        (rl.mu >= 1, f"rl.mu must be >= 1, got {rl.mu}"),
-        (rl.grad_accum >= 1 and (rl.batch_size * rl.group_size) % rl.grad_accum == 0,
-         f"rl.grad_accum ({rl.grad_accum}) must divide batch_size * group_size ({rl.batch_size * rl.group_size})"),
-        (rl.lr > 0, f"rl.lr must be > 0, got {rl.lr}"),
-        (rl.beta >= 0, f"rl.beta must be >= 0, got {rl.beta}"),
-        (rl.kl_estimator in KL_ESTIMATORS, f"rl.kl_estimator must be one of {KL_ESTIMATORS}, got {rl.kl_estimator!r}"),
-        (rl.loss_type in LOSS_TYPES, f"rl.loss_type must be one of {LOSS_TYPES}, got {rl.loss_type!r}"),
-        (rl.verifier_mode in ("strict", "lenient"),
-         f"rl.verifier_mode must be strict|lenient, got {rl.verifier_mode!r}"),
-        (verifier_weight(rl) >= 0, f"rl.verifier_weight must be >= 0, got {verifier_weight(rl)}"),
-        (verifier_weight(rl) > 0 or not rl.zero_anchor_for_wrong,
-         "rl.zero_anchor_for_wrong needs the verifier's verdicts: set it False with rl.verifier_weight = 0"),
-        (rl.anchor_prompt in ("full", "merged"), f"rl.anchor_prompt must be full|merged, got {rl.anchor_prompt!r}"),
-        (rl.temperature > 0, f"rl.temperature must be > 0 for GRPO rollouts, got {rl.temperature}"),
-        (rl.max_new_tokens >= 1, f"rl.max_new_tokens must be >= 1, got {rl.max_new_tokens}"),
-        (rl.remat in REMAT_CHOICES,
-         f"rl.remat must be one of {REMAT_CHOICES}, got {rl.remat!r}"),
-        (c.data.add_source or c.data.refine_source, "no data: set data.add_source and/or data.refine_source"),
-        (c.method in METHODS, f"method must be one of {METHODS.names()}, got {c.method!r}"),
-        (is_supervised(c.method) or reward_name(c) in reward_names(),
-         f"reward must be one of {reward_names()}, got {reward_name(c)!r}"),
-    ]
-    if c.method == "icpo":
-        r = c.icpo.underspecified_ratio
-        checks.append((0.0 <= r <= 1.0, f"icpo.underspecified_ratio must be in [0, 1], got {r}"))
-    checks.append((getattr(c, "attention", "auto") in ATTENTION_IMPLS,
-                   f"attention must be one of {ATTENTION_IMPLS}, got {getattr(c, 'attention', None)!r}"))
-    checks.append((not attention_env_problem(), attention_env_problem()))
-    lo = getattr(c, "lora", None)
-    if lo is not None:
-        checks.append((lo.rank >= 0, f"lora.rank must be >= 0, got {lo.rank}"))
-        checks.append((lo.rank == 0 or lo.alpha > 0, f"lora.alpha must be > 0, got {lo.alpha}"))
-        checks.append(_targets_check(lo))
-        checks.append((getattr(lo, "forward", "unmerged") in ("unmerged", "merged"),
-                       f"lora.forward must be 'unmerged' or 'merged', got {getattr(lo, 'forward', None)!r}"))
-    if is_supervised(c.method):
-        sec = getattr(c, c.method, None)
-        checks.append((sec is not None, f"method {c.method!r} needs its config section {c.method!r} "
-                                        f"(configs/{c.method}.py)"))
-        if sec is not None:
-            checks.append((0.0 <= sec.val_fraction < 1.0,
-                           f"{c.method}.val_fraction must be in [0, 1), got {sec.val_fraction}"))
-        checks.append((rl.batch_size % rl.grad_accum == 0,
-                       f"rl.grad_accum ({rl.grad_accum}) must divide rl.batch_size ({rl.batch_size})"))
-    if c.method == "rlaar":
-        r = getattr(c, "rlaar", None)
-        checks.append((r is not None, "method 'rlaar' needs its config section 'rlaar' (configs/rlaar.py)"))
-        if r is not None:
-            checks.append((r.max_shards >= 1, f"rlaar.max_shards must be >= 1, got {r.max_shards}"))
-            checks.append((0.0 <= r.unsolvable_fraction <= 1.0,
-                           f"rlaar.unsolvable_fraction must be in [0, 1], got {r.unsolvable_fraction}"))
-    if c.method == "dpo" and getattr(c, "dpo", None) is not None:
-        checks.append((c.dpo.beta > 0, f"dpo.beta must be > 0, got {c.dpo.beta}"))
-        checks.append((0.0 <= c.dpo.label_smoothing < 0.5,
-                       f"dpo.label_smoothing must be in [0, 0.5), got {c.dpo.label_smoothing}"))
+def _raise_first(checks: list[tuple[object, str]]) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+
+
+def validate_config(c: ConfigLike) -> TrainConfig:
+    """The typed config (``run_config.typed_config``), failing fast on values that cannot work: the
+    method's sections (SFT and DPO have no rollout keys, the rollout methods need them), every
+    section's own checks (``TrainConfig.check``), then what depends on the registries and the host
+    (the reward's name, the attention override, the workdir).
+
+    Raises:
+      ConfigError: one line naming the field.
+    """
+    c = typed_config(c)
+    rollout = is_rollout_method(c.method)
+    has = [g for g in ROLLOUT_GROUPS if getattr(c.rl, g) is not None]
+    keys = ", ".join(f"rl.{f.name}" for g in has for f in dataclasses.fields(RL_GROUPS[g]))
+    need = ", ".join(f"rl.{f.name}" for g in ROLLOUT_GROUPS if g not in has for f in dataclasses.fields(RL_GROUPS[g])
+                     if f.default is dataclasses.MISSING)
+    checks = [(c.method in METHODS, f"method must be one of {METHODS.names()}, got {c.method!r}"),
+              (not rollout or not need, f"method {c.method!r} samples rollouts: its config needs {need} "
+                                        "(configs/rlsta.py)"),
+              (rollout or not has, f"method {c.method!r} trains on fixed targets: {keys} are settings of the "
+                                   f"rollout methods, not of configs/{c.method}.py")]
+    _raise_first(checks)
+    c.check()
+    checks = [(not rollout or c.reward_name in reward_names(),
+               f"reward must be one of {reward_names()}, got {c.reward_name!r}"),
+              (not attention_env_problem(), attention_env_problem())]
+    _raise_first(checks)
     wd = Path(c.workdir)
     try:
         check_writable(wd)  # a uniquely named probe: every process of a multi-host run checks at once
@@ -124,16 +70,13 @@ def validate_config(c: Any) -> None:
         cause = e.__cause__ or e
         why = getattr(cause, "strerror", None) or cause
         raise ConfigError(f"workdir {str(wd)!r} is not writable ({why})") from None
-
-
-def config_to_dict(c: Any) -> dict[str, Any]:
-    return json.loads(c.to_json()) if hasattr(c, "to_json") else dict(c)
+    return c
 
 
 # ----------------------------------------------------------------------------- data
 
 
-def load_tasks(specs: str, data: Any, *, max_turns: int = 0, require_each: bool = False) -> list[Any]:
+def load_tasks(specs: str, data: DataSection, *, max_turns: int = 0, require_each: bool = False) -> list[Any]:
     """Tasks with at least one condition from comma-separated source specs.
 
     Keeps at most `data.limit + data.heldout` per source (all when `data.limit` is 0) and, when
@@ -153,7 +96,7 @@ def load_tasks(specs: str, data: Any, *, max_turns: int = 0, require_each: bool 
     return tasks
 
 
-def load_scenarios(c: Any) -> tuple[list[Scenario], list[Scenario]]:
+def load_scenarios(c: TrainConfig) -> tuple[list[Scenario], list[Scenario]]:
     """Training and held-out scenarios (MT-Add from add_source, MT-Refine from refine_source)."""
     train: list[Scenario] = []
     held: list[Scenario] = []

@@ -24,6 +24,7 @@ from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.data import load_tasks
 from jaxrl_mt.rl.histories import TrainItem, load_items, save_items
 from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv
+from jaxrl_mt.rl.run_config import TrainConfig
 from jaxrl_mt.sampling import SamplingConfig
 
 __all__ = ["COMPLETE", "UNDERSPECIFIED", "ICPOData", "icpo_reward", "make_items"]
@@ -56,7 +57,7 @@ class ICPOData(Recipe):
     def __init__(self) -> None:
         self._judge: ResponseJudge | None = None
 
-    def load(self, c: Any) -> tuple[list[TrainItem], list[TrainItem]]:
+    def load(self, c: TrainConfig) -> tuple[list[TrainItem], list[TrainItem]]:
         """Shuffled ICPO items, split into training and held-out (twice `data.heldout`, at most half)."""
         tasks = load_tasks(c.data.add_source, c.data)
         if not tasks:

@@ -44,7 +44,7 @@ from jaxrl_mt.rewards.registry import RewardEnv, make_reward
 from jaxrl_mt.models.lora import save_peft
 from jaxrl_mt.rl.adapters import Trainable, lora_config, lora_forward
 from jaxrl_mt.rl.best import BestKeeper
-from jaxrl_mt.rl.data import load_scenarios, load_tasks, reward_name, validate_config
+from jaxrl_mt.rl.data import load_scenarios, load_tasks, validate_config
 from jaxrl_mt.rl.histories import TrainItem
 from jaxrl_mt.rl.metrics_log import MetricsLog
 from jaxrl_mt.rl.optim import optimizer_from_config
@@ -55,7 +55,7 @@ from jaxrl_mt.rl.batch import place
 from jaxrl_mt.rl.objective import Footprint, Objective
 from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv
 from jaxrl_mt.rl.rollout import RolloutEngine, grouped_layout
-from jaxrl_mt.rl.run_config import TrainConfig, typed_config
+from jaxrl_mt.rl.run_config import ConfigLike, TrainConfig, typed_config
 from jaxrl_mt.rl.setup import check_micro_batch, load_policy_model, make_mesh, reference
 from jaxrl_mt.rl.state import TrainState, fresh_state, restore_state, save_state
 from jaxrl_mt.rl.step import choose_remat, loss_config, make_train_step
@@ -91,7 +91,7 @@ class StepInfo:
 class Trainer:
     """Runs one training job described by a config (see configs/rlsta.py): the loop, for every method."""
 
-    def __init__(self, c: Any, *, log: Callable[[str], None] | None = None):
+    def __init__(self, c: ConfigLike, *, log: Callable[[str], None] | None = None):
         """Args:
           c: the run's config (a ConfigDict of configs/*.py, or a ``TrainConfig``): typed and
             validated here, once; the loop reads only the frozen result.
@@ -131,7 +131,7 @@ class Trainer:
                                agree=agree_max_many if self.multi else None)  # resumed: the first start's choices
         self._steps: dict[int | str, Any] = {}  # the objective's jitted step of each memory-plan bucket
         self.ref_scorer = Scorer(self.ref_params, self.ref_cfg, pad_id=self.model.pad_id,
-                                 batch_size=min(16, c.rl.batch_size * c.rl.group_size), mesh=self.mesh)
+                                 batch_size=min(16, c.rl.rows), mesh=self.mesh)
         self.objective: Objective = self.data.objective(self.env, self._rollout_engine)
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
         try:  # the fixed held-out probe (eval.probe_source; None when unset)
@@ -144,13 +144,13 @@ class Trainer:
     def _rollout_engine(self) -> RolloutEngine:
         """The rollout's frozen environment: sampler, reward (with the reference's scorer), shapes."""
         c, rl = self.c, self.c.rl
-        name = reward_name(c)
-        reward_fn = make_reward(name, RewardEnv(c, rl.group_size, self.tok, self.system, self.ref_scorer))
+        ro, lo, name = rl.rollout, rl.loss, c.reward_name
+        reward_fn = make_reward(name, RewardEnv(c, ro.group_size, self.tok, self.system, self.ref_scorer))
         return RolloutEngine(
             sampler=self.sampler, reward_fn=reward_fn, reward_name=name, ref_params=self.ref_params,
             ref_cfg=self.ref_cfg, policy_cfg=self.model.cfg, tokenizer=self.tok, pad_id=self.model.pad_id, lc=self.lc,
-            group_size=rl.group_size, max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
-            scale_rewards=rl.scale_rewards, grad_accum=rl.grad_accum, mu=rl.mu, seed=c.seed, system=self.system,
+            group_size=ro.group_size, max_new_tokens=rl.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
+            scale_rewards=lo.scale_rewards, grad_accum=rl.grad_accum, mu=lo.mu, seed=c.seed, system=self.system,
             mesh=self.mesh, multi=self.multi, grouped=self._grouped())
 
     def prepare(self) -> tuple[list[TrainItem], list[TrainItem]]:
@@ -166,7 +166,7 @@ class Trainer:
     def _grouped(self) -> bool:
         """Whether rollouts prompt once per group (`rl.rollout.grouped_layout`), with or without a mesh."""
         rl = self.c.rl
-        return grouped_layout(rl.batch_size, rl.group_size, rl.grad_accum, self.mesh, self.multi)
+        return grouped_layout(rl.batch_size, rl.rollout.group_size, rl.grad_accum, self.mesh, self.multi)
 
     def _remat(self, key: int | str, footprint: Footprint) -> bool | str:
         """`rl.remat` for the steps of memory-plan bucket `key` (`Objective.plan`), the first start's
@@ -235,7 +235,7 @@ class Trainer:
     def _start_state(self, it: Any, ck: Checkpointer) -> TrainState:
         """The state at step 0, or restored from the newest checkpoint that restores."""
         state = fresh_state(self.trainable.initial(self.model.params, self.c.seed), self.optimizer, self.mesh)
-        old_opt = None if self.resumed_config is None else optimizer_from_config(self.resumed_config["rl"])
+        old_opt = None if self.resumed_config is None else optimizer_from_config(self.resumed_config.rl)
         restored = restore_state(ck, state, it, log=self.log, recipe=self.data,  # the stored optimizer's, if allowed
                                  stored_opt_state=None if old_opt is None else old_opt.init(state.params))
         if restored is None:

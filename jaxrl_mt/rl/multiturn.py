@@ -32,6 +32,7 @@ from jaxrl_mt.parallel import (agree_max, allgather_json, broadcast_json, local_
                                mean_over_processes, process_block)
 from jaxrl_mt.rl.data import load_scenarios
 from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv
+from jaxrl_mt.rl.run_config import TrainConfig
 from jaxrl_mt.rl.probe import filter_breakdown
 from jaxrl_mt.rl.histories import TrainItem, accuracy_single_and_multi, build_histories, filter_items, load_items, \
     save_items
@@ -107,7 +108,7 @@ class MultiTurnData(Recipe):
     def __init__(self) -> None:
         self._local: Sampler | None = None  # multi-process: a sampler on a process-local copy of the policy
 
-    def load(self, c: Any) -> tuple[list[Any], list[Any]]:
+    def load(self, c: TrainConfig) -> tuple[list[Any], list[Any]]:
         """Training and held-out scenarios."""
         return load_scenarios(c)
 

@@ -10,9 +10,12 @@ schedule act on the accumulated gradient and count optimizer updates, not micro-
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optax
+
+if TYPE_CHECKING:
+    from jaxrl_mt.rl.run_config import RLSection
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -121,10 +124,11 @@ def make_optimizer(
     return tx
 
 
-def optimizer_from_config(rl: Any) -> optax.GradientTransformation:
-    """The optimizer of a training config's ``rl`` section: the one place a run's optimizer is built
-    (the loop, and ``load_policy`` to restore a checkpoint's optimizer state)."""
-    get = rl.__getitem__ if isinstance(rl, dict) else lambda k: getattr(rl, k)  # config.json's dict or a section
-    return make_optimizer(get("lr"), schedule=get("schedule"), warmup_steps=get("warmup_steps"),
-                          total_steps=get("steps"), weight_decay=get("weight_decay"),
-                          max_grad_norm=get("max_grad_norm") or None, grad_accum_steps=get("grad_accum"))
+def optimizer_from_config(rl: RLSection) -> optax.GradientTransformation:
+    """The optimizer of a training config's ``rl`` section (its ``optim``, ``steps`` and ``grad_accum``):
+    the one place a run's optimizer is built (the loop, and ``load_policy`` to restore a checkpoint's
+    optimizer state; a stored ``config.json`` through ``run_config.typed_config``)."""
+    o = rl.optim
+    return make_optimizer(o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps, total_steps=rl.steps,
+                          weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm or None,
+                          grad_accum_steps=rl.grad_accum)

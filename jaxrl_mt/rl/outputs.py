@@ -10,6 +10,7 @@ import numpy as np
 from jaxrl_mt.models.hf_io import export_hf_folder
 from jaxrl_mt.parallel import gather_to_host
 from jaxrl_mt.rl.metrics_log import held_out_before, plot_curves, read_metrics
+from jaxrl_mt.rl.run_config import TrainConfig
 
 __all__ = ["SUMMARY_KEYS", "fmt_metrics", "write_outputs"]
 
@@ -23,7 +24,7 @@ def fmt_metrics(d: dict[str, float]) -> str:
     return ", ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in d.items())
 
 
-def write_outputs(c: Any, model_cfg: Any, tokenizer: Any, params: Any, evals: dict[str, dict[str, float]], *,
+def write_outputs(c: TrainConfig, model_cfg: Any, tokenizer: Any, params: Any, evals: dict[str, dict[str, float]], *,
                   multi: bool, is_main: bool, log: Callable[[str], None], note: str | None = None
                   ) -> dict[str, Any]:
     """Writes summary.txt, curves.png and (``c.export``) the exported policy.

@@ -13,6 +13,7 @@ from jaxrl_mt.models.lora import LoraConfig, init_adapters, merge
 from jaxrl_mt.models.registry import Model, load_model
 from jaxrl_mt.rl.best import kept_params
 from jaxrl_mt.rl.optim import optimizer_from_config
+from jaxrl_mt.rl.run_config import typed_config
 from jaxrl_mt.rl.state import RETIRED_KEYS
 
 __all__ = ["load_policy"]
@@ -33,18 +34,17 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None, *, attentio
     cfg_path = wd / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{wd}: not a training workdir (no config.json)")
-    conf = json.loads(cfg_path.read_text())
-    model = load_model(conf["model"], param_dtype=conf.get("param_dtype", "float32"),
-                       dtype=conf.get("dtype", "float32"), attention=attention)
-    lo = conf.get("lora") or {}
-    lc = LoraConfig(rank=lo["rank"], alpha=lo["alpha"], targets=lo["targets"]) if lo.get("rank") else None
+    conf = typed_config(json.loads(cfg_path.read_text()))
+    model = load_model(conf.model, param_dtype=conf.param_dtype, dtype=conf.dtype, attention=attention)
+    lo = conf.lora
+    lc = LoraConfig(rank=lo.rank, alpha=lo.alpha, targets=lo.targets) if lo is not None and lo.rank else None
     trained = model.params if lc is None else init_adapters(model.params, lc, jax.random.key(0))  # the structure
     kept = kept_params(wd, trained) if step is None else None
     if kept is None:
         ck = Checkpointer(wd / "checkpoints", read_only=True)
         if ck.latest_step() is None:
             raise FileNotFoundError(f"{wd}/checkpoints: no checkpoint")
-        target = {"params": trained, "opt_state": optimizer_from_config(conf["rl"]).init(trained)}
+        target = {"params": trained, "opt_state": optimizer_from_config(conf.rl).init(trained)}
         state, _ = ck.restore(step, target=target, retired=RETIRED_KEYS)
         ck.close()
         kept = state["params"]

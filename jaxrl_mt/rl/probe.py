@@ -21,6 +21,7 @@ from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError
 from jaxrl_mt.data.scenarios import build_scenario
 from jaxrl_mt.rewards.verifier import verify
+from jaxrl_mt.rl.run_config import TrainConfig
 from jaxrl_mt.sampling import SamplingConfig
 
 __all__ = ["HeldoutProbe", "filter_breakdown", "make_probe"]
@@ -82,7 +83,7 @@ class HeldoutProbe:
         return out
 
 
-def make_probe(c: Any, system: str | None) -> HeldoutProbe | None:
+def make_probe(c: TrainConfig, system: str | None) -> HeldoutProbe | None:
     """The probe of a training config (``eval.probe_*`` fields), or None when ``probe_source`` is empty."""
     ev = c.eval
     if not ev.probe_source:

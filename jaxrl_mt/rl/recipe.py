@@ -33,15 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from jaxrl_mt.registry import Registry
+from jaxrl_mt.rl.run_config import ConfigError, TrainConfig
 
 if TYPE_CHECKING:
     from jaxrl_mt.rl.objective import Objective
 
 __all__ = ["METHODS", "ConfigError", "Recipe", "RecipeEnv", "SupervisedRecipe", "is_supervised"]
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; raised at start-up, before any model is loaded."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +50,7 @@ class RecipeEnv:
     sampler on other parameters: the shared one is never changed).
     """
 
-    config: Any  # the validated config (``rl.run_config.TrainConfig``)
+    config: TrainConfig  # the validated config
     workdir: Path
     is_main: bool  # process 0
     multi: bool  # the mesh spans several processes
@@ -80,11 +77,11 @@ class Recipe(abc.ABC):
     select: ClassVar[tuple[str, str] | None] = None
 
     @abc.abstractmethod
-    def load(self, c: Any) -> tuple[list[Any], list[Any]]:
+    def load(self, c: TrainConfig) -> tuple[list[Any], list[Any]]:
         """Training and held-out scenarios (or problems) of the config, before any model is loaded.
 
         Args:
-          c: the validated config (``rl.run_config.TrainConfig``).
+          c: the validated config.
 
         Returns:
           ``(train, held)``, the inputs of :meth:`prepare`.

@@ -28,6 +28,7 @@ from jaxrl_mt.rl.data import load_tasks
 from jaxrl_mt.rl.histories import TrainItem
 from jaxrl_mt.rl.multiturn import answered_histories
 from jaxrl_mt.rl.recipe import METHODS, ConfigError, Recipe, RecipeEnv
+from jaxrl_mt.rl.run_config import TrainConfig
 from jaxrl_mt.rl.rlaar import Curriculum, CurriculumConfig, shard_turns
 from jaxrl_mt.sampling import SamplingConfig
 
@@ -67,7 +68,7 @@ class RLAARData(Recipe):
         self.curriculum: Curriculum | None = None
         self._variants: dict[tuple[str, int, bool], TrainItem] = {}
 
-    def load(self, c: Any) -> tuple[list[Any], list[Any]]:
+    def load(self, c: TrainConfig) -> tuple[list[Any], list[Any]]:
         """Training and held-out problems (the last ``data.heldout``)."""
         tasks = [t for t in load_tasks(c.data.add_source, c.data, max_turns=c.data.max_turns, require_each=True)]
         n_held = min(c.data.heldout, max(len(tasks) - 1, 0))

@@ -15,11 +15,12 @@ from jaxrl_mt.chat import ChatError, with_template_options
 from jaxrl_mt.models.registry import Model, load_model
 from jaxrl_mt.parallel import mesh_from_spec, rows_multiple, shard_params
 from jaxrl_mt.rl.recipe import ConfigError
+from jaxrl_mt.rl.run_config import TrainConfig
 
 __all__ = ["check_micro_batch", "load_policy_model", "make_mesh", "reference"]
 
 
-def make_mesh(c: Any) -> Any:
+def make_mesh(c: TrainConfig) -> Any:
     """The device mesh of ``mesh_shape`` (``parallel.mesh_from_spec``: "auto", "none" or "data,fsdp,tensor")."""
     try:
         return mesh_from_spec(c.mesh_shape)
@@ -27,10 +28,10 @@ def make_mesh(c: Any) -> Any:
         raise ConfigError(str(e)) from None
 
 
-def load_policy_model(c: Any, mesh: Any) -> Model:
+def load_policy_model(c: TrainConfig, mesh: Any) -> Model:
     """The policy model of ``c.model``, its parameters placed on ``mesh`` (when there is one)."""
     model = load_model(c.model, param_dtype=c.param_dtype, dtype=c.dtype, attention=c.attention)
-    thinking = c.chat.enable_thinking if getattr(c, "chat", None) is not None else None
+    thinking = c.chat.enable_thinking if c.chat is not None else None
     if thinking is not None:  # every rendering (rollouts, histories, anchors, probe) passes it to the template
         try:
             model.tokenizer = with_template_options(model.tokenizer, enable_thinking=thinking)
@@ -41,16 +42,16 @@ def load_policy_model(c: Any, mesh: Any) -> Model:
     return model
 
 
-def check_micro_batch(c: Any, mesh: Any, multi: bool) -> None:
+def check_micro_batch(c: TrainConfig, mesh: Any, multi: bool) -> None:
     """Refuses a multi-process micro-batch that the mesh's data x fsdp shards cannot split evenly."""
-    micro_rows = c.rl.batch_size * c.rl.group_size // c.rl.grad_accum
+    micro_rows = c.rl.rows // c.rl.grad_accum  # rl.batch_size (x rl.group_size with rollouts) / rl.grad_accum
     if multi and micro_rows % rows_multiple(mesh):
-        raise ConfigError(f"train micro-batch of {micro_rows} rows per process (rl.batch_size * rl.group_size "
+        raise ConfigError(f"train micro-batch of {micro_rows} rows per process (rl.batch_size [* rl.group_size] "
                           f"/ rl.grad_accum) is not a multiple of {rows_multiple(mesh)}, this process's "
                           "share of the mesh's data x fsdp shards")
 
 
-def reference(c: Any, policy: Model, mesh: Any, *, copy: bool = True) -> tuple[Any, Any]:
+def reference(c: TrainConfig, policy: Model, mesh: Any, *, copy: bool = True) -> tuple[Any, Any]:
     """The frozen reference model: its own parameters and its own config.
 
     Default: a separate copy of the policy's initial parameters (the train step donates the

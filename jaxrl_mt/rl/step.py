@@ -24,8 +24,9 @@ from jaxrl_mt.models.decoder import Params
 from jaxrl_mt.parallel import shard_train_step
 from jaxrl_mt.rewards.registry import RefLogprobs
 from jaxrl_mt.rl.example import TrainExample
-from jaxrl_mt.rl.cov import DEFAULT_COV, CovConfig, cov_settings
+from jaxrl_mt.rl.cov import DEFAULT_COV, CovConfig
 from jaxrl_mt.rl.grpo import grpo_loss
+from jaxrl_mt.rl.run_config import RLSection
 from jaxrl_mt.scoring import grouped_logprobs, masked_mean, token_logprobs
 
 
@@ -46,14 +47,19 @@ class LossConfig:
     cov: CovConfig = DEFAULT_COV  # the Cov variants' settings
 
 
-def loss_config(rl: Any) -> LossConfig:
+def loss_config(rl: RLSection) -> LossConfig:
     """The loss settings of a config's ``rl`` section (``rl.remat = "auto"``: False here, the loop
-    chooses per prompt bucket)."""
-    variant, cov = cov_settings(rl)
-    return LossConfig(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, beta=rl.beta,
-                      kl_estimator=rl.kl_estimator, loss_type=rl.loss_type, temperature=rl.temperature,
-                      max_completion_length=rl.max_new_tokens, remat=False if rl.remat == "auto" else rl.remat,
-                      loss_variant=variant, cov=cov)
+    chooses per prompt bucket). A method without rollouts (SFT, DPO: no ``rl.loss``) reads its
+    forward's settings only (``remat``, ``chunk``)."""
+    remat = False if rl.remat == "auto" else rl.remat
+    lo, ro = rl.loss, rl.rollout
+    if lo is None or ro is None:
+        return LossConfig(remat=remat)
+    cov = CovConfig(clip_cov_ratio=lo.clip_cov_ratio, clip_cov_lb=lo.clip_cov_lb, clip_cov_ub=lo.clip_cov_ub,
+                    kl_cov_ratio=lo.kl_cov_ratio, ppo_kl_coef=lo.ppo_kl_coef)
+    return LossConfig(epsilon_low=lo.epsilon_low, epsilon_high=lo.epsilon_high, beta=lo.beta,
+                      kl_estimator=lo.kl_estimator, loss_type=lo.loss_type, temperature=ro.temperature,
+                      max_completion_length=rl.max_new_tokens, remat=remat, loss_variant=lo.loss_variant, cov=cov)
 
 
 def micro_seed(seed: int, step: int, inner: int, micro: int) -> np.ndarray:

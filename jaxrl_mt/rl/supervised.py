@@ -37,9 +37,10 @@ from jaxrl_mt.rl.dpo import dpo_objective, pair_logprobs, preference_batch
 from jaxrl_mt.rl.histories import TrainItem, filter_items, load_texts, save_texts, single_and_multi_texts, texts_key
 from jaxrl_mt.rl.multiturn import answered_histories
 from jaxrl_mt.rl.recipe import METHODS, ConfigError, RecipeEnv, SupervisedRecipe
+from jaxrl_mt.rl.run_config import DPOSection, SFTSection, TrainConfig
 from jaxrl_mt.parallel import allgather_ints
 from jaxrl_mt.rl.sft import SftBatch, sft_objective, sft_rows, target_tokens
-from jaxrl_mt.rl.step import loss_config
+from jaxrl_mt.rl.step import LossConfig, loss_config
 from jaxrl_mt.rl.sft_data import DpoPair, SftItem, dpo_pairs, encode_target, filter_samples, sft_items, \
     split_validation
 from jaxrl_mt.sampling import SamplingConfig
@@ -77,11 +78,11 @@ class _Supervised(SupervisedRecipe):
     def __init__(self) -> None:
         self._eval_fn: Callable[..., Any] | None = None  # the jitted loss of the validation rows
 
-    def load(self, c: Any) -> tuple[list[Any], list[Any]]:
+    def load(self, c: TrainConfig) -> tuple[list[Any], list[Any]]:
         """Training and held-out scenarios (RLSTA's: ``rl.data.load_scenarios``)."""
         return load_scenarios(c)
 
-    def _section(self, c: Any) -> Any:
+    def _section(self, c: TrainConfig) -> SFTSection | DPOSection:
         return getattr(c, self.name)
 
     def prepare(self, env: RecipeEnv, train: Sequence[Any], held: Sequence[Any]) -> tuple[list[Any], list[Any]]:
@@ -247,11 +248,11 @@ def _pair_logprobs_jit(params: Any, cfg: Any, *arrays: Any) -> tuple[jax.Array, 
     return pair_logprobs(params, cfg, *arrays)
 
 
-def _sft(params: Any, cfg: Any, lc: Any, batch: SftBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _sft(params: Any, cfg: Any, lc: LossConfig, batch: SftBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
     return sft_objective(params, cfg, batch, chunk=lc.chunk, remat=lc.remat)
 
 
-def _dpo(params: Any, cfg: Any, lc: Any, batch: Any, *, beta: float, label_smoothing: float
+def _dpo(params: Any, cfg: Any, lc: LossConfig, batch: Any, *, beta: float, label_smoothing: float
          ) -> tuple[jax.Array, dict[str, jax.Array]]:
     loss, m = dpo_objective(params, cfg, batch, beta=beta, label_smoothing=label_smoothing, chunk=lc.chunk,
                             remat=lc.remat)

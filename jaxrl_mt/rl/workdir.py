@@ -3,7 +3,7 @@
 Three faults a run must not turn into silent damage (issue 32):
 
 * a value that cannot work (``rl.lr=inf``, ``checkpoint.every=0``): refused at start-up with one line
-  (``rl.config_checks.run_field_checks``, part of ``rl.data.validate_config``);
+  (``rl.config_checks.field_checks``, part of ``rl.data.validate_config``);
 * a resumed workdir whose config changed in a field that changes the data (the cached items would
   be reused silently) or the optimizer state's structure (the checkpoint cannot be restored):
   refused with one line naming the fields, before ``config.json`` is rewritten
@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mt.rl.config_checks import flatten
-from jaxrl_mt.rl.data import config_to_dict
 from jaxrl_mt.rl.recipe import ConfigError
+from jaxrl_mt.rl.run_config import TrainConfig, typed_config
 
 __all__ = ["DATA_FIELDS", "NonFiniteUpdate", "check_finite_state", "check_resume_config", "last_good",
            "refused_changes"]
@@ -45,11 +45,11 @@ class NonFiniteUpdate(RuntimeError):
 # ----------------------------------------------------------------------------- resume
 
 
-def _opt_structure(rl: Mapping[str, Any]) -> Any:
+def _opt_structure(config: Mapping[str, Any]) -> Any:
     from jaxrl_mt.rl.optim import optimizer_from_config
 
     try:
-        return jax.tree.structure(optimizer_from_config(rl).init({"w": jnp.zeros(1)}))
+        return jax.tree.structure(optimizer_from_config(typed_config(config).rl).init({"w": jnp.zeros(1)}))
     except (ValueError, KeyError, TypeError) as e:  # an optimizer that cannot be built differs from any other
         return f"unbuildable: {e}"
 
@@ -69,11 +69,11 @@ def refused_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]
     fo, fn = flatten(old), flatten(new)
     changed = sorted(k for k in set(fo) | set(fn) if fo.get(k) != fn.get(k) and k != ALLOW_FIELD)
     out = [k for k in changed if any(k == f or k.startswith(f + ".") for f in DATA_FIELDS)]
-    base = _opt_structure(old.get("rl", {}))
+    base = _opt_structure(old)
     for k in changed:
         if k in OPTIMIZER_FIELDS and k in fn:
             rl = {**old.get("rl", {}), k.split(".", 1)[1]: fn[k]}
-            if _opt_structure(rl) != base:
+            if _opt_structure({**old, "rl": rl}) != base:
                 out.append(k)
     return sorted(out)
 
@@ -84,7 +84,8 @@ def _is_resume(wd: Path) -> bool:
     return (wd / CONFIG_FILE).is_file() and (steps or any((wd / f).exists() for f in _CACHES))
 
 
-def check_resume_config(c: Any, *, write: bool = True, log: Callable[[str], None] = print) -> dict[str, Any] | None:
+def check_resume_config(c: TrainConfig, *, write: bool = True,
+                        log: Callable[[str], None] = print) -> TrainConfig | None:
     """Compares a resumed workdir's ``config.json`` with ``c``, then writes ``c`` there.
 
     Args:
@@ -103,7 +104,7 @@ def check_resume_config(c: Any, *, write: bool = True, log: Callable[[str], None
         file is left as it was.
     """
     wd = Path(c.workdir)
-    new = config_to_dict(c)
+    new = c.to_dict()
     old_structure = None
     if _is_resume(wd):
         path = wd / CONFIG_FILE
@@ -125,7 +126,7 @@ def check_resume_config(c: Any, *, write: bool = True, log: Callable[[str], None
             log(f"{ALLOW_FIELD}: resuming with changed {', '.join(refused)} (cached items are reused; an "
                 "optimizer of another structure starts from a fresh state)")
         if any(k in OPTIMIZER_FIELDS for k in refused):
-            old_structure = old
+            old_structure = typed_config(old)
     if jax.process_count() > 1:  # every process has read the stored config before process 0 replaces it
         from jax.experimental import multihost_utils
 

@@ -9,6 +9,7 @@ from jaxrl_mt.rewards.abstain import UNSOLVABLE
 from jaxrl_mt.rewards.registry import RewardEnv, check_output, make_reward, reward_names
 from jaxrl_mt.rl.histories import TrainItem
 from jaxrl_mt.sampling import GenerationResult
+from jaxrl_mt.rl.run_config import typed_config
 
 
 def _item(kind: str) -> TrainItem:
@@ -23,7 +24,8 @@ def test_rlaar_reward_by_name():
     texts = ["The answer is 7.", "\\boxed{abstain}", "\\boxed{8}",  # solvable: right, abstained, wrong
              "\\boxed{7}", "<think>\nThe number bought is missing.\n</think>\n\\boxed{Abstain}", "I think 9."]
     gen = GenerationResult([[1]] * 6, [np.zeros(1)] * 6, np.ones(6, int), ["stop"] * 6, texts)
-    out = check_output(make_reward("rlaar", RewardEnv(c, 3))([_item("sharded"), _item(UNSOLVABLE)], gen), 6)
+    env = RewardEnv(typed_config(c), 3)
+    out = check_output(make_reward("rlaar", env)([_item("sharded"), _item(UNSOLVABLE)], gen), 6)
     np.testing.assert_array_equal(out.rewards, [1, 0, 0, 0, 1, 0])
     np.testing.assert_array_equal(out.components["abstain"], [0, 1, 0, 0, 1, 0])
     np.testing.assert_array_equal(out.components["solvable_acc"], [1, 0, 0])

@@ -7,12 +7,14 @@ import pytest
 
 import jaxrl_mt.rewards.icpo  # noqa: F401  (registers "icpo")
 import jaxrl_mt.rewards.rlsta  # noqa: F401  (registers "rlsta", "grpo")
+from configs.icpo import get_config as icpo_config
 from configs.rlsta import get_config
 from jaxrl_mt.rewards.anchor import anchor_reward
 from jaxrl_mt.rewards.registry import RewardEnv, RewardOutput, check_output, make_reward, register_reward, reward_names
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.histories import TrainItem
 from jaxrl_mt.sampling import GenerationResult
+from jaxrl_mt.rl.run_config import typed_config
 
 
 def _item(i: int, answer: str, kind: str = "sharded", last: str = "How many?") -> TrainItem:
@@ -56,7 +58,7 @@ def test_rlsta_and_grpo_rewards_by_name(tiny_chat_model_dir):
     m = load_model(str(tiny_chat_model_dir))
     c = get_config("cpu")
     c.rl.alpha, c.rl.verifier_mode = 0.5, "strict"
-    env = RewardEnv(c, 2, m.tokenizer, None, Scorer(m.params, m.cfg, pad_id=m.pad_id))
+    env = RewardEnv(typed_config(c), 2, m.tokenizer, None, Scorer(m.params, m.cfg, pad_id=m.pad_id))
     items = [_item(0, "3"), _item(1, "7")]
     texts = ["The answer is 3.", "maybe 4", "The answer is 7.", ""]
     gen = _generations(texts, m.tokenizer)
@@ -72,11 +74,11 @@ def test_rlsta_and_grpo_rewards_by_name(tiny_chat_model_dir):
 
 
 def test_icpo_reward_by_name():
-    c = get_config("cpu")
-    c.icpo = {"judge": "rule"}
+    c = icpo_config("cpu")
+    assert c.icpo.judge == "rule"
     items = [_item(0, "3", "complete"), _item(1, "5", "underspecified", "Tom has some apples. How many?")]
     texts = ["The answer is 3.", "The answer is 4.", "How many apples did Tom start with?", "The answer is 5."]
-    out = make_reward("icpo", RewardEnv(c, 2))(items, GenerationResult([[]] * 4, [np.zeros(0)] * 4,
+    out = make_reward("icpo", RewardEnv(typed_config(c), 2))(items, GenerationResult([[]] * 4, [np.zeros(0)] * 4,
                                                                       np.zeros(4, int), ["stop"] * 4, texts))
     assert out.rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
     assert out.components["complete_acc"].tolist() == [1.0, 0.0]

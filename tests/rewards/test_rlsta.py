@@ -24,6 +24,7 @@ from jaxrl_mt.rewards.registry import RewardEnv, make_reward
 from jaxrl_mt.rl.histories import TrainItem, build_histories
 from jaxrl_mt.sampling import GenerationResult, Sampler, SamplingConfig
 from jaxrl_mt.scoring import Scorer, ScoreResult
+from jaxrl_mt.rl.run_config import typed_config
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_anchor_is_scored_on_the_clean_full_prompt(tiny_model, refine_item):
     c = get_config("cpu")
     c.rl.alpha, c.rl.verifier_mode = 1.0, "strict"
     scorer = Scorer(tiny_model.params, tiny_model.cfg, pad_id=tiny_model.pad_id, batch_size=4)
-    env = RewardEnv(c, 2, tok, None, scorer)
+    env = RewardEnv(typed_config(c), 2, tok, None, scorer)
     gen = _gen(tok, ["The bill is $660. The answer is 660.", "It is 700."])
     out = make_reward("rlsta", env)([it], gen)
     clean = _direct(scorer, tok, [{"role": "user", "content": it.anchor_prompt}], gen)
@@ -67,6 +68,7 @@ def test_anchor_is_scored_on_the_clean_full_prompt(tiny_model, refine_item):
     for other in (history, merged):  # the test can tell them apart: it fails if either were passed
         assert np.max(np.abs(other - clean) / clean) > 1e-3, (other, clean)
     c.rl.anchor_prompt = "merged"  # the official code's context
+    env = RewardEnv(typed_config(c), 2, tok, None, scorer)
     np.testing.assert_allclose(make_reward("rlsta", env)([it], gen).components["anchor"], merged, rtol=1e-5)
 
 
@@ -104,7 +106,7 @@ def _worked_example(embedded_model, preset: str):
     c = get_config(preset)
     assert c.rl.group_size == 8 and c.rl.verifier_mode == "lenient"
     scorer = TableScorer(table)
-    out = make_reward(c.reward, RewardEnv(c, 8, tok, None, scorer))([_refine_item()], gen)
+    out = make_reward(c.reward, RewardEnv(typed_config(c), 8, tok, None, scorer))([_refine_item()], gen)
     return out, scorer, tok
 
 

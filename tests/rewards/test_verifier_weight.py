@@ -18,6 +18,7 @@ from configs.rlsta import get_config
 from jaxrl_mt.rewards.registry import RewardEnv, make_reward
 from jaxrl_mt.rl.data import validate_config
 from jaxrl_mt.rl.recipe import ConfigError
+from jaxrl_mt.rl.run_config import typed_config
 from tests.rewards.test_rlsta import LOGPS, TEXTS, TableScorer, _gen, _refine_item
 
 
@@ -37,7 +38,7 @@ def _reward(tok, weight, gold):
             c.rl.verifier_weight = weight
     gen = _gen(tok, TEXTS)
     item = dataclasses.replace(_refine_item(), answer=gold)
-    return make_reward(c.reward, RewardEnv(c, 8, tok, None, TableScorer(_table(tok, gen))))([item], gen)
+    return make_reward(c.reward, RewardEnv(typed_config(c), 8, tok, None, TableScorer(_table(tok, gen))))([item], gen)
 
 
 def test_anchor_only_reward_ignores_the_verifier(embedded_model):
@@ -79,6 +80,6 @@ def test_no_verifier_refuses_zeroing_wrong_answers(embedded_model, tmp_path):
     tok = embedded_model.tokenizer
     gen = _gen(tok, TEXTS)
     c.rl.zero_anchor_for_wrong = True
-    env = RewardEnv(c, 8, tok, None, TableScorer(_table(tok, gen)))
+    env = RewardEnv(typed_config(c), 8, tok, None, TableScorer(_table(tok, gen)))
     with pytest.raises(ValueError, match="verifier's verdicts"):
         make_reward(c.reward, env)([_refine_item()], gen)

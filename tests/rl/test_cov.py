@@ -191,15 +191,19 @@ def test_settings_from_a_config_and_their_checks(tmp_path):
     from configs.rlsta import get_config
     from jaxrl_mt.rl.data import validate_config
     from jaxrl_mt.rl.recipe import ConfigError
+    from jaxrl_mt.rl.step import loss_config
 
     c = get_config("cpu")
     c.workdir = str(tmp_path / "wd")
-    assert covmod.cov_settings(c.rl) == ("clip", covmod.DEFAULT_COV)  # fields absent: the defaults
-    validate_config(c)
+    with c.rl.unlocked():  # a config written before the Cov fields: their defaults
+        for k in ("loss_variant", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef"):
+            del c.rl[k]
+    lc = loss_config(validate_config(c).rl)
+    assert (lc.loss_variant, lc.cov) == ("clip", covmod.DEFAULT_COV)
     with c.rl.unlocked():
         c.rl.loss_variant, c.rl.kl_cov_ratio = "kl_cov", 0.01
-    assert covmod.cov_settings(c.rl) == ("kl_cov", covmod.CovConfig(kl_cov_ratio=0.01))
-    validate_config(c)
+    lc = loss_config(validate_config(c).rl)
+    assert (lc.loss_variant, lc.cov) == ("kl_cov", covmod.CovConfig(kl_cov_ratio=0.01))
     for field, value, msg in (("loss_variant", "kl", "rl.loss_variant must be one of"),
                               ("kl_cov_ratio", 0.0, "rl.kl_cov_ratio must be in"),
                               ("clip_cov_lb", 6.0, "rl.clip_cov_lb")):

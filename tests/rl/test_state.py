@@ -68,19 +68,32 @@ def test_other_unexpected_entries_are_still_refused(tmp_path):
     ck.close()
 
 
+def run_config_json(wd, model: str, rl: dict) -> dict:
+    """A run's ``config.json`` in ``wd`` (rlsta's cpu preset with ``model`` and the ``rl`` values), as written."""
+    from configs.rlsta import get_config
+    from jaxrl_mt.rl.run_config import typed_config
+
+    conf = typed_config(get_config("cpu")).to_dict()
+    conf["model"] = model
+    conf["rl"].update(rl)
+    (wd / "config.json").write_text(json.dumps(conf))
+    return conf
+
+
 def test_load_policy_reads_a_legacy_workdir(tmp_path, tiny_chat_model_dir):
     from jaxrl_mt.models.registry import load_model
     from jaxrl_mt.rl.optim import optimizer_from_config
     from jaxrl_mt.rl.policy_io import load_policy
+    from jaxrl_mt.rl.run_config import typed_config
 
     rl = {"lr": 1e-5, "schedule": "constant", "warmup_steps": 0, "steps": 4, "weight_decay": 0.0,
           "max_grad_norm": 1.0, "grad_accum": 1}
     wd = tmp_path / "run"
     wd.mkdir()
-    (wd / "config.json").write_text(json.dumps({"model": str(tiny_chat_model_dir), "rl": rl}))
+    conf = run_config_json(wd, str(tiny_chat_model_dir), rl)
     base = load_model(str(tiny_chat_model_dir))
     params = jax.tree.map(lambda x: x + 1, base.params)
-    opt = optimizer_from_config(rl)
+    opt = optimizer_from_config(typed_config(conf).rl)
     _legacy_save(wd / "checkpoints", params, opt.init(params))
     model = load_policy(wd)
     a, b = jax.tree.leaves(model.params)[0], jax.tree.leaves(params)[0]

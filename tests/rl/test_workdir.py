@@ -14,9 +14,10 @@ import pytest
 
 from configs.rlsta import get_config
 from jaxrl_mt.checkpointing import Checkpointer
-from jaxrl_mt.rl.data import config_to_dict, validate_config
+from jaxrl_mt.rl.data import validate_config
 from jaxrl_mt.rl.recipe import ConfigError
 from jaxrl_mt.rl.metrics_log import MetricsLog, read_metrics
+from jaxrl_mt.rl.run_config import typed_config
 from jaxrl_mt.rl.workdir import (NonFiniteUpdate, check_finite_state, check_resume_config, last_good,
                                  refused_changes)
 
@@ -53,7 +54,7 @@ def test_cli_lr_inf_is_one_line_and_leaves_no_checkpoint(tmp_path: Path) -> None
 
 
 def test_refused_changes_name_data_fields_and_optimizer_structure_only() -> None:
-    old = config_to_dict(get_config("cpu"))
+    old = typed_config(get_config("cpu")).to_dict()
     new = json.loads(json.dumps(old))
     new["data"]["add_source"] = "synthetic:16:1"
     new["rl"]["grad_accum"] = 2  # optax.MultiSteps wraps the state: another structure
@@ -69,7 +70,7 @@ def _resumable(tmp_path: Path):
     c = get_config("cpu")
     c.workdir = str(tmp_path / "w")
     os.makedirs(c.workdir)
-    assert check_resume_config(c) is None  # a fresh workdir: nothing to compare, config.json written
+    assert check_resume_config(typed_config(c)) is None  # a fresh workdir: nothing to compare, config.json written
     log = MetricsLog(c.workdir)
     log.tb = None
     log.scalars(0, {"eval/acc": 0.25})
@@ -83,7 +84,7 @@ def test_changed_data_source_is_refused_and_config_json_kept(tmp_path: Path) -> 
     c.data.add_source = "synthetic:16:1"
     c.rl.grad_accum = 2
     with pytest.raises(ConfigError) as info:
-        check_resume_config(c)
+        check_resume_config(typed_config(c))
     assert str(info.value) == (
         f"{path}: resuming with changed field(s) that change the data or the optimizer state: data.add_source: "
         "'synthetic:16:0,rlsta_add:@' -> 'synthetic:16:1'; rl.grad_accum: 1 -> 2; use another workdir, or set "
@@ -91,11 +92,12 @@ def test_changed_data_source_is_refused_and_config_json_kept(tmp_path: Path) -> 
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before  # before the fix: overwritten
     c.allow_config_changes = "data.add_source"
     with pytest.raises(ConfigError, match=r"rl\.grad_accum: 1 -> 2; .*allow_config_changes='rl.grad_accum'"):
-        check_resume_config(c)
+        check_resume_config(typed_config(c))
     c.allow_config_changes = "data.add_source,rl.grad_accum"
     lines: list[str] = []
-    stored = check_resume_config(c, log=lines.append)  # allowed: the stored optimizer restores the checkpoint
-    assert stored is not None and stored["rl"]["grad_accum"] == 1 and stored["data"]["add_source"] != "x"
+    # allowed: the stored optimizer restores the checkpoint
+    stored = check_resume_config(typed_config(c), log=lines.append)
+    assert stored is not None and stored.rl.grad_accum == 1 and stored.data.add_source == "synthetic:16:0,rlsta_add:@"
     assert lines == ["allow_config_changes: resuming with changed data.add_source, rl.grad_accum (cached items "
                      "are reused; an optimizer of another structure starts from a fresh state)"]
     assert json.loads(path.read_text())["rl"]["grad_accum"] == 2  # written after the check
