@@ -54,6 +54,9 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.filter.cap_per_problem = 2  # kept histories per problem
     c.filter.temperature = 1.0  # sampling temperature of the filtering samples
 
+    # every method's steps, batch and optimizer, and the rollout methods' keys (group_size, temperature, top_p;
+    # mu .. ppo_kl_coef: the GRPO loss; alpha, anchor_prompt, zero_anchor_for_wrong, verifier_weight: the
+    # reward), which configs/sft.py and dpo.py delete (rl.run_config.ROLLOUT_KEYS; docs/training.md)
     c.rl = ConfigDict()
     c.rl.steps = 500  # optimizer steps
     c.rl.batch_size = 16  # prompts per step

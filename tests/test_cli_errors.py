@@ -38,6 +38,12 @@ def test_train_config_typos_are_one_line(args, line):
     assert _one_line(_run("jaxrl_mt.train", "--config", "configs/rlsta.py:cpu", *args)) == line
 
 
+def test_sft_has_no_rollout_keys_on_the_command_line():
+    """SFT trains on fixed targets: a GRPO rollout key is unknown to its config (issue 52: it had them all)."""
+    line = _one_line(_run("jaxrl_mt.train", "--config", "configs/sft.py:cpu", "--config.rl.group_size=4"))
+    assert line.startswith("error: --config.rl.group_size=4: no config field 'group_size'"), line
+
+
 def test_train_missing_config_file_and_unwritable_workdir(tmp_path):
     line = _one_line(_run("jaxrl_mt.train", "--config", "configs/nope.py"))
     assert line == "error: --config: [Errno 2] No such file or directory: 'configs/nope.py'"
