@@ -199,10 +199,10 @@ def spans_processes(mesh: Mesh | None) -> bool:
     return mesh is not None and len({d.process_index for d in mesh.devices.flat}) > 1
 
 
-def rows_multiple(mesh: Mesh) -> int:
+def rows_multiple(mesh: Mesh | None) -> int:
     """Each process's row count must be a multiple of this: its share of the data x fsdp shards.
 
-    1 for a mesh within one process (`shard_batch` replicates rows that do not divide).
+    1 without a mesh or for a mesh within one process (`shard_batch` replicates rows that do not divide).
     """
     if not spans_processes(mesh):
         return 1
@@ -213,10 +213,11 @@ def rows_multiple(mesh: Mesh) -> int:
     return shards // procs
 
 
-def put_rows(mesh: Mesh, arrays: Sequence[Any], *, pad: bool = True) -> list[Any]:
+def put_rows(mesh: Mesh | None, arrays: Sequence[Any], *, pad: bool = True) -> list[Any]:
     """This process's rows -> arrays on the mesh.
 
-    A mesh within one process (e.g. a single-process run): `shard_batch`, unchanged. A mesh over
+    No mesh (one device, the plain jit path): the arrays as they are. A mesh within one process
+    (e.g. a single-process run): `shard_batch`, unchanged. A mesh over
     several processes: `global_batch`, the concatenation of every process's rows in process
     order. Each process must pass the same number of rows (agree on it with `agree_max` first).
     Rows are padded to a multiple of `rows_multiple(mesh)` by repeating the last row;
@@ -231,6 +232,8 @@ def put_rows(mesh: Mesh, arrays: Sequence[Any], *, pad: bool = True) -> list[Any
     Returns:
       Arrays [B_local' * process_count, ...] (B_local' = B_local padded) split over (data, fsdp).
     """
+    if mesh is None:
+        return list(arrays)
     if not spans_processes(mesh):
         return shard_batch(mesh, arrays)
     m = rows_multiple(mesh)

@@ -34,16 +34,18 @@ class Batch(Protocol):
         ...
 
 
-def place(mesh: Any, batch: B) -> B:
+def place(mesh: Any, batch: B, *, pad: bool = False) -> B:
     """A batch's row arrays on the mesh (this process's rows of a global batch); unchanged without a mesh.
 
     Every array leaf with a row axis goes through ``parallel.put_rows`` (no padding: a repeated row
-    would change the loss); scalars (GRPO's Clip-Cov seed) stay as they are.
+    would change the loss; without a mesh it returns the arrays as they are); scalars (GRPO's
+    Clip-Cov seed) stay as they are. One process or several: the same call (the rows of every
+    process, in process order, form the global batch). ``pad=True`` (a pass without a loss, e.g.
+    reference log-probs): rows are padded to the mesh's multiple by repeating the last one; the
+    caller keeps its first rows of ``parallel.fetch_rows``.
     """
-    if mesh is None:
-        return batch
     leaves, tree = jax.tree_util.tree_flatten(batch)
     rows = [i for i, x in enumerate(leaves) if np.ndim(x) >= 1]
-    for i, x in zip(rows, put_rows(mesh, [leaves[i] for i in rows], pad=False)):
+    for i, x in zip(rows, put_rows(mesh, [leaves[i] for i in rows], pad=pad)):
         leaves[i] = x
     return jax.tree_util.tree_unflatten(tree, leaves)

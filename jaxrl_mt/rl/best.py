@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jaxrl_mt.checkpointing import Checkpointer
+from jaxrl_mt.parallel import broadcast_json
 from jaxrl_mt.rl.workdir import check_finite_state
 
 __all__ = ["BestKeeper", "kept_params"]
@@ -39,15 +40,21 @@ def kept_params(workdir: Path, like: Any) -> Any | None:
 
 
 class BestKeeper:
-    """Keeps the parameters of the evaluation with the best ``metric`` (``mode`` "min" or "max")."""
+    """Keeps the parameters of the evaluation with the best ``metric`` (``mode`` "min" or "max").
 
-    def __init__(self, workdir: Path, metric: str, mode: str, *, enabled: bool = True,
+    Several processes: every process keeps one (the orbax save is collective: each writes its
+    shards) and makes the same choice (the held-out metric is global; ``best.json`` is process 0's,
+    read by process 0 and sent to the others); only ``write`` (process 0) writes ``best.json``.
+    """
+
+    def __init__(self, workdir: Path, metric: str, mode: str, *, enabled: bool = True, write: bool = True,
                  log: Callable[[str], None] = print):
         if mode not in ("min", "max"):
             raise ValueError(f"BestKeeper: mode must be min|max, got {mode!r}")
-        self.metric, self.mode, self.enabled, self.log = metric, mode, enabled, log
+        self.metric, self.mode, self.enabled, self.write, self.log = metric, mode, enabled, write, log
         self.dir, self.info_path = workdir / BEST_DIR, workdir / BEST_INFO
-        self.info: dict[str, Any] | None = json.loads(self.info_path.read_text()) if self.info_path.exists() else None
+        self.info: dict[str, Any] | None = broadcast_json(
+            json.loads(self.info_path.read_text()) if write and self.info_path.exists() else None)
 
     def _better(self, value: float) -> bool:
         if not math.isfinite(value):
@@ -69,9 +76,10 @@ class BestKeeper:
         ck.wait()
         ck.close()
         self.info = {"step": step, "value": float(value), "metric": self.metric}
-        tmp = self.info_path.with_name(self.info_path.name + ".tmp")
-        tmp.write_text(json.dumps(self.info) + "\n")
-        os.replace(tmp, self.info_path)
+        if self.write:
+            tmp = self.info_path.with_name(self.info_path.name + ".tmp")
+            tmp.write_text(json.dumps(self.info) + "\n")
+            os.replace(tmp, self.info_path)
         self.log(f"best {self.metric} so far: {value:.4f} at step {step} (kept in {self.dir})")
         return True
 

@@ -114,7 +114,7 @@ class Trainer:
         self.model = load_policy_model(c, self.mesh)
         self.tok = self.model.tokenizer
         self.multi = spans_processes(self.mesh)  # one global mesh over several processes
-        check_micro_batch(c, self.mesh, self.multi)
+        check_micro_batch(c, self.mesh)
         lora = lora_config(c)  # LoRA: the train state holds adapters; the policy is base + adapters
         self.trainable = Trainable(self.model.params, lora, lora_forward(c)) if lora is not None else Trainable()
         self.ref_params, self.ref_cfg = reference(c, self.model, self.mesh, copy=lora is None)
@@ -124,11 +124,11 @@ class Trainer:
                              sampler=self.sampler, mesh=self.mesh, log=self.log, ref_params=self.ref_params,
                              ref_cfg=self.ref_cfg)
         select = self.data.select  # the kept and exported checkpoint: best held-out metric
-        self.best = BestKeeper(self.wd, *select, enabled=self.is_main, log=self.log) if select else None
+        self.best = BestKeeper(self.wd, *select, write=self.is_main, log=self.log) if select else None
         self.optimizer = optimizer_from_config(c.rl)
         self.lc = loss_config(c.rl)
         self.plan = MemoryPlan(self.wd, chunk=self.lc.chunk, log=self.log, write=self.is_main,
-                               agree=agree_max_many if self.multi else None)  # resumed: the first start's choices
+                               agree=agree_max_many)  # resumed: the first start's choices
         self._steps: dict[int | str, Any] = {}  # the objective's jitted step of each memory-plan bucket
         self.ref_scorer = Scorer(self.ref_params, self.ref_cfg, pad_id=self.model.pad_id,
                                  batch_size=min(16, c.rl.rows), mesh=self.mesh)
@@ -138,8 +138,6 @@ class Trainer:
             self.probe = make_probe(c, self.system)
         except (DataError, OSError) as e:
             raise ConfigError(f"eval.probe_source: {e}") from None
-        if self.probe is not None and self.multi:
-            raise ConfigError("eval.probe_source is not supported in a multi-process run")
 
     def _rollout_engine(self) -> RolloutEngine:
         """The rollout's frozen environment: sampler, reward (with the reference's scorer), shapes."""
@@ -151,7 +149,7 @@ class Trainer:
             ref_cfg=self.ref_cfg, policy_cfg=self.model.cfg, tokenizer=self.tok, pad_id=self.model.pad_id, lc=self.lc,
             group_size=ro.group_size, max_new_tokens=rl.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
             scale_rewards=lo.scale_rewards, grad_accum=rl.grad_accum, mu=lo.mu, seed=c.seed, system=self.system,
-            mesh=self.mesh, multi=self.multi, grouped=self._grouped())
+            mesh=self.mesh, grouped=self._grouped())
 
     def prepare(self) -> tuple[list[TrainItem], list[TrainItem]]:
         """Training and held-out items of the method's data recipe (cached in the workdir)."""
@@ -166,7 +164,7 @@ class Trainer:
     def _grouped(self) -> bool:
         """Whether rollouts prompt once per group (`rl.rollout.grouped_layout`), with or without a mesh."""
         rl = self.c.rl
-        return grouped_layout(rl.batch_size, rl.rollout.group_size, rl.grad_accum, self.mesh, self.multi)
+        return grouped_layout(rl.batch_size, rl.rollout.group_size, rl.grad_accum, self.mesh)
 
     def _remat(self, key: int | str, footprint: Footprint) -> bool | str:
         """`rl.remat` for the steps of memory-plan bucket `key` (`Objective.plan`), the first start's
@@ -178,9 +176,7 @@ class Trainer:
         fit (`rl.step.choose_remat`), the same on every process (the most conservative choice)."""
         prompts, group, P, C = footprint
         order = [False, "dots", True]
-        choice = order.index(choose_remat(self.model.cfg, prompts, group, P, C))
-        if self.multi:
-            choice = agree_max_many([choice])[0]
+        choice = agree_max_many([order.index(choose_remat(self.model.cfg, prompts, group, P, C))])[0]
         self.log(f"rl.remat auto: prompt bucket {key}, {prompts} prompts x {group} rows each -> {order[choice]!r}")
         return order[choice]
 
@@ -204,8 +200,7 @@ class Trainer:
         step_fn = self._train_step(batch, params, opt_state)
         n = batch.rows
         mb = n // self.c.rl.grad_accum
-        if self.multi:  # one global micro-batch: the same number of rows on every process, no padding
-            check_same_rows(n, "train batch")
+        check_same_rows(n, "train batch")  # one global micro-batch: the same number of rows on every process
         acc: dict[str, list[float]] = {}
         for i in range(obj.passes):
             for s in range(0, n, mb):
@@ -288,8 +283,8 @@ class Trainer:
         batch, m, samples = self.objective.batch(lambda: self.trainable.policy(state.params), items, state.step)
         state, tm = self.update(state, batch)
         m = {**pre, **m, **tm, "perf/step_s": time.perf_counter() - t0}
-        if self.multi:  # global means (train/* are already global: the same on every process)
-            m = mean_over_processes(m, max_keys=("completion/max_length",))
+        # global means (train/* are already global: the same on every process)
+        m = mean_over_processes(m, max_keys=("completion/max_length",))
         self.data.observe(m)  # a recipe whose state follows the training (RLAAR's curriculum)
         return state, m, samples
 

@@ -90,9 +90,11 @@ class RLAARData(Recipe):
 
     def prepare(self, env: RecipeEnv, train: Sequence[Any], held: Sequence[Any]) -> tuple[list[TrainItem],
                                                                                       list[TrainItem]]:
-        """One base item per training problem (what the data iterator draws) and the held-out variants."""
-        if env.multi:
-            raise ConfigError("method 'rlaar' runs on one process for now")
+        """One base item per training problem (what the data iterator draws) and the held-out variants.
+
+        Several processes: the histories are answered per process and gathered (``answered_histories``);
+        every process holds every variant, draws its own problems and follows the same curriculum (it
+        observes the step's global mean reward)."""
         c, t0 = env.config, time.perf_counter()
         items = self._answered(env, "histories.jsonl", train, c.seed)
         self._variants = {_key(it): it for it in items}
@@ -138,7 +140,9 @@ class RLAARData(Recipe):
         self.curriculum = Curriculum.from_json(state["curriculum"])
 
     def evaluate(self, env: RecipeEnv, params: Any, held: Sequence[TrainItem]) -> dict[str, float]:
-        """Greedy replies on the held-out samples: accuracy (solvable), abstention (unsolvable and all)."""
+        """Greedy replies on the held-out samples: accuracy (solvable), abstention (unsolvable and all).
+
+        Several processes: each answers every held-out sample (its rows of one collective call)."""
         if not held:
             return {}
         c, sampler = env.config, env.policy_sampler(params)

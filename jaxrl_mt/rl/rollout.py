@@ -5,10 +5,11 @@
 copy. :class:`RolloutEngine` is frozen: what a rollout uses besides the policy parameters (the
 sampler, the reward, the reference model, the buckets' settings, the mesh).
 
-Under a mesh (one or several processes) the example has the same layout as without one: each
-prompt once for its G completions (``TrainExample``), unless a micro-batch would split a group
-or, across processes, a micro-batch's prompts are not a multiple of the process's share of the
-rows; then each row carries its own prompt (``group = 1``).
+A row's draws depend on its index in the global batch (every process's rows in process order), not
+on how many processes hold the rows. Under a mesh (one or several processes) the example has the
+same layout as without one: each prompt once for its G completions (``TrainExample``), unless a
+micro-batch would split a group or, across processes, a micro-batch's prompts are not a multiple
+of the process's share of the rows; then each row carries its own prompt (``group = 1``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ class RolloutEngine:
     seed: int = 0
     system: str | None = None
     mesh: Any = None
-    multi: bool = False  # the mesh spans several processes
     grouped: bool = True  # each prompt once for its G completions (`grouped_layout`)
     run_to_budget: bool = False  # no stop tokens: every row runs to max_new_tokens (the benchmark)
 
@@ -72,18 +72,19 @@ class Rollout(NamedTuple):
     rewards: np.ndarray  # [N]
 
 
-def grouped_layout(batch_size: int, group_size: int, grad_accum: int, mesh: Any = None, multi: bool = False) -> bool:
-    """Whether micro-batches hold whole groups of prompts that can be fed as rows (see the module doc)."""
+def grouped_layout(batch_size: int, group_size: int, grad_accum: int, mesh: Any = None) -> bool:
+    """Whether micro-batches hold whole groups of prompts that can be fed as rows (see the module doc;
+    ``rows_multiple`` is 1 without a mesh or on one process)."""
     micro = batch_size * group_size // grad_accum
     if micro % group_size:
         return False
-    return not multi or (micro // group_size) % rows_multiple(mesh) == 0
+    return (micro // group_size) % rows_multiple(mesh) == 0
 
 
 def example_logprobs(engine: RolloutEngine, params: Any, cfg: Any, ex: TrainExample) -> np.ndarray:
     """Log-probs [N, C] of this process's completions under (params, cfg), on the engine's mesh."""
     out = completion_logprobs(params, cfg, place(engine.mesh, ex), temperature=engine.lc.temperature)
-    return np.asarray(fetch_rows(out) if engine.mesh is not None else out)[: ex.rows]
+    return np.asarray(fetch_rows(out))[: ex.rows]
 
 
 def rollout(engine: RolloutEngine, params: Any, items: Sequence[Any], step: int) -> Rollout:
@@ -95,11 +96,15 @@ def rollout(engine: RolloutEngine, params: Any, items: Sequence[Any], step: int)
     e, G = engine, engine.group_size
     prompts = [encode_prompt(e.tokenizer, it.messages, system=e.system) for it in items]
     rows = [p for p in prompts for _ in range(G)]
+    # row r of process p draws with row seed p * rows + r, its index in the global batch: the draws of
+    # a step on several processes are those of one process holding every row (one process: r)
+    row_seeds = np.arange(len(rows)) + jax.process_index() * len(rows)
     t0, c0 = time.perf_counter(), time.process_time()
     res = e.sampler.generate_ids(prompts, SamplingConfig(max_new_tokens=e.max_new_tokens, temperature=e.temperature,
                                                          top_p=e.top_p),
                                  seed=jax.random.fold_in(jax.random.PRNGKey(e.seed), step), group_size=G,
-                                 stop_ids=[[] for _ in rows] if e.run_to_budget else None, params=params)
+                                 stop_ids=[[] for _ in rows] if e.run_to_budget else None, row_seeds=row_seeds,
+                                 params=params)
     e.sampler.release_decode_weights()  # the next step's params differ: no copy through the update
     gen_s, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
     t1, c1 = time.perf_counter(), time.process_time()
@@ -108,18 +113,16 @@ def rollout(engine: RolloutEngine, params: Any, items: Sequence[Any], step: int)
     adv = np.asarray(group_advantages(jnp.asarray(reward, jnp.float32), G, scale_rewards=e.scale_rewards))
     P = bucket(max(len(p) for p in rows), 32)
     C = min(bucket(max(max(res.lengths), 1), 16), bucket(e.max_new_tokens, 16))
-    if e.multi:  # one train-step program: every process uses the largest buckets
-        P, C = agree_max_many([P, C])
+    P, C = agree_max_many([P, C])  # one train-step program: every process uses the largest buckets
     ex = (assemble_example(prompts, res.tokens, e.pad_id, P, C, group=G, advantages=adv) if e.grouped
           else assemble_example(rows, res.tokens, e.pad_id, P, C, group=1, advantages=adv))
     if e.lc.loss_type == "dapo":  # TRL's num_items_in_batch: every row carries the step's normaliser
         tokens = int(ex.completion_mask.sum())
         ex = ex.replace(num_items=dapo_num_items(ex.completion_mask, e.grad_accum,
-                                                 int(allgather_ints([tokens]).sum()) if e.multi else tokens))
+                                                 int(allgather_ints([tokens]).sum())))
     if e.lc.beta > 0:  # the reward's reference pass when it scored these pairs, else the reference model
         ref = reused_logprobs(out.ref_logprobs, rows, res.tokens, C, temperature=e.lc.temperature)
-        if e.multi:  # every process takes the same branch: the fallback is collective
-            ref = ref if int(allgather_ints([ref is None]).sum()) == 0 else None
+        ref = ref if int(allgather_ints([ref is None]).sum()) == 0 else None  # every process: the same branch
         ex = ex.replace(ref_logp=ref if ref is not None else example_logprobs(e, e.ref_params, e.ref_cfg, ex))
     if e.mu > 1:
         ex = ex.replace(old_logp=example_logprobs(e, params, e.policy_cfg, ex))

@@ -42,10 +42,11 @@ def load_policy_model(c: TrainConfig, mesh: Any) -> Model:
     return model
 
 
-def check_micro_batch(c: TrainConfig, mesh: Any, multi: bool) -> None:
-    """Refuses a multi-process micro-batch that the mesh's data x fsdp shards cannot split evenly."""
+def check_micro_batch(c: TrainConfig, mesh: Any) -> None:
+    """Refuses a micro-batch that the mesh's data x fsdp shards of each process cannot split evenly
+    (``rows_multiple``: 1 on one process, where nothing is refused)."""
     micro_rows = c.rl.rows // c.rl.grad_accum  # rl.batch_size (x rl.group_size with rollouts) / rl.grad_accum
-    if multi and micro_rows % rows_multiple(mesh):
+    if micro_rows % rows_multiple(mesh):
         raise ConfigError(f"train micro-batch of {micro_rows} rows per process (rl.batch_size [* rl.group_size] "
                           f"/ rl.grad_accum) is not a multiple of {rows_multiple(mesh)}, this process's "
                           "share of the mesh's data x fsdp shards")

@@ -15,7 +15,13 @@ The rows are split by problem into training and validation (``sft.val_fraction``
 the checkpoint with the lowest one (``SELECT``) and exports it. Rows are cached in the workdir
 (``train_rows.jsonl``, ``val_rows.jsonl``), the filter's samples too (``filter_texts.jsonl``); the
 histories as RLSTA's (``histories.jsonl``).
-Single-process only for now (a multi-process run is refused at start-up).
+
+Several processes run as one: the histories and the filter's samples are split over the
+processes (``rl.multiturn.per_process``, each on a process-local copy of the policy) and
+gathered; cached rows are process 0's files; each process trains on its own rows of the step
+(the global batch, ``rl.batch.place``; SFT's normaliser counts every process's tokens, DPO's
+reference log-probs are scored on the mesh); the validation loss is computed by every process
+on all validation rows.
 """
 
 from __future__ import annotations
@@ -35,10 +41,11 @@ from jaxrl_mt.batching import bucket
 from jaxrl_mt.rl.data import load_scenarios
 from jaxrl_mt.rl.dpo import dpo_objective, pair_logprobs, preference_batch
 from jaxrl_mt.rl.histories import TrainItem, filter_items, load_texts, save_texts, single_and_multi_texts, texts_key
-from jaxrl_mt.rl.multiturn import answered_histories
+from jaxrl_mt.rl.batch import place
+from jaxrl_mt.rl.multiturn import answered_histories, local_sampler, per_process
 from jaxrl_mt.rl.recipe import METHODS, ConfigError, RecipeEnv, SupervisedRecipe
 from jaxrl_mt.rl.run_config import DPOSection, SFTSection, TrainConfig
-from jaxrl_mt.parallel import allgather_ints
+from jaxrl_mt.parallel import agree_max, agree_max_many, allgather_ints, broadcast_json, fetch_rows
 from jaxrl_mt.rl.sft import SftBatch, sft_objective, sft_rows, target_tokens
 from jaxrl_mt.rl.step import LossConfig, loss_config
 from jaxrl_mt.rl.sft_data import DpoPair, SftItem, dpo_pairs, encode_target, filter_samples, sft_items, \
@@ -58,9 +65,20 @@ def _write_rows(path: Path, rows: Sequence[Any]) -> None:
     os.replace(tmp, path)
 
 
-def _read_rows(path: Path, cls: type) -> list[Any]:
+def _load_texts(path: Path, key: dict[str, Any], hist: Sequence[TrainItem], k: int) -> dict[str, Any]:
+    """The filter's cached samples at ``path`` for ``key``: ``{"texts": [st, mt] or None, "file"}``, or
+    ``{"error"}`` for a damaged file (every process raises it: ``prepare`` is collective)."""
+    try:
+        texts = load_texts(path, key, hist, k=k) if path.is_file() else None
+    except ValueError as e:
+        return {"error": str(e)}
+    return {"texts": None if texts is None else list(texts), "file": path.is_file()}
+
+
+def _read_rows(path: Path, cls: type, text: str | None = None) -> list[Any]:
+    """The rows of ``path`` (or of ``text``, that file's contents read elsewhere)."""
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate((path.read_text() if text is None else text).splitlines(), 1):
         try:
             d = json.loads(line)
             out.append(cls(**{**d, "messages": tuple(tuple(m) for m in d["messages"])}))
@@ -88,12 +106,13 @@ class _Supervised(SupervisedRecipe):
     def prepare(self, env: RecipeEnv, train: Sequence[Any], held: Sequence[Any]) -> tuple[list[Any], list[Any]]:
         """Training and validation rows (cached); ``held`` scenarios are not used (the validation
         rows are a split of the training problems' histories, by problem)."""
-        if env.multi:
-            raise ConfigError(f"method {self.name!r} runs on one process for now")
         c = env.config
         paths = env.workdir / "train_rows.jsonl", env.workdir / "val_rows.jsonl"
-        if all(p.exists() for p in paths):
-            return _read_rows(paths[0], self.row_cls), _read_rows(paths[1], self.row_cls)
+        # process 0's files, sent to every process (the identity on one process)
+        texts = broadcast_json([p.read_text() for p in paths] if env.is_main and all(p.exists() for p in paths)
+                               else None)
+        if texts is not None:
+            return _read_rows(paths[0], self.row_cls, texts[0]), _read_rows(paths[1], self.row_cls, texts[1])
         hist = answered_histories(env, "histories.jsonl", train, c.seed)
         rows = self._rows(env, hist)
         tr, val = split_validation(rows, self._section(c).val_fraction, c.seed)
@@ -135,16 +154,22 @@ class _Supervised(SupervisedRecipe):
         key = texts_key(hist, model=c.model, seed=seed, k=k, temperature=sampling.temperature,
                         max_new_tokens=sampling.max_new_tokens, system=env.system)
         path = env.workdir / FILTER_TEXTS
-        try:
-            cached = load_texts(path, key, hist, k=k) if path.is_file() else None
-        except ValueError as e:  # a damaged cache (a half-written line): one line naming file:line, exit 2
-            raise ConfigError(f"{e}; delete the file to sample again") from None
-        if cached is not None:
+        got = broadcast_json(_load_texts(path, key, hist, k) if env.is_main else None)  # process 0's file
+        if "error" in got:  # a damaged cache (a half-written line): one line naming file:line, exit 2
+            raise ConfigError(f"{got['error']}; delete the file to sample again")
+        if got["texts"] is not None:
             env.log(f"data: the filter's samples from {path}")
-            return cached
-        if path.is_file():
+            return got["texts"][0], got["texts"][1]
+        if got["file"]:
             env.log(f"data: {path} was written with other settings; sampling again")
-        st, mt = single_and_multi_texts(env.sampler, hist, sampling, k=k, seed=seed, system=env.system)
+        sampler = local_sampler(env)  # several processes: each samples its block of histories alone
+
+        def texts(block: Sequence[TrainItem]) -> list[list[list[str]]]:  # [n, 2, k]: each history's st, mt
+            st, mt = single_and_multi_texts(sampler, block, sampling, k=k, seed=seed, system=env.system)
+            return [[st[i * k:(i + 1) * k], mt[i * k:(i + 1) * k]] for i in range(len(block))]
+
+        both = per_process(env, texts, hist)
+        st, mt = [t for b in both for t in b[0]], [t for b in both for t in b[1]]
         if env.is_main:
             save_texts(path, key, hist, st, mt, k=k)
         return st, mt
@@ -192,10 +217,10 @@ class SFTData(_Supervised):
     def batch(self, env: RecipeEnv, rows: Sequence[SftItem]) -> SftBatch:
         """The rows, each carrying the step's target tokens / ``rl.grad_accum`` (the loss's normaliser)."""
         enc = [encode_target(env.sampler.tokenizer, r.messages, r.target, system=env.system) for r in rows]
-        width = bucket(max(len(p) + len(t) for p, t in enc), LENGTH_QUANTUM)
+        width = agree_max(bucket(max(len(p) + len(t) for p, t in enc), LENGTH_QUANTUM))  # one shape everywhere
         tokens, mask, target = sft_rows([p for p, _ in enc], [t for _, t in enc], env.sampler.pad_id, width=width)
         n = target_tokens(mask, target)
-        n = int(allgather_ints([n]).sum()) if env.multi else n  # the step's tokens over every process
+        n = int(allgather_ints([n]).sum())  # the step's tokens over every process
         num_items = np.full(len(rows), max(n, 1) / env.config.rl.grad_accum, np.float32)
         return SftBatch(tokens, mask, target, num_items)
 
@@ -225,11 +250,12 @@ class DPOData(_Supervised):
         enc = [(encode_target(tok, r.messages, r.chosen, system=env.system),
                 encode_target(tok, r.messages, r.rejected, system=env.system)) for r in rows]
         prompts, chosen, rejected = [c[0] for c, _ in enc], [c[1] for c, _ in enc], [r[1] for _, r in enc]
-        b = preference_batch(prompts, chosen, rejected, env.sampler.pad_id,
-                             prompt_len=bucket(max(map(len, prompts)), LENGTH_QUANTUM),
-                             completion_len=bucket(max(map(len, chosen + rejected)), LENGTH_QUANTUM))
-        ref_c, ref_r = _pair_logprobs_jit(env.ref_params, env.ref_cfg, *b[:6])
-        return b._replace(ref_chosen=np.asarray(ref_c), ref_rejected=np.asarray(ref_r))
+        p_len, c_len = agree_max_many([bucket(max(map(len, prompts)), LENGTH_QUANTUM),  # one shape everywhere
+                                       bucket(max(map(len, chosen + rejected)), LENGTH_QUANTUM)])
+        b = preference_batch(prompts, chosen, rejected, env.sampler.pad_id, prompt_len=p_len, completion_len=c_len)
+        # on the mesh, this process's rows of the global batch (``rl.batch.place``), read back as its rows
+        ref = fetch_rows(_pair_logprobs_jit(env.ref_params, env.ref_cfg, *place(env.mesh, tuple(b[:6]), pad=True)))
+        return b._replace(ref_chosen=np.asarray(ref[0])[:len(rows)], ref_rejected=np.asarray(ref[1])[:len(rows)])
 
     def loss(self, env: RecipeEnv) -> Callable[..., Any]:
         d = env.config.dpo
