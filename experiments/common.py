@@ -1,4 +1,4 @@
-"""Helpers shared by the experiment commands: the evaluation config and reading evaluation folders."""
+"""Helpers shared by the experiment commands: the typed evaluation config and reading evaluation folders."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxrl_mt.eval.eval_config import EvalConfig, typed_eval_config
 from jaxrl_mt.eval.simulator import EvalError, TranscriptStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,12 +39,13 @@ DYNAMICS_KEYS = {
 }
 
 
-def eval_config(**overrides: Any) -> dict[str, Any]:
-    """``configs/eval_lic.py:cpu`` as a plain dict with ``overrides`` applied.
+def eval_config(**overrides: Any) -> EvalConfig:
+    """``configs/eval_lic.py:cpu`` with ``overrides`` applied (the file's keys), typed and checked as
+    ``jaxrl_mt.evaluate`` types it (``typed_eval_config``).
 
     Raises:
       EvalError: the config file is missing (the experiment commands run from a source checkout),
-        or an override names a field the config does not have.
+        an override names a field the config does not have, or a value has the wrong type.
     """
     if not EVAL_CONFIG.is_file():
         raise EvalError(f"{EVAL_CONFIG}: not found (run the experiment commands from a source checkout)")
@@ -55,7 +57,7 @@ def eval_config(**overrides: Any) -> dict[str, Any]:
         if k not in c:
             raise EvalError(f"{EVAL_CONFIG}: no field {k!r}")
         c[k] = v
-    return c
+    return typed_eval_config(c)
 
 
 def load_records(workdir: str | Path) -> list[dict[str, Any]]:

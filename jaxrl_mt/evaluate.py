@@ -131,7 +131,7 @@ def normalize_config(cfg: Any) -> EvalConfig:
         raise EvalError(f"config field 'attention': expected one of {', '.join(ATTENTION_IMPLS)}, "
                         f"got {c.attention!r}")
     _mesh(c.mesh_shape)
-    check_http_config(c)
+    check_http_config(c.model, c.strategy, c.http)
     _backend_spec(c.judge, "judge", "rule")
     _backend_spec(c.user_simulator, "user_simulator", "fixed")
     check_strategy(c.strategy)
@@ -237,7 +237,7 @@ def _run_todo(c: EvalConfig, todo: list[Any], store: TranscriptStore | None, plu
         if is_http(c.model):
             from jaxrl_mt.eval.http_assistant import remote_sampler
 
-            sampler = remote_sampler(c)
+            sampler = remote_sampler(c.model, c.http)
         else:
             model = load_eval_model(c.model, dtype=c.dtype, attention=c.attention)
     if model is not None and c.enable_thinking is not None:  # Qwen3's thinking / no-think renderings
@@ -248,11 +248,11 @@ def _run_todo(c: EvalConfig, todo: list[Any], store: TranscriptStore | None, plu
         model = dataclasses.replace(model, tokenizer=tok)
     sampler = sampler if sampler is not None else make_sampler(model, c.mesh_shape, c.max_batch)
     judge = make_judge(c.judge, model=model, max_new_tokens=c.judge_max_new_tokens,
-                       **http_backend_kw(c.judge, c))
+                       **http_backend_kw(c.judge, c.http))
     for plug in plugins.values():
         plug.backend = judge.backend
     user = make_user(c.user_simulator, model=model, max_new_tokens=c.user_max_new_tokens,
-                     temperature=c.user_temperature, **http_backend_kw(c.user_simulator, c))
+                     temperature=c.user_temperature, **http_backend_kw(c.user_simulator, c.http))
     sampling = SamplingConfig(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p)
     written = [0]
 

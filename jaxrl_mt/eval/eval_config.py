@@ -11,14 +11,50 @@ from __future__ import annotations
 
 import dataclasses
 import types
+import typing
 from typing import Any, Mapping, Union
 
-from jaxrl_mt.eval.errors import EvalError
-from jaxrl_mt.typed_config import build
+from ml_collections import ConfigDict
 
-__all__ = ["EvalConfig", "typed_eval_config"]
+from jaxrl_mt.eval.errors import EvalError
+from jaxrl_mt.typed_config import build, check_value
+
+__all__ = ["HTTP_KEYS", "EvalConfig", "HttpSection", "typed_eval_config"]
 
 Specs = Union[str, tuple[str, ...]]  # source specs: "a,b" (the command line) or a sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpSection:
+    """The endpoint settings of an ``http:`` model, judge or user simulator (the config file's ``http_*``
+    keys and ``api_key_env``; configs/eval_lic.py documents them). Every field has the default that
+    configs written before it load with."""
+
+    concurrency: int = 8  # requests in flight at once
+    timeout: float = 60.0  # seconds per request attempt
+    retries: int = 3
+    backoff: float = 0.5  # first retry delay, doubled each retry
+    deadline: float = 1800.0  # seconds one batch (a turn) may take (0: none)
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the key (only its name is kept)
+
+    def check(self) -> None:
+        """Raises EvalError ``config field 'http_timeout': bad value 0.0`` for the first bad value."""
+        checks = (("concurrency", self.concurrency >= 1), ("timeout", self.timeout > 0), ("retries", self.retries >= 0),
+                  ("backoff", self.backoff >= 0), ("deadline", self.deadline >= 0))
+        for name, ok in checks:
+            if not ok:
+                raise EvalError(f"config field '{_FILE_KEY[name]}': bad value {getattr(self, name)!r}")
+
+    def backend_kw(self) -> dict[str, Any]:
+        """``HTTPBackend`` keyword arguments."""
+        return {"max_workers": self.concurrency, "timeout": self.timeout, "max_retries": self.retries,
+                "backoff": self.backoff, "deadline": self.deadline or None, "api_key_env": self.api_key_env}
+
+
+# the config file's key of each HttpSection field: the one place the file's flat keys map to ``EvalConfig.http``
+HTTP_KEYS = {"http_concurrency": "concurrency", "http_timeout": "timeout", "http_retries": "retries",
+             "http_backoff": "backoff", "http_deadline": "deadline", "api_key_env": "api_key_env"}
+_FILE_KEY = {v: k for k, v in HTTP_KEYS.items()}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,12 +94,7 @@ class EvalConfig:
     enable_thinking: Union[bool, None] = None
     attention: str = "auto"
     abstain: bool = False
-    http_concurrency: int = 8
-    http_timeout: float = 60.0
-    http_retries: int = 3
-    http_backoff: float = 0.5
-    http_deadline: float = 1800.0
-    api_key_env: str = "OPENAI_API_KEY"
+    http: HttpSection = dataclasses.field(default_factory=HttpSection)  # the file's http_* keys, api_key_env
     # resolved by `evaluate.normalize_config` from task / dataset / datasets (not config fields)
     tasks: tuple[str, ...] = ()
     sources: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
@@ -73,8 +104,9 @@ class EvalConfig:
             object.__setattr__(self, name, types.MappingProxyType(dict(getattr(self, name))))
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain JSON-able values (the report's ``config``)."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """The config as plain JSON-able values in the config file's layout (the report's ``config``)."""
+        out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "http"}
+        return {**out, **{k: getattr(self.http, f) for k, f in HTTP_KEYS.items()}}
 
     def replace(self, **changes: Any) -> EvalConfig:
         """A copy with ``changes`` (unchecked: `evaluate.normalize_config` checks values)."""
@@ -92,10 +124,11 @@ def _plain(v: Any) -> Any:
 _RESOLVED = ("tasks", "sources")
 
 
-def typed_eval_config(cfg: Any) -> EvalConfig:
+def typed_eval_config(cfg: ConfigDict | Mapping[str, Any] | EvalConfig) -> EvalConfig:
     """The typed config of a ConfigDict or a mapping (an :class:`EvalConfig` is returned as is).
 
-    ``scenarios`` and ``dataset`` may be a comma-separated string (the command line) or a sequence.
+    ``scenarios`` and ``dataset`` may be a comma-separated string (the command line) or a sequence;
+    the file's ``http_*`` keys and ``api_key_env`` become ``http`` (:data:`HTTP_KEYS`).
 
     Args:
       cfg: an ml_collections ConfigDict, a mapping of field name -> value, or an EvalConfig.
@@ -110,11 +143,14 @@ def typed_eval_config(cfg: Any) -> EvalConfig:
     """
     if isinstance(cfg, EvalConfig):
         return cfg
-    raw = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-    resolved = sorted(k for k in _RESOLVED if k in raw)
+    raw = dict(cfg.to_dict() if isinstance(cfg, ConfigDict) else cfg)
+    resolved = sorted(k for k in (*_RESOLVED, "http") if k in raw)
     if resolved:
         raise EvalError(f"unknown config field(s) {', '.join(resolved)}")
     for k in ("scenarios", "dataset"):
         if isinstance(raw.get(k), str):
             raw[k] = (raw[k],)
+    hints = typing.get_type_hints(HttpSection)
+    raw["http"] = HttpSection(**{f: check_value(k, raw.pop(k), hints[f], EvalError) for k, f in HTTP_KEYS.items()
+                                 if k in raw})
     return build(EvalConfig, raw, "", EvalError)

@@ -2,9 +2,10 @@
 
 The conversations are planned, judged, scored and written exactly as for a local model; only the
 assistant's replies come from the endpoint (``jaxrl_mt.remote.RemoteSampler``: one batch of
-concurrent requests per turn). The endpoint settings are config fields (``http_*``, ``api_key_env``),
-shared by an ``http:`` judge and user simulator; the API key is read from the environment
-variable named by ``api_key_env`` and is never stored (configs keep the variable's name only).
+concurrent requests per turn). The endpoint settings are the config's ``http`` section
+(``eval_config.HttpSection``: the file's ``http_*`` keys and ``api_key_env``), shared by an ``http:``
+judge and user simulator; the API key is read from the environment variable named by
+``api_key_env`` and is never stored (configs keep the variable's name only).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from jaxrl_mt.backends import make_backend
 from jaxrl_mt.conversations import ConversationRun, FixedOrderUser, UserPolicy, run_conversations
-from jaxrl_mt.eval.eval_config import EvalConfig
+from jaxrl_mt.eval.eval_config import HttpSection
 from jaxrl_mt.eval.simulator import EvalError, Judge, TurnScorer, run_scored
 from jaxrl_mt.remote import RemoteSampler
 from jaxrl_mt.sampling import SamplingConfig
@@ -27,41 +28,33 @@ def is_http(spec: object) -> bool:
     return isinstance(spec, str) and spec.startswith("http:")
 
 
-def check_http_config(c: EvalConfig) -> None:
-    """Checks the HTTP fields of a typed config (their types are checked when it is built) and an
-    ``http:`` model spec.
+def check_http_config(model: str, strategy: str, http: HttpSection) -> None:
+    """Checks the endpoint settings (their types are checked when the config is built) and an ``http:``
+    model spec (evaluated with the ``plain`` strategy only).
 
     Raises:
       EvalError: ``config field 'name': ...`` for the first bad value.
     """
-    checks = (("http_concurrency", c.http_concurrency >= 1), ("http_timeout", c.http_timeout > 0),
-              ("http_retries", c.http_retries >= 0), ("http_backoff", c.http_backoff >= 0),
-              ("http_deadline", c.http_deadline >= 0))
-    for name, ok in checks:
-        if not ok:
-            raise EvalError(f"config field '{name}': bad value {getattr(c, name)!r}")
-    if not is_http(c.model):
+    http.check()
+    if not is_http(model):
         return
-    url, _, name = c.model[len("http:"):].partition("#")
+    url, _, name = model[len("http:"):].partition("#")
     if not url.startswith(("http://", "https://")) or not name:
-        raise EvalError(f"config field 'model': {c.model!r}: expected 'http:URL#MODEL', e.g. "
+        raise EvalError(f"config field 'model': {model!r}: expected 'http:URL#MODEL', e.g. "
                         "'http:http://127.0.0.1:8000/v1#my-model'")
-    if c.strategy != "plain":
-        raise EvalError(f"config field 'strategy': {c.strategy!r} needs the model's weights; a model behind "
+    if strategy != "plain":
+        raise EvalError(f"config field 'strategy': {strategy!r} needs the model's weights; a model behind "
                         "an endpoint can only be evaluated with 'plain'")
 
 
-def http_backend_kw(spec: str, c: EvalConfig) -> dict[str, Any]:
-    """``HTTPBackend`` keyword arguments from the typed config for an ``http:`` spec ({} otherwise)."""
-    if not is_http(spec):
-        return {}
-    return {"max_workers": c.http_concurrency, "timeout": c.http_timeout, "max_retries": c.http_retries,
-            "backoff": c.http_backoff, "deadline": c.http_deadline or None, "api_key_env": c.api_key_env}
+def http_backend_kw(spec: str, http: HttpSection) -> dict[str, Any]:
+    """``HTTPBackend`` keyword arguments of the endpoint settings for an ``http:`` spec ({} otherwise)."""
+    return http.backend_kw() if is_http(spec) else {}
 
 
-def remote_sampler(c: EvalConfig) -> RemoteSampler:
-    """The evaluated assistant of an ``http:URL#MODEL`` config."""
-    return RemoteSampler(make_backend(c.model, **http_backend_kw(c.model, c)))
+def remote_sampler(model: str, http: HttpSection) -> RemoteSampler:
+    """The evaluated assistant of an ``http:URL#MODEL`` model spec."""
+    return RemoteSampler(make_backend(model, **http_backend_kw(model, http)))
 
 
 def simulate_remote(sampler: RemoteSampler, runs: Sequence[ConversationRun], sampling: SamplingConfig, *,

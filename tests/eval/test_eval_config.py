@@ -9,7 +9,8 @@ import os
 import pytest
 
 from jaxrl_mt.eval.errors import EvalError
-from jaxrl_mt.eval.eval_config import EvalConfig, typed_eval_config
+from jaxrl_mt.eval.eval_config import HTTP_KEYS, EvalConfig, HttpSection, typed_eval_config
+from jaxrl_mt.eval.http_assistant import http_backend_kw
 from jaxrl_mt.evaluate import RESULT_FIELDS, _check_workdir, normalize_config
 from tests.eval.test_evaluate_cli import get_config
 
@@ -73,12 +74,12 @@ def test_a_config_written_before_the_later_fields_loads_with_their_defaults(tmp_
     for k in (*LATER_FIELDS, "datasets"):  # `dataset` alone chose the sources then
         del raw[k]
     c = normalize_config(raw)
-    assert {k: getattr(c, k) for k in LATER_FIELDS} == LATER_FIELDS
+    assert {k: c.to_dict()[k] for k in LATER_FIELDS} == LATER_FIELDS
     assert c.sources == {"math": ("synthetic:1",)} and dict(c.datasets) == {}
     assert c.scenarios == ("full", "sharded") and c.dataset == ("synthetic:1",)
     assert c.temperature == 0.0 and type(c.temperature) is float
     # the shipped config sets every later field to its default: old and new configs evaluate alike
-    assert {k: getattr(normalize_config(_raw(tmp_path)), k) for k in LATER_FIELDS} == LATER_FIELDS
+    assert {k: normalize_config(_raw(tmp_path)).to_dict()[k] for k in LATER_FIELDS} == LATER_FIELDS
     with pytest.raises(EvalError, match="config field 'http_timeout': bad value 0.0"):
         normalize_config(_raw(tmp_path, http_timeout=0.0))
 
@@ -107,3 +108,23 @@ def test_eval_config_json_records_the_attention_variable(tmp_path, monkeypatch):
     stored = json.loads((tmp_path / "eval_config.json").read_text())
     assert (stored["attention"], stored["attention_effective"], stored["attention_env"]) == (
         "einsum", "blockwise", "blockwise")
+
+
+def test_the_endpoint_fields_are_the_http_section(tmp_path):
+    c = normalize_config(_raw(tmp_path, http_timeout=5, http_concurrency=2, api_key_env="K"))
+    assert c.http == HttpSection(concurrency=2, timeout=5.0, retries=3, backoff=0.5, deadline=1800.0, api_key_env="K")
+    assert type(c.http.timeout) is float  # an int where a float is declared, as for every field
+    assert not any(hasattr(c, k) for k in HTTP_KEYS)  # the file's keys live in the section only
+    assert {k: c.to_dict()[k] for k in HTTP_KEYS} == {"http_concurrency": 2, "http_timeout": 5.0, "http_retries": 3,
+                                                      "http_backoff": 0.5, "http_deadline": 1800.0, "api_key_env": "K"}
+    report_config = {k: v for k, v in c.to_dict().items() if k not in ("tasks", "sources")}  # the file's layout
+    assert typed_eval_config(report_config).http == c.http
+    assert http_backend_kw("http:http://x/v1#m", c.http) == {"max_workers": 2, "timeout": 5.0, "max_retries": 3,
+                                                            "backoff": 0.5, "deadline": 1800.0, "api_key_env": "K"}
+    assert http_backend_kw("local", c.http) == {}
+    with pytest.raises(EvalError, match=r"config field http_retries must be int, got 'x' \(str\)"):
+        normalize_config(_raw(tmp_path, http_retries="x"))
+    with pytest.raises(EvalError, match=r"^unknown config field\(s\) http$"):
+        typed_eval_config(_raw(tmp_path, http={"timeout": 1.0}))
+    with pytest.raises(EvalError, match="config field 'http_concurrency': bad value 0"):
+        normalize_config(_raw(tmp_path, http_concurrency=0))
