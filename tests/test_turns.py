@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxrl_mt.chat import encode_text
+from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.conversations import run_conversations
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.sampling.turns import Feed
@@ -99,16 +99,50 @@ def test_a_sampled_conversation_is_the_same_alone_in_a_batch_and_without_the_cac
             for ta, tb in zip(a.turns, b.turns):
                 np.testing.assert_allclose(ta.logprobs, tb.logprobs, atol=1e-5, rtol=1e-5)  # f32, other shapes
     assert [len(r.turns) for r in ref] == [3, 2, 3, 1, 2]
-    # without the cache (each turn re-rendered and prefilled whole): the same draws while every
-    # earlier reply re-tokenises to itself
+    # without the cache (each turn re-rendered and prefilled whole): the same draws, every turn (the
+    # cache is reused only where it holds the re-rendered prompt's tokens)
     full = copy.deepcopy(base)
     run_conversations(sampler, full, sampled, seed=9, reuse_cache=False)
-    compared = 0
-    for a, b in zip(ref, full):
-        for ta, tb in zip(a.turns, b.turns):
-            assert ta.tokens == tb.tokens and ta.prompt_tokens == tb.prompt_tokens
-            compared += 1
-            body = ta.tokens[:-1] if ta.finish_reason == "stop" else ta.tokens
-            if encode_text(sampler.tokenizer, ta.assistant) != body:
-                break
-    assert compared > len(base)
+    assert [[(t.tokens, t.prompt_tokens) for t in r.turns] for r in ref] == \
+        [[(t.tokens, t.prompt_tokens) for t in r.turns] for r in full]
+
+
+def test_the_cache_is_reused_only_where_it_holds_the_re_rendered_prompt(tiny_chat_model_dir, monkeypatch):
+    """Later turns feed only the re-rendered prompt's new tokens; a reply edited by `on_turn` (or one
+    that re-tokenises otherwise) makes the next turn start over with its whole prompt."""
+    sampler = chat_sampler(tiny_chat_model_dir)
+    runs = make_runs([3, 3])
+    feeds = []
+    real = Sampler.run_turns
+
+    def run_turns(self, first, sampling, advance, **kw):
+        def spy(replies):
+            out = advance(replies)
+            feeds.extend(out)
+            return out
+
+        feeds.extend(first)
+        return real(self, first, sampling, spy, **kw)
+
+    def on_turn(live):
+        for r in live:
+            if r is runs[1] and len(r.turns) == 1:
+                r.turns[-1].assistant = "An edited reply."  # e.g. a guarded self-correction
+
+    monkeypatch.setattr(Sampler, "run_turns", run_turns)
+    run_conversations(sampler, runs, GREEDY8, reuse_cache=True, on_turn=on_turn)
+    tok = sampler.tokenizer
+    for i, r in enumerate(runs):
+        mine = [f for f in feeds if f.conv == i]
+        assert len(mine) == 3 and mine[0].fresh
+        held = []
+        for t, f in enumerate(mine):
+            prompt = encode_prompt(tok, r.messages[:2 * t + 1], system=r.system)
+            assert r.turns[t].prompt_tokens == len(prompt)
+            if f.fresh:
+                assert list(f.tokens) == prompt
+            else:  # the cache held the previous prompt and reply; only the rest was fed
+                assert held + list(f.tokens) == prompt and len(f.tokens) < 30
+            held = prompt + r.turns[t].tokens[:-1]
+    assert [f.fresh for f in feeds if f.conv == 1] == [True, True, False]  # the edit: turn 1 whole
+    assert [f.fresh for f in feeds if f.conv == 0] == [True, False, False]

@@ -2,36 +2,35 @@
 
 Conversations proceed apart (`sampling.turns.run_turns`): when a reply ends, its conversation's
 hooks run at once (`on_turn` on the replies that ended together, then the user policy and the
-`FinalTurn` hook), and its next turn is appended to its slot's cache: the reply's last token
-(unless a stop token ended it) and the template text up to the next generation prompt
-(`turn_suffix`), checked per conversation and turn as in the lockstep path; where the check fails
-the conversation starts over in its slot with its whole prompt. A conversation's turn samples with
-its row seed (`row_seed`), so its transcript does not depend on the schedule: it equals the
-lockstep runner's (up to the rounding of another batch and summation order).
+`FinalTurn` hook), and its next turn is appended to its slot's cache. The cache is reused only
+where it is exact: the next prompt is rendered and tokenised whole, as without the cache, and
+when the token ids held in the slot (the earlier prompt and the reply's tokens but its last) are
+its prefix, only the rest is fed; otherwise (a reply that re-tokenises otherwise, a reply edited
+by `on_turn`, a template that rewrites earlier turns, e.g. Qwen3's think blocks) the conversation
+starts over in its slot with its whole prompt. So the model conditions on exactly the tokens of
+the full re-render, and a conversation's turn samples with its row seed (`row_seed`): its
+transcript equals the lockstep runner's without the cache (up to the rounding of other shapes).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from jaxrl_mt.chat import encode_prompt, encode_text
+from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.conversations.records import (SEED_STRIDE, ConversationRun, FinalTurn, TurnCallback, TurnRecord,
-                                            UserPolicy, _answer_held, _next_turns, _warn_once, row_seed, turn_suffix)
+                                            UserPolicy, _answer_held, _next_turns, _warn_once, row_seed)
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.sampling.turns import Feed, Reply
 
 
 def slot_sampler(sampler: Any) -> Sampler | None:
-    """The plain one-process `Sampler` behind `sampler` (itself or a wrapper's `.sampler`) whose chat
-    template keeps a reply verbatim and prefix-consistently, or None (the lockstep path then runs)."""
+    """The plain one-process `Sampler` with a chat template behind `sampler` (itself or a wrapper's
+    `.sampler`), or None (the lockstep path then runs)."""
     inner = getattr(sampler, "sampler", None)
     base = inner if isinstance(inner, Sampler) else sampler
     if not isinstance(base, Sampler) or type(base).generate_ids is not Sampler.generate_ids or base.engine.multi:
         return None
-    if base.tokenizer is None or getattr(base.tokenizer, "chat_template", None) is None:
-        return None
-    probe = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    return base if turn_suffix(base.tokenizer, probe, "c", None) is not None else None
+    return base if base.tokenizer is not None and getattr(base.tokenizer, "chat_template", None) else None
 
 
 class _Turns:
@@ -46,11 +45,11 @@ class _Turns:
         self.answered = [0] * len(runs)  # turns answered in this call, per run
         self.reached = 0  # turns any run reached (progress: a new turn index)
         self.asked: dict[int, str] = {}  # run -> the user message of its turn in flight
-        self.last: dict[int, tuple[Reply, str]] = {}  # run -> its last reply and that reply's text
+        self.ids: dict[int, list[int]] = {}  # run -> the token ids in its slot's cache
+        self.refills = 0  # turns prefilled whole although a cache was held
 
-    def feeds(self, idx: Sequence[int], ended: bool = False) -> list[Feed]:
-        """The next feeds of runs `idx` (those with a user message, not held); `ended`: their replies
-        just ended, their caches hold them."""
+    def feeds(self, idx: Sequence[int]) -> list[Feed]:
+        """The next feeds of runs `idx` (those with a user message, not held)."""
         active = [i for i in idx if not self.runs[i].done]
         live, texts = _next_turns(self.user, [self.runs[i] for i in active], self.final_turn, self.held)
         pos = {id(self.runs[i]): i for i in active}
@@ -58,23 +57,25 @@ class _Turns:
         for r, u in zip(live, texts):
             i = pos[id(r)]
             self.asked[i] = u
-            out.append(self._feed(i, r, u, self.last.get(i) if ended else None))
+            out.append(self._feed(i, r, u))
         return out
 
-    def _feed(self, i: int, r: ConversationRun, u: str, last: tuple[Reply, str] | None) -> Feed:
-        """Run i's next feed: its turn suffix after its cached reply, or its whole prompt."""
-        tok = self.sampler.tokenizer
-        if last is not None and r.turns and r.turns[-1].assistant == last[1]:  # the reply as cached (not edited)
-            tail = turn_suffix(tok, r.messages, u, r.system)
-            if tail is not None:
-                rep = last[0]  # a stop token that ended the reply is replaced by the template's end-of-turn text
-                return Feed(i, ([rep.pending] if rep.finish != "stop" else []) + encode_text(tok, tail), row_seed(r))
-            _warn_once("suffix", f"reuse_cache: the chat template renders conversation {r.conv_id!r}'s cached "
-                                 f"turns differently at turn {len(r.turns)} (not prefix-preserving, e.g. Qwen3 "
-                                 "dropping an earlier think block); re-prefilling such conversations from scratch "
-                                 "(logged once)")
-        return Feed(i, encode_prompt(tok, r.messages + [{"role": "user", "content": u}], system=r.system), row_seed(r),
-                    fresh=True)
+    def _feed(self, i: int, r: ConversationRun, u: str) -> Feed:
+        """Run i's next feed: the new tokens of its re-rendered prompt when its cache holds the rest
+        exactly, else the whole prompt (its cache dropped)."""
+        full = encode_prompt(self.sampler.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
+        held = self.ids.get(i)
+        if held is not None and len(full) > len(held) and full[:len(held)] == held:
+            self.ids[i] = full
+            return Feed(i, full[len(held):], row_seed(r))
+        if held is not None:
+            self.refills += 1
+            _warn_once("retokenised", f"reuse_cache: conversation {r.conv_id!r}'s cached tokens differ from its "
+                                      f"re-rendered prompt at turn {len(r.turns)} (a reply that re-tokenises "
+                                      "otherwise, an edited reply, or a template that rewrites earlier turns); such "
+                                      "turns are prefilled whole (logged once)")
+        self.ids[i] = full
+        return Feed(i, full, row_seed(r), fresh=True)
 
     def advance(self, replies: list[Reply]) -> list[Feed]:
         """Records the replies, runs the hooks, and returns the next feeds of the runs that go on."""
@@ -84,7 +85,7 @@ class _Turns:
             r.turns.append(TurnRecord(index=len(r.turns), user=self.asked.pop(rep.conv), assistant=text,
                                       tokens=list(rep.tokens), logprobs=[float(x) for x in rep.logprobs],
                                       finish_reason=rep.finish, prompt_tokens=rep.context))
-            self.last[rep.conv] = (rep, text)
+            self.ids[rep.conv] = self.ids[rep.conv] + rep.tokens[:-1]  # the last token is not in the cache
             self.answered[rep.conv] += 1
         if self.progress and max(self.answered) > self.reached:
             self.reached = max(self.answered)
@@ -92,7 +93,7 @@ class _Turns:
         if self.on_turn:
             self.on_turn(runs)
         more = [rep.conv for rep in replies if self.max_turns is None or self.answered[rep.conv] < self.max_turns]
-        return self.feeds(more, ended=True)
+        return self.feeds(more)
 
 
 def run_on_slots(sampler: Sampler, runs: Sequence[ConversationRun], sampling: SamplingConfig, *, seed: int,

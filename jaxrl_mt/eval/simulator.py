@@ -294,7 +294,8 @@ def simulate(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sampli
              progress: Callable[[int, int], None] | None = None,
              max_chunk_cells: int = DEFAULT_MAX_CHUNK_CELLS, reuse_cache: bool = True,
              tasks: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Simulates every run in lockstep and returns their transcript records.
+    """Simulates every run (`run_conversations`: on the slot engine, conversations proceeding apart,
+    or in lockstep) and returns their transcript records.
 
     Args:
       sampler: the evaluated model's sampler (its ``max_batch`` caps each sampler call).
