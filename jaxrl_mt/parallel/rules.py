@@ -129,9 +129,9 @@ def param_shardings(params: Any, mesh: Mesh) -> Any:
     return jax.tree_util.tree_map_with_path(one, params)
 
 
-def shard_params(params: Any, mesh: Mesh) -> Any:
-    """Places a parameter pytree on the mesh by the partition rules."""
-    return jax.device_put(params, param_shardings(params, mesh))
+def shard_params(params: Any, mesh: Mesh | None) -> Any:
+    """Places a parameter pytree on the mesh by the partition rules (no mesh: as it is)."""
+    return params if mesh is None else jax.device_put(params, param_shardings(params, mesh))
 
 
 def opt_state_shardings(opt_state: Any, mesh: Mesh) -> Any:
@@ -144,12 +144,15 @@ def opt_state_shardings(opt_state: Any, mesh: Mesh) -> Any:
     return param_shardings(opt_state, mesh)
 
 
-def shard_train_state(params: Any, opt_state: Any, mesh: Mesh) -> tuple[Any, Any]:
-    """Places parameters and optimizer state on the mesh (moments sharded like their parameters)."""
+def shard_train_state(params: Any, opt_state: Any, mesh: Mesh | None) -> tuple[Any, Any]:
+    """Places parameters and optimizer state on the mesh (moments sharded like their parameters; no
+    mesh: as they are)."""
+    if mesh is None:
+        return params, opt_state
     return shard_params(params, mesh), jax.device_put(opt_state, opt_state_shardings(opt_state, mesh))
 
 
-def shard_train_step(step: Callable[..., Any], mesh: Mesh, params: Any, opt_state: Any, *,
+def shard_train_step(step: Callable[..., Any], mesh: Mesh | None, params: Any, opt_state: Any, *,
                      donate: bool = False) -> Callable[..., Any]:
     """Pins a `step(params, opt_state, batch) -> (params, opt_state, metrics)` to the rules.
 
@@ -160,11 +163,14 @@ def shard_train_step(step: Callable[..., Any], mesh: Mesh, params: Any, opt_stat
 
     Args:
       step: the (jitted or plain) train step, e.g. from `jaxrl_mt.rl.step.make_train_step`.
-      mesh: the mesh.
-      params, opt_state: examples of the trees (arrays or ShapeDtypeStructs) for their paths.
+      mesh: the mesh; None: a plain `jax.jit` (one device, XLA's placement).
+      params, opt_state: examples of the trees (arrays or ShapeDtypeStructs) for their paths
+        (unused without a mesh).
       donate: donate the parameters and optimizer state (their buffers become the outputs'; the
         caller must not read the arrays it passed in again).
     """
+    if mesh is None:
+        return jax.jit(step, donate_argnums=(0, 1) if donate else ())
     ps, os_ = param_shardings(params, mesh), opt_state_shardings(opt_state, mesh)
     return jax.jit(step, in_shardings=(ps, os_, None), out_shardings=(ps, os_, NamedSharding(mesh, P())),
                    donate_argnums=(0, 1) if donate else ())

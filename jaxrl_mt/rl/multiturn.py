@@ -40,18 +40,15 @@ from jaxrl_mt.sampling import Sampler, SamplingConfig
 
 
 def cached_items(env: RecipeEnv, path: Path) -> list[TrainItem] | None:
-    """The items cached at `path`, or None; multi-process: process 0's file, sent to every process."""
-    if not env.multi:
-        return load_items(path) if path.exists() else None
+    """The items cached at `path`, or None: process 0's file, sent to every process (one process: read)."""
     got = broadcast_json([it.to_json() for it in load_items(path)] if env.is_main and path.exists() else None)
     return None if got is None else [TrainItem.from_json(d) for d in got]
 
 
 def per_process(env: RecipeEnv, fn: Callable[[Sequence[Any]], list[Any]], seq: Sequence[Any]) -> list[Any]:
-    """fn(seq): multi-process, each process maps its contiguous block and the JSON-able results are
-    gathered in order (the same list on every process)."""
-    if not env.multi:
-        return fn(seq)
+    """fn(seq): each process maps its contiguous block and the JSON-able results are gathered in order
+    (the same list on every process; one process: fn(seq))."""
+    del env  # the processes of the run: jax's
     lo, hi = process_block(len(seq))
     mine = fn(seq[lo:hi]) if hi > lo else []
     return [x for part in allgather_json(mine) for x in part]
@@ -179,12 +176,10 @@ class MultiTurnData(Recipe):
         if not held:
             return {}
         sampler = env.policy_sampler(params)
-        mine, n_mine = list(held), len(held)
-        if env.multi:
-            lo, hi = process_block(len(held))
-            mine, n_mine = list(held[lo:hi]), hi - lo
-            size = agree_max(len(mine))
-            mine = (mine + [mine[-1] if mine else held[0]] * size)[:size]
+        lo, hi = process_block(len(held))  # one process: all of them
+        mine, n_mine = list(held[lo:hi]), hi - lo
+        size = agree_max(len(mine))
+        mine = (mine + [mine[-1] if mine else held[0]] * size)[:size]
         acc = accuracy_single_and_multi(
             sampler, mine, SamplingConfig(max_new_tokens=env.config.eval.max_new_tokens, temperature=0.0),
             k=1, seed=0, system=env.system, modes=("strict", "lenient"))
@@ -193,4 +188,4 @@ class MultiTurnData(Recipe):
             st, mt = st[:n_mine], mt[:n_mine]
             out[f"eval/single_turn_acc_{mode}"] = float(np.mean(st)) if len(st) else 0.0
             out[f"eval/multi_turn_acc_{mode}"] = float(np.mean(mt)) if len(mt) else 0.0
-        return mean_over_processes(out, weight=n_mine) if env.multi else out
+        return mean_over_processes(out, weight=n_mine)

@@ -37,8 +37,7 @@ def load_policy_model(c: TrainConfig, mesh: Any) -> Model:
             model.tokenizer = with_template_options(model.tokenizer, enable_thinking=thinking)
         except ChatError as e:
             raise ConfigError(f"chat.enable_thinking: {e}") from None
-    if mesh is not None:
-        model.params = shard_params(model.params, mesh)
+    model.params = shard_params(model.params, mesh)
     return model
 
 
@@ -75,4 +74,4 @@ def reference(c: TrainConfig, policy: Model, mesh: Any, *, copy: bool = True) ->
     if ref.cfg.max_position_embeddings < cfg.max_position_embeddings:
         raise ConfigError(f"ref_model {c.ref_model!r} has a context of {ref.cfg.max_position_embeddings} "
                           f"tokens, shorter than the policy's {cfg.max_position_embeddings}")
-    return (ref.params if mesh is None else shard_params(ref.params, mesh)), ref.cfg
+    return shard_params(ref.params, mesh), ref.cfg

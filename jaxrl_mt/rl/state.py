@@ -47,8 +47,7 @@ class TrainState:
 def fresh_state(params: Any, optimizer: Any, mesh: Any = None) -> TrainState:
     """Step 0: the initial parameters and a new optimizer state, on the mesh's partition rules."""
     opt_state = optimizer.init(params)
-    if mesh is not None:
-        params, opt_state = shard_train_state(params, opt_state, mesh)
+    params, opt_state = shard_train_state(params, opt_state, mesh)
     return TrainState(params, opt_state, 0)
 
 

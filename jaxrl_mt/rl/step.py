@@ -232,7 +232,5 @@ def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, l
         metrics = dict(metrics, grad_norm=gnorm, finite=finite.astype(jnp.float32))
         return keep(new_params, params), keep(new_opt, opt_state), metrics
 
-    if mesh is not None:
-        params, opt_state = state
-        return shard_train_step(step, mesh, params, opt_state, donate=donate)
-    return jax.jit(step, donate_argnums=(0, 1) if donate else ())
+    params, opt_state = state if state is not None else (None, None)
+    return shard_train_step(step, mesh, params, opt_state, donate=donate)

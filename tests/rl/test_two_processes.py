@@ -29,7 +29,7 @@ import pytest
 from tests.rl._three_steps import sup_rows
 from tests.test_multihost import collect, free_port, worker_env
 
-pytestmark = pytest.mark.slow  # 3 x (one process + two processes) of the Trainer: ~6 min on 2 cores
+pytestmark = pytest.mark.slow  # 3 x (one process + two processes) of the Trainer: 17 min on 2 loaded cores
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHES = ("histories.jsonl", "heldout.jsonl")
