@@ -157,7 +157,7 @@ def extend(params: Params, cfg: ModelConfig, state: SlotState, slots: jax.Array,
     return _seat(state, slots, rows, logits[:, 0], method, cache, state.shared, mesh)
 
 
-@functools.partial(jax.jit, static_argnames=("length", "mesh"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("length", "mesh"))  # no donation: no buffer of the old size is reused
 def widen(state: SlotState, *, length: int, mesh: Any = None) -> SlotState:
     """`state` with caches of `length` slots (>= the current S): the new slots empty."""
     c = state.cache
