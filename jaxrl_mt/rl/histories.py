@@ -74,25 +74,34 @@ def build_histories(sampler: Sampler, scenarios: Sequence[Scenario], sampling: S
 
 
 def single_and_multi_texts(sampler: Sampler, items: Sequence[TrainItem], sampling: SamplingConfig, *, k: int,
-                           seed: int, system: str | None = None) -> tuple[list[str], list[str]]:
+                           seed: int, system: str | None = None, first: int = 0,
+                           total: int | None = None) -> tuple[list[str], list[str]]:
     """k samples per item on the full single-turn prompt and on history + last turn (one call).
 
     The k samples of a prompt are one group of `generate_ids` (the prompt prefilled once for its k
-    rows): the rows and their seeds are those of passing each prompt k times.
+    rows): the rows and their seeds are those of passing each prompt k times. ``items`` are items
+    ``[first, first + len(items))`` of ``total`` (default: all of them): each row draws with the seed
+    it has in the call over all ``total`` (the single-turn rows, then the multi-turn rows), so a
+    block sampled alone (a process's share, ``rl.multiturn.per_process``) draws what the whole does.
     """
     tok = sampler.tokenizer
     st = [encode_prompt(tok, [{"role": "user", "content": it.anchor_prompt}], system=system) for it in items]
     mt = [encode_prompt(tok, it.messages, system=system) for it in items]
-    texts = sampler.generate_ids(st + mt, sampling, seed=seed, group_size=k).texts
+    total = len(items) if total is None else total
+    st_seeds = np.arange(first * k, (first + len(items)) * k)
+    texts = sampler.generate_ids(st + mt, sampling, seed=seed, group_size=k,
+                                 row_seeds=np.concatenate([st_seeds, st_seeds + total * k])).texts
     n = len(items) * k
     return texts[:n], texts[n:]
 
 
 def accuracy_single_and_multi(sampler: Sampler, items: Sequence[TrainItem], sampling: SamplingConfig, *, k: int,
-                              seed: int, system: str | None = None, modes: Sequence[str] = ("strict",)
-                              ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """k-sample accuracy [N] on the full single-turn prompt and on history + last turn, per verifier mode."""
-    st_t, mt_t = single_and_multi_texts(sampler, items, sampling, k=k, seed=seed, system=system)
+                              seed: int, system: str | None = None, modes: Sequence[str] = ("strict",),
+                              first: int = 0, total: int | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """k-sample accuracy [N] on the full single-turn prompt and on history + last turn, per verifier mode
+    (``first``, ``total``: as ``single_and_multi_texts``)."""
+    st_t, mt_t = single_and_multi_texts(sampler, items, sampling, k=k, seed=seed, system=system, first=first,
+                                        total=total)
     golds = [it.answer for it in items for _ in range(k)]
     n = len(items)
     out = {}

@@ -128,10 +128,12 @@ class MultiTurnData(Recipe):
             return hist, {"n_items": len(hist), "n_kept": len(hist), "filter": "disabled"}
         sampler = self._sampler(env)
         sampling = SamplingConfig(max_new_tokens=c.rl.max_new_tokens, temperature=c.filter.temperature)
+        first = process_block(len(hist))[0]  # this process's block draws what one call over all of them does
 
         def acc(block: Sequence[TrainItem]) -> list[list[float]]:  # [n, 2] (st, mt) per item
             st, mt = accuracy_single_and_multi(sampler, block, sampling, k=c.filter.k, seed=c.seed + 2,
-                                               system=env.system, modes=(c.rl.verifier_mode,))[c.rl.verifier_mode]
+                                               system=env.system, modes=(c.rl.verifier_mode,), first=first,
+                                               total=len(hist))[c.rl.verifier_mode]
             return [[float(a), float(b)] for a, b in zip(st, mt)]
 
         both = np.asarray(per_process(env, acc, hist), np.float64).reshape(-1, 2)  # [n, 2]

@@ -45,7 +45,7 @@ from jaxrl_mt.rl.batch import place
 from jaxrl_mt.rl.multiturn import answered_histories, local_sampler, per_process
 from jaxrl_mt.rl.recipe import METHODS, ConfigError, RecipeEnv, SupervisedRecipe
 from jaxrl_mt.rl.run_config import DPOSection, SFTSection, TrainConfig
-from jaxrl_mt.parallel import agree_max, agree_max_many, allgather_ints, broadcast_json, fetch_rows
+from jaxrl_mt.parallel import agree_max, agree_max_many, allgather_ints, broadcast_json, fetch_rows, process_block
 from jaxrl_mt.rl.sft import SftBatch, sft_objective, sft_rows, target_tokens
 from jaxrl_mt.rl.step import LossConfig, loss_config
 from jaxrl_mt.rl.sft_data import DpoPair, SftItem, dpo_pairs, encode_target, filter_samples, sft_items, \
@@ -163,9 +163,11 @@ class _Supervised(SupervisedRecipe):
         if got["file"]:
             env.log(f"data: {path} was written with other settings; sampling again")
         sampler = local_sampler(env)  # several processes: each samples its block of histories alone
+        first = process_block(len(hist))[0]  # the block's draws are those of one call over all histories
 
         def texts(block: Sequence[TrainItem]) -> list[list[list[str]]]:  # [n, 2, k]: each history's st, mt
-            st, mt = single_and_multi_texts(sampler, block, sampling, k=k, seed=seed, system=env.system)
+            st, mt = single_and_multi_texts(sampler, block, sampling, k=k, seed=seed, system=env.system,
+                                            first=first, total=len(hist))
             return [[st[i * k:(i + 1) * k], mt[i * k:(i + 1) * k]] for i in range(len(block))]
 
         both = per_process(env, texts, hist)

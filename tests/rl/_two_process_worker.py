@@ -9,7 +9,9 @@ doubled, and the data iterator yields the concatenation of the two shards' batch
 global batch (every process's rows, in process order) is the two processes'.
 
 Writes OUT.json (process, devices, the item ids of every step) and, on process 0, OUT.npz: the
-final policy parameters, gathered.
+final policy parameters, gathered. METHOD ``sft-prepare``: SFT's data stage only, from nothing (the
+histories and the filter's samples, split over the processes; the tiny model's rows are empty, so it
+stops there with a ConfigError, after writing both caches).
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ def config(method: str, workdir: str, model: str, batch: int) -> Any:
     """A tiny run of ``method`` (SFT and DPO: from the rows cached in the workdir)."""
     from configs import dpo, rlaar, sft
 
-    if method in ("sft", "dpo"):
+    if method == "sft-prepare":
+        c = sft.get_config("cpu")
+        c.data.limit, c.data.heldout, c.data.max_turns = 4, 0, 4
+        c.history.max_new_tokens, c.rl.max_new_tokens, c.filter.k = 6, 8, 2
+    elif method in ("sft", "dpo"):
         c = (sft if method == "sft" else dpo).get_config("cpu")
         c.rl.lr = 1e-2
         c.eval.every = 1
@@ -98,7 +104,15 @@ def main(method: str, workdir: str, model: str, out: str, batch: str = "2") -> N
 
     Trainer.train_step, loop.write_outputs = step_spy, outputs_spy
     t = Trainer(config(method, workdir, model, per if two else 2 * per), log=lambda m: print(m, flush=True))
-    t.run()
+    if method == "sft-prepare":
+        from jaxrl_mt.rl.recipe import ConfigError
+
+        try:
+            t.prepare()
+        except ConfigError as e:  # no SFT row: the tiny model solves nothing
+            print(f"prepare: {e}", flush=True)
+    else:
+        t.run()
     Path(out).write_text(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
                                      "devices": jax.device_count(), "mesh": dict(t.mesh.shape),
                                      "items": seen["items"]}))

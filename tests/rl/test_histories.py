@@ -47,6 +47,19 @@ def test_grouped_samples_are_the_repeated_prompts_draws(tiny_model, max_batch: i
     assert len(set(st[:k])) > 1  # k different draws of one prompt at T = 1
 
 
+def test_a_block_sampled_alone_draws_what_the_call_over_every_item_draws(tiny_model) -> None:
+    """A process's share of the filter's samples (items [first, first + n) of total) draws the rows the
+    call over all items draws: split over processes, the filter sees the samples of one process."""
+    sampler = Sampler.from_model(tiny_model)
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    items, k = _items(4), 2
+    whole = single_and_multi_texts(sampler, items, sampling, k=k, seed=3)
+    a, b = (single_and_multi_texts(sampler, items[lo:hi], sampling, k=k, seed=3, first=lo, total=4)
+            for lo, hi in ((0, 1), (1, 4)))
+    assert (a[0] + b[0], a[1] + b[1]) == whole
+    assert single_and_multi_texts(sampler, items[1:], sampling, k=k, seed=3) != b  # the block's own row indices
+
+
 def test_saved_texts_round_trip_and_stale_or_damaged_files_are_told(tmp_path) -> None:
     items, k = _items(3), 2
     st = [f"s{i}" for i in range(6)]

@@ -106,6 +106,27 @@ def test_every_metric_equals_one_process(runs) -> None:
                                    err_msg=f"step {x['step']} {x['kind']}: {keys}")
 
 
+def test_histories_and_the_filter_samples_split_over_two_processes_equal_one_process(
+        tiny_chat_model_dir: Path, tmp_path: Path) -> None:
+    """SFT's data stage from nothing: the histories (a row seed per conversation) and the filter's samples
+    (row seeds of the call over every history: ``rl.histories.single_and_multi_texts``), each process
+    sampling its block on a copy of the policy, gathered, are byte-identical to one process's."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    port = free_port()
+    procs = [spawn("sft-prepare", one, tiny_chat_model_dir, tmp_path / "one.json", worker_env(4))] + [
+        spawn("sft-prepare", two, tiny_chat_model_dir, tmp_path / f"two{pid}.json",
+              worker_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                         JAX_PROCESS_ID=str(pid))) for pid in range(2)]
+    finish(procs, ["one", "two0", "two1"], tmp_path)
+    for name in ("histories.jsonl", "filter_texts.jsonl"):
+        assert (one / name).read_bytes() == (two / name).read_bytes(), name
+    texts = [json.loads(x) for x in (one / "filter_texts.jsonl").read_text().splitlines()[1:]]
+    assert len(texts) == len((one / "histories.jsonl").read_text().splitlines()) >= 4  # k + k texts per history
+    assert len({t for x in texts for t in x["st"] + x["mt"]}) > len(texts)  # sampled, not all alike
+
+
 def test_final_parameters_are_bit_identical(runs, tiny_model) -> None:
     import jax
 
