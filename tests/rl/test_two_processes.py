@@ -12,7 +12,8 @@ collectives (gloo) add partial sums in another order than one process does (meas
 SFT and DPO start from cached rows (the tiny random model solves nothing), and SFT runs the held-out
 probe before and after training. RLAAR prepares its histories in the one-process run and the
 two-process run reads them (the same items); its rollouts sample on both (row seeds are global row
-indices: ``rl.rollout``).
+indices: ``rl.rollout``). SFT's data stage from nothing (histories and the filter's samples, split
+over the processes) writes byte-identical caches on one and on two processes.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import pytest
 from tests.rl._three_steps import sup_rows
 from tests.test_multihost import collect, free_port, worker_env
 
-pytestmark = pytest.mark.slow  # 3 x (one process + two processes) of the Trainer: 17 min on 2 loaded cores
+pytestmark = pytest.mark.slow  # 4 x (one process + two processes of the Trainer): 23 min on 2 loaded cores
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHES = ("histories.jsonl", "heldout.jsonl")
