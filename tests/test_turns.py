@@ -146,3 +146,12 @@ def test_the_cache_is_reused_only_where_it_holds_the_re_rendered_prompt(tiny_cha
             held = prompt + r.turns[t].tokens[:-1]
     assert [f.fresh for f in feeds if f.conv == 1] == [True, True, False]  # the edit: turn 1 whole
     assert [f.fresh for f in feeds if f.conv == 0] == [True, False, False]
+
+
+def test_a_prompt_past_the_context_is_refused_as_without_the_cache(tiny_chat_model_dir):
+    sampler = chat_sampler(tiny_chat_model_dir)
+    runs = make_runs([1])
+    runs[0].user_turns = ["word " * sampler.cfg.max_position_embeddings]
+    for reuse in (True, False):
+        with pytest.raises(ValueError, match="exceeds the model context"):
+            run_conversations(sampler, copy.deepcopy(runs), GREEDY8, reuse_cache=reuse)

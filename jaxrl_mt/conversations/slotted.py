@@ -36,10 +36,11 @@ def slot_sampler(sampler: Any) -> Sampler | None:
 class _Turns:
     """The hooks of one call, run per batch of replies that ended together."""
 
-    def __init__(self, sampler: Sampler, runs: Sequence[ConversationRun], user: UserPolicy,
+    def __init__(self, sampler: Sampler, runs: Sequence[ConversationRun], max_new: int, user: UserPolicy,
                  on_turn: TurnCallback | None, max_turns: int | None, progress: Callable[[int, int], None] | None,
                  final_turn: FinalTurn | None):
         self.sampler, self.runs, self.user, self.on_turn = sampler, list(runs), user, on_turn
+        self.max_new = max_new
         self.max_turns, self.progress, self.final_turn = max_turns, progress, final_turn
         self.held: dict[int, str] = {}  # id(run) -> its held user message
         self.answered = [0] * len(runs)  # turns answered in this call, per run
@@ -64,6 +65,10 @@ class _Turns:
         """Run i's next feed: the new tokens of its re-rendered prompt when its cache holds the rest
         exactly, else the whole prompt (its cache dropped)."""
         full = encode_prompt(self.sampler.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
+        ctx = self.sampler.cfg.max_position_embeddings
+        if len(full) + self.max_new > ctx:  # as `Sampler.generate_ids` refuses it on the lockstep path
+            raise ValueError(f"conversation {r.conv_id!r}: prompt of {len(full)} tokens + {self.max_new} new tokens "
+                             f"exceeds the model context ({ctx})")
         held = self.ids.get(i)
         if held is not None and len(full) > len(held) and full[:len(held)] == held:
             self.ids[i] = full
@@ -100,7 +105,7 @@ def run_on_slots(sampler: Sampler, runs: Sequence[ConversationRun], sampling: Sa
                  user: UserPolicy, on_turn: TurnCallback | None, max_turns: int | None,
                  progress: Callable[[int, int], None] | None, final_turn: FinalTurn | None) -> None:
     """`run_conversations` on the slot engine (arguments as there); updates the runs in place."""
-    hooks = _Turns(sampler, runs, user, on_turn, max_turns, progress, final_turn)
+    hooks = _Turns(sampler, runs, sampling.max_new_tokens, user, on_turn, max_turns, progress, final_turn)
     first = hooks.feeds(range(len(runs))) if max_turns is None or max_turns > 0 else []
     if first and progress:
         progress(0, len(first))

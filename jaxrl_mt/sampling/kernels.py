@@ -28,11 +28,12 @@ from jaxrl_mt.parallel import cache_shardings
 from jaxrl_mt.sampling.methods import Categorical, Greedy, RowParams
 
 # The decode numerics' version, recorded with every evaluation (`experiments.provenance`): a change of
-# a prefill's batch or summation order may flip a near-tie greedy token. 3: one device decodes with the
+# a prefill's batch or summation order may flip a near-tie greedy token. 4: with reuse_cache, a
+# conversation's later turns are prefilled onto its slot's kept cache (`sampling.turns`); 3: one device decodes with the
 # slot engine (`sampling.scheduler`: a row is prefilled with the rows admitted beside it, at their
 # prompt bucket); 2: the cache attention reads a prefix of the cache with dot products
 # (`models.cache_attention`); 1: every slot, multiply-reduce.
-ENGINE_VERSION = 3
+ENGINE_VERSION = 4
 FINISH_STOP, FINISH_LENGTH = 1, 2
 FINISH_NAMES = {0: "none", FINISH_STOP: "stop", FINISH_LENGTH: "length"}
 Method = Greedy | Categorical
