@@ -46,7 +46,7 @@ from jaxrl_mt.rl.adapters import Trainable, lora_config, lora_forward
 from jaxrl_mt.rl.best import BestKeeper
 from jaxrl_mt.rl.data import load_scenarios, load_tasks, validate_config
 from jaxrl_mt.rl.histories import TrainItem
-from jaxrl_mt.rl.metrics_log import MetricsLog
+from jaxrl_mt.rl.metrics_log import MetricsLog, PhaseClock, format_phases
 from jaxrl_mt.rl.optim import optimizer_from_config
 from jaxrl_mt.rl.outputs import fmt_metrics, write_outputs
 from jaxrl_mt.rl.policy_io import load_policy
@@ -132,6 +132,7 @@ class Trainer:
         self._steps: dict[int | str, Any] = {}  # the objective's jitted step of each memory-plan bucket
         self.ref_scorer = Scorer(self.ref_params, self.ref_cfg, pad_id=self.model.pad_id,
                                  batch_size=min(16, c.rl.rows), mesh=self.mesh)
+        self.clock = PhaseClock(self.model.cfg)  # each step's phases (rl.metrics_log): the reward's scorer is counted
         self.objective: Objective = self.data.objective(self.env, self._rollout_engine)
         self.metrics = MetricsLog(self.wd, enabled=self.is_main)
         try:  # the fixed held-out probe (eval.probe_source; None when unset)
@@ -143,7 +144,8 @@ class Trainer:
         """The rollout's frozen environment: sampler, reward (with the reference's scorer), shapes."""
         c, rl = self.c, self.c.rl
         ro, lo, name = rl.rollout, rl.loss, c.reward_name
-        reward_fn = make_reward(name, RewardEnv(c, ro.group_size, self.tok, self.system, self.ref_scorer))
+        scorer = self.clock.count(self.ref_scorer)  # the anchor's seconds and tokens (rl.metrics_log.PhaseClock)
+        reward_fn = make_reward(name, RewardEnv(c, ro.group_size, self.tok, self.system, scorer))
         return RolloutEngine(
             sampler=self.sampler, reward_fn=reward_fn, reward_name=name, ref_params=self.ref_params,
             ref_cfg=self.ref_cfg, policy_cfg=self.model.cfg, tokenizer=self.tok, pad_id=self.model.pad_id, lc=self.lc,
@@ -246,6 +248,7 @@ class Trainer:
         c, done = self.c, info.state.step
         if done % c.log.every == 0 or done == c.rl.steps:
             self.metrics.scalars(done, info.metrics)
+            self.log(format_phases(done, info.metrics))
         if c.log.samples_every and done % c.log.samples_every == 0:
             self.metrics.samples(done, info.samples[: c.log.n_samples])
 
@@ -279,10 +282,14 @@ class Trainer:
         """One step: the objective's batch (GRPO: a rollout), the update; the step's metrics (global means
         across processes)."""
         t0 = time.perf_counter()
+        self.clock.start()
         items, pre = self.data.step_items(self.env, items, state.step)  # RLAAR's curriculum picks its samples
         batch, m, samples = self.objective.batch(lambda: self.trainable.policy(state.params), items, state.step)
+        t1 = time.perf_counter()
         state, tm = self.update(state, batch)
+        update_s = time.perf_counter() - t1
         m = {**pre, **m, **tm, "perf/step_s": time.perf_counter() - t0}
+        m.update(self.clock.phases(m, batch, update_s=update_s, passes=self.objective.passes))
         # global means (train/* are already global: the same on every process)
         m = mean_over_processes(m, max_keys=("completion/max_length",))
         self.data.observe(m)  # a recipe whose state follows the training (RLAAR's curriculum)

@@ -5,16 +5,34 @@ when the run resumes (its step comes after the last checkpoint, so it is logged 
 keyed by ``(step, kind)`` (``kind``: ``train``, ``eval``, ``probe``; ``row_kind``): a row logged again
 under a key the file holds (a rerun of a finished workdir, a rerun after a kill during the export
 redoing "eval after") replaces the old one, so the file holds one row per key.
+
+A training step's phases (``PhaseClock``, logged in every train row and as one line per logged step):
+``perf/rollout_s`` (the sampler's generation), ``perf/anchor_s`` (the reward's calls of the reference
+scorer: RLSTA's anchor log-probs), ``perf/reference_s`` (the rest of the rollout's scoring: the KL
+reference's log-probs of the batch, plus the verifier and the example's assembly, host work of
+milliseconds), ``perf/update_s`` (the optimizer step over every micro-batch and pass), each with its
+tokens/s; the update's ``perf/update_tflops`` per device and ``perf/update_mfu`` against the device's
+dense bf16 peak (``models.flops.PEAKS``; absent, printed n/a, where the peak is unknown: CPU);
+``perf/compile_s``, the seconds JAX spent tracing, lowering and compiling during the step (a step
+that compiles nothing is a steady one: ``perf/step_s`` - ``perf/compile_s`` is its steady time);
+``perf/peak_memory_gib``, the first local device's peak bytes in use so far (``memory_stats()``;
+absent where the backend keeps none: CPU).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from jaxrl_mt.data.jsonl_log import read_jsonl_log, rewrite_jsonl
+from jaxrl_mt.models.config import ModelConfig
+from jaxrl_mt.models.flops import DevicePeak, lookup_peak, mfu, train_flops_per_token
 
 TRAIN_PREFIXES = ("reward", "train", "completion", "perf")  # the keys of a training step's row
 
@@ -140,3 +158,139 @@ def plot_curves(path: str | Path, out_png: str | Path, keys: Sequence[str]) -> P
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return Path(out_png)
+
+
+# ----------------------------------------------------------------------------- a step's phases
+
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")  # jax._src.dispatch's duration events
+_compile = {"s": 0.0, "listening": False}
+_compile_lock = threading.Lock()
+
+
+def _on_event(event: str, seconds: float, **_: Any) -> None:
+    if event in COMPILE_EVENTS:
+        with _compile_lock:
+            _compile["s"] += seconds
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent tracing, lowering and compiling since the first call."""
+    import jax
+
+    with _compile_lock:
+        if not _compile["listening"]:
+            jax.monitoring.register_event_duration_secs_listener(_on_event)
+            _compile["listening"] = True
+        return _compile["s"]
+
+
+def peak_memory_bytes() -> int | None:
+    """Peak bytes in use on the first local device (``memory_stats()``), None where it keeps none (CPU)."""
+    import jax
+
+    stats = jax.local_devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else int(peak)
+
+
+def update_work(batch: Any) -> tuple[int, int] | None:
+    """(real tokens, padded sequence length) of one pass of the update over ``batch``: a rollout's
+    example (prompts once per group, completions), SFT's rows, DPO's pairs (both sides); None otherwise."""
+    pm, cm = getattr(batch, "prompt_mask", None), getattr(batch, "completion_mask", None)
+    ch, rj = getattr(batch, "chosen_mask", None), getattr(batch, "rejected_mask", None)
+    if pm is not None and ch is not None and rj is not None:
+        return 2 * int(np.sum(pm)) + int(np.sum(ch)) + int(np.sum(rj)), pm.shape[1] + ch.shape[1]
+    if pm is not None and cm is not None:
+        return int(np.sum(pm)) + int(np.sum(cm)), pm.shape[1] + cm.shape[1]
+    tm = getattr(batch, "token_mask", None)
+    return None if tm is None else (int(np.sum(tm)), tm.shape[1])
+
+
+class CountingScorer:
+    """A ``scoring.Scorer`` that counts the seconds and the tokens (contexts + completions) of its
+    ``score`` calls; everything else is the scorer's."""
+
+    def __init__(self, scorer: Any):
+        self.scorer, self.seconds, self.tokens = scorer, 0.0, 0
+
+    def score(self, contexts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.scorer.score(contexts, completions, **kw)
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.tokens += sum(len(a) + len(b) for a, b in zip(contexts, completions))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.scorer, name)
+
+
+class PhaseClock:
+    """The phase split of training steps (see the module doc): ``start()`` before a step, ``phases()`` after."""
+
+    def __init__(self, cfg: ModelConfig, *, peak: DevicePeak | None = None, devices: int | None = None):
+        """Args:
+          cfg: the policy's config (the update's FLOPs).
+          peak: the device's peak (default: ``models.flops.lookup_peak`` of the first local device's kind).
+          devices: the local devices the update's rows are split over (default: all of this process's).
+        """
+        import jax
+
+        self.cfg = cfg
+        self.peak = peak if peak is not None else lookup_peak(jax.local_devices()[0].device_kind)
+        self.devices = devices or jax.local_device_count()
+        self.anchor = CountingScorer(None)  # replaced by `count`
+        self._mark = (0.0, 0, 0.0)
+
+    def count(self, scorer: Any) -> CountingScorer:
+        """``scorer`` counted as the anchor's (the reward's reference scorer)."""
+        self.anchor = CountingScorer(scorer)
+        return self.anchor
+
+    def start(self) -> None:
+        self._mark = (self.anchor.seconds, self.anchor.tokens, compile_seconds())
+
+    def phases(self, m: Mapping[str, float], batch: Any, *, update_s: float, passes: int = 1) -> dict[str, float]:
+        """The phase metrics of the step since ``start()``: ``m`` holds the batch builder's metrics
+        (``perf/score_s`` of a rollout), ``batch`` the step's batch, ``update_s`` the update's seconds."""
+        out = {"perf/update_s": update_s, "perf/compile_s": compile_seconds() - self._mark[2]}
+        anchor_s, anchor_tokens = self.anchor.seconds - self._mark[0], self.anchor.tokens - self._mark[1]
+        if "perf/score_s" in m:
+            out["perf/anchor_s"] = anchor_s
+            out["perf/reference_s"] = max(m["perf/score_s"] - anchor_s, 0.0)
+            if anchor_tokens:
+                out["perf/anchor_tokens_per_s"] = anchor_tokens / max(anchor_s, 1e-9)
+        work = update_work(batch)
+        if work is not None:
+            tokens, seq = work
+            if getattr(batch, "ref_logp", None) is not None and "perf/reference_s" in out:
+                out["perf/reference_tokens_per_s"] = tokens / max(out["perf/reference_s"], 1e-9)
+            out["perf/update_tokens_per_s"] = passes * tokens / max(update_s, 1e-9)
+            flops = passes * tokens * train_flops_per_token(self.cfg, seq) / self.devices
+            out["perf/update_tflops"] = flops / max(update_s, 1e-9) / 1e12
+            u = mfu(1, flops, max(update_s, 1e-9), self.peak)
+            if u is not None:
+                out["perf/update_mfu"] = u
+        peak = peak_memory_bytes()
+        if peak is not None:
+            out["perf/peak_memory_gib"] = peak / 2 ** 30
+        return out
+
+
+def format_phases(step: int, m: Mapping[str, float]) -> str:
+    """One line of a step's phases: seconds, tokens/s, the update's MFU, compile time, peak memory."""
+    def rate(key: str) -> str:
+        return f" ({m[key]:,.0f} tok/s)" if key in m else ""
+
+    parts = [f"rollout {m['perf/rollout_s']:.2f} s{rate('perf/rollout_tokens_per_s')}"] if "perf/rollout_s" in m else []
+    for name in ("anchor", "reference"):
+        if f"perf/{name}_s" in m:
+            parts.append(f"{name} {m[f'perf/{name}_s']:.2f} s{rate(f'perf/{name}_tokens_per_s')}")
+    mfu_s = f"{m['perf/update_mfu']:.3f}" if "perf/update_mfu" in m else "n/a"
+    upd = f", {m['perf/update_tokens_per_s']:,.0f} tok/s" if "perf/update_tokens_per_s" in m else ""
+    if "perf/update_s" in m:
+        parts.append(f"update {m['perf/update_s']:.2f} s (MFU {mfu_s}{upd})")
+    mem = f"{m['perf/peak_memory_gib']:.2f} GiB" if "perf/peak_memory_gib" in m else "n/a"
+    return (f"step {step} phases: " + ", ".join(parts) + f"; compile {m.get('perf/compile_s', 0.0):.2f} s of "
+            f"{m.get('perf/step_s', 0.0):.2f} s; peak memory {mem}")
