@@ -34,6 +34,7 @@ from jaxrl_mt.backends import BackendError
 from jaxrl_mt.cli_errors import check_writable_dir, config_value, one_line, parse_flags
 from jaxrl_mt.data.loaders import load_source
 from jaxrl_mt.data.records import DataError, ShardedTask
+from jaxrl_mt.remote import RemoteSampler
 from jaxrl_mt.eval.http_assistant import check_http_config, http_backend_kw, is_http
 from jaxrl_mt.eval.eval_config import EvalConfig, typed_eval_config
 from jaxrl_mt.eval.report import build_report, write_report
@@ -265,7 +266,7 @@ def _run_todo(c: EvalConfig, todo: list[Any], store: TranscriptStore | None, plu
         log(f"turn {k + 1}: {n} active conversations, {written[0]}/{len(todo)} finished, "
             f"{time.perf_counter() - t0:.0f}s")
 
-    if hasattr(sampler, "generate_messages"):  # a model behind an endpoint
+    if isinstance(sampler, RemoteSampler):  # a model behind an endpoint
         from jaxrl_mt.eval.http_assistant import simulate_remote
 
         recs = simulate_remote(sampler, todo, sampling, judge=judge, protocol=c.protocol,
@@ -282,7 +283,7 @@ def _run_todo(c: EvalConfig, todo: list[Any], store: TranscriptStore | None, plu
         stats["graded"] = {k: dict(p.stats) for k, p in plugins.items()}
     if isinstance(sampler, Sampler):  # in process: what its generate_ids calls executed (`sampling.counters`)
         stats["decode"] = utilisation(sampler.totals)
-    if hasattr(sampler, "generate_messages"):
+    if isinstance(sampler, RemoteSampler):
         stats["assistant_http"] = sampler.summary()  # requests, retries, failures
     if hasattr(user, "summary"):
         stats["user_sim"] = user.summary()

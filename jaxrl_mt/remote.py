@@ -1,8 +1,8 @@
 """A model behind an OpenAI-compatible endpoint, as the sampler of ``run_conversations``.
 
 A local ``Sampler`` takes token ids; a remote model has its own tokenizer and chat template, so
-``RemoteSampler`` takes messages instead (``generate_messages``; ``run_conversations`` calls it
-when the sampler has one) and answers a whole turn with one ``HTTPBackend.complete`` call
+``RemoteSampler`` answers messages (``answer``, the method a local ``Sampler`` has too, which
+``run_conversations`` calls) and answers a whole turn with one ``HTTPBackend.complete`` call
 (requests sent concurrently, retried, bounded by the backend's deadline). The result has the
 layout of a local ``GenerationResult``: texts, finish reasons and, since token ids do not come
 back over the API, ``usage.completion_tokens`` placeholder ids (-1) per reply, so that token
@@ -38,15 +38,18 @@ class RemoteSampler:
     def __repr__(self) -> str:
         return f"RemoteSampler({self.backend!r})"
 
-    def generate_messages(self, conversations: Sequence[Sequence[Mapping[str, str]]], sampling: SamplingConfig, *,
-                          seed: int = 0) -> tuple[GenerationResult, list[int]]:
-        """One reply per conversation (system message included by the caller).
+    def answer(self, conversations: Sequence[Sequence[Mapping[str, str]]], sampling: SamplingConfig, *,
+               seed: int = 0, row_seeds: Sequence[int] | None = None) -> tuple[GenerationResult, list[int]]:
+        """One reply per conversation (system message included by the caller): the sampler protocol's
+        answer method, as `Sampler.answer`.
 
         Args:
           conversations: the chats to continue, each ending with a user message.
           sampling: ``max_new_tokens``, ``temperature`` and ``top_p`` become the request's fields
             (``top_p`` only when < 1); ``top_k`` has no OpenAI field and is refused.
           seed: sent as the request's ``seed`` (the same for every request of the call).
+          row_seeds: not sent: an OpenAI request has one ``seed`` (a local model's rows draw with
+            their own keys).
 
         Returns:
           ``(result, prompt_lens)`` as ``run_conversations`` uses them.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from jaxrl_mt.chat import encode_prompt, with_system
+from jaxrl_mt.chat import with_system
 from jaxrl_mt.conversations.cached import _CachedTurns
 from jaxrl_mt.conversations.slotted import run_on_slots, slot_sampler
 from jaxrl_mt.conversations.records import (ConversationRun, FinalTurn, FixedOrderUser, TurnCallback, TurnRecord,
-                                            SEED_STRIDE, UserPolicy, _accepts, _answer_held, _next_turns, row_seed)
+                                            SEED_STRIDE, UserPolicy, _answer_held, _next_turns, row_seed)
 from jaxrl_mt.sampling import DecodeSession, Sampler, SamplingConfig
 
 
@@ -18,13 +18,14 @@ def run_conversations(sampler: Sampler, runs: Sequence[ConversationRun], samplin
                       progress: Callable[[int, int], None] | None = None, reuse_cache: bool = False,
                       session: DecodeSession | None = None, final_turn: FinalTurn | None = None
                       ) -> list[ConversationRun]:
-    """Advances all conversations turn by turn with one batched sampler call per turn.
+    """Advances all conversations turn by turn (see the package doc: on the slot engine, each
+    conversation's cache kept, or in lockstep with one batched sampler call per turn).
 
     Args:
       sampler: the policy's sampler (with a tokenizer), or a wrapper of one with a ``.sampler``
         attribute (``LengthSortedSampler``; its ``max_cells`` then bounds the cached chunks), or
-        a sampler of messages (``generate_messages(chats, sampling, seed=) -> (result,
-        prompt_lens)``, e.g. ``jaxrl_mt.remote.RemoteSampler`` for a model behind an API).
+        any sampler with the protocol's ``answer(chats, sampling, seed=, row_seeds=) -> (result,
+        prompt_lens)`` (e.g. ``jaxrl_mt.remote.RemoteSampler`` for a model behind an API).
       runs: the conversations (fresh, or partly run: they continue from their last turn).
       sampling: sampling settings for every assistant turn.
       seed: base seed; conversation r's turn t samples with fold_in(key(seed), row_seed(r, t))
@@ -101,15 +102,9 @@ def _answer(sampler: Sampler, cached: "_CachedTurns | None", live: Sequence[Conv
     got = cached.answer(live, texts, sampling, seed, seeds) if cached is not None else None
     if got is not None:
         res, prompt_lens = got
-    elif hasattr(sampler, "generate_messages"):  # a model behind an API (jaxrl_mt.remote): messages in
+    else:  # one answer method, a local model's or one behind an API (`jaxrl_mt.remote`)
         chats = [with_system(r.messages + [{"role": "user", "content": u}], r.system) for r, u in zip(live, texts)]
-        res, prompt_lens = sampler.generate_messages(chats, sampling, seed=seed)
-    else:
-        prompts = [encode_prompt(sampler.tokenizer, r.messages + [{"role": "user", "content": u}], system=r.system)
-                   for r, u in zip(live, texts)]
-        kw = {"row_seeds": seeds} if _accepts(sampler.generate_ids, "row_seeds") else {}
-        res = sampler.generate_ids(prompts, sampling, seed=seed, **kw)
-        prompt_lens = [len(p) for p in prompts]
+        res, prompt_lens = sampler.answer(chats, sampling, seed=seed, row_seeds=seeds)
     for i, (r, u) in enumerate(zip(live, texts)):
         r.turns.append(TurnRecord(index=len(r.turns), user=u, assistant=res.texts[i],
                                   tokens=list(res.tokens[i]), logprobs=[float(x) for x in res.logprobs[i]],

@@ -223,6 +223,16 @@ class Sampler:
                                       skip_special_tokens=False)
                 for tk, fr in zip(tokens, finish_reasons)]
 
+    def answer(self, chats: Sequence[Conversation], sampling: SamplingConfig, *, seed: int | jax.Array = 0,
+               row_seeds: Sequence[int] | None = None) -> tuple[GenerationResult, list[int]]:
+        """The sampler protocol's answer method (a model behind an API has the same:
+        `jaxrl_mt.remote.RemoteSampler.answer`): one reply per chat (its system message included by
+        the caller), with the prompts' token counts."""
+        if self.tokenizer is None:
+            raise ChatError("Sampler.answer needs a tokenizer")
+        prompts = [encode_prompt(self.tokenizer, c) for c in chats]
+        return self.generate_ids(prompts, sampling, seed=seed, row_seeds=row_seeds), [len(p) for p in prompts]
+
     def generate(self, conversations: Sequence[Conversation], sampling: SamplingConfig, *,
                  seed: int | jax.Array = 0, system: str | None = None, **kw: Any) -> GenerationResult:
         """Generates the next assistant message of each conversation (chat template applied)."""

@@ -39,6 +39,8 @@ class LengthSortedSampler:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sampler, name)
 
+    answer = Sampler.answer  # the protocol's answer method, through this wrapper's generate_ids
+
     def _cells(self, rows: int, longest: int, sampling: SamplingConfig) -> int:
         """rows x prompt bucket x (prompt bucket + new-token bucket), as the sampler pads them."""
         s = self.sampler
