@@ -5,7 +5,8 @@ the paper text describes it; the differences are listed in docs/training.md), `c
 <= 15 min on 2 cores) and `experiment` (issue 15's held-out experiment, <= 45 min on 2 cores; see
 docs/results/experiment_presets.md), `experiment2` (issue 35's comparison: docs/results/experiment2_plan.md);
 `no_verifier` / `no_verifier_cpu`: RLSTA without a verifier (the anchor
-reward alone) on `paper` / `cpu`.
+reward alone) on `paper` / `cpu`; `paper_shapes`: `paper` on one accelerator at Qwen2.5-1.5B's shapes with
+random weights (bf16; issue 54's device run: docs/training.md, "The device preset").
 Use: python -m jaxrl_mt.train --config configs/rlsta.py:cpu --config.rl.steps=4
 """
 
@@ -128,6 +129,9 @@ def get_config(preset: str = "paper") -> ConfigDict:
         return c
     if preset in ("paper", "paper_described"):
         _paper(c, as_run=preset == "paper")
+    elif preset == "paper_shapes":
+        _paper(c, as_run=True)
+        _paper_shapes(c)
     elif preset == "cpu":
         c.workdir = "runs/rlsta_cpu"
         # two-shard restatement problems (the 135M model solves ~60% lenient at T=1) + RLSTA's own
@@ -152,8 +156,8 @@ def get_config(preset: str = "paper") -> ConfigDict:
     elif preset == "experiment2":
         _experiment2(c)
     else:
-        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'paper_described', 'cpu', 'experiment', "
-                         "'experiment2', 'no_verifier' or 'no_verifier_cpu'")
+        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'paper_described', 'paper_shapes', 'cpu', "
+                         "'experiment', 'experiment2', 'no_verifier' or 'no_verifier_cpu'")
     return c
 
 
@@ -173,6 +177,32 @@ def _paper(c: ConfigDict, *, as_run: bool) -> None:
         c.rl.loss_type = "grpo"  # GRPO's sequence-mean token-mean objective
         c.rl.anchor_prompt = "full"  # the clean full single-turn prompt
         c.rl.zero_anchor_for_wrong = True  # R_s of wrong answers zeroed in groups holding a correct one
+
+
+def _paper_shapes(c: ConfigDict) -> None:
+    """`paper`'s step on one accelerator at a published model's shapes: what issue 54's device check times.
+
+    The recipe is `paper`'s (RLSTA data, G = 8, 1,024 new tokens, 256-token history turns, so that
+    prompts reach the published lengths: a random policy's history replies run to their budget),
+    in bf16 with the memory planner's remat, on `random:qwen2.5-1.5b` (models.synthetic: random
+    weights, the embedded tokenizer; `--config.model=random:tiny` for a CPU smoke run, or any spec).
+    What differs serves the timing, not the arithmetic of a step: a random policy answers nothing, so
+    the latent-capability filter (it would keep nothing) and the held-out evaluation are off; 16
+    problems per source make the histories of a few steps; one group per micro-batch (`grad_accum` =
+    16: the loss's normaliser is the step's, so the update is the same) bounds the activations.
+    """
+    c.workdir = "runs/rlsta_paper_shapes"
+    c.model = "random:qwen2.5-1.5b"
+    c.param_dtype = c.dtype = "bfloat16"
+    c.rl.remat = "auto"
+    c.filter.enabled = False
+    c.data.limit = 16
+    c.data.heldout = 0
+    c.rl.steps = 3
+    c.rl.grad_accum = c.rl.batch_size  # one prompt's group of G rows per micro-batch
+    c.log.samples_every = 1
+    c.checkpoint.every = c.rl.steps
+    c.checkpoint.keep = 1
 
 
 def _no_verifier(c: ConfigDict) -> None:
