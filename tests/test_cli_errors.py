@@ -84,8 +84,8 @@ def test_unknown_model_and_zero_intervals_are_one_line(tmp_path):
     line), checkpoint.every=0 a 25-line ZeroDivisionError after step 1."""
     line = _one_line(_run("jaxrl_mt.train", "--config", "configs/rlsta.py:cpu", f"--config.workdir={tmp_path / 't'}",
                           "--config.model=/nonexistent"))
-    assert line == ("error: unknown model '/nonexistent': expected builtin:NAME (smollm2-135m-instruct), a local HF "
-                    "folder or a hub id")
+    assert line == ("error: unknown model '/nonexistent': expected builtin:NAME (smollm2-135m-instruct), random:NAME "
+                    "(qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, tiny), a local HF folder or a hub id")
     line = _one_line(_run("jaxrl_mt.train", "--config", "configs/rlsta.py:cpu", f"--config.workdir={tmp_path / 'z'}",
                           "--config.checkpoint.every=0"))
     assert line == "error: checkpoint.every must be >= 1, got 0"
