@@ -14,7 +14,6 @@ kernel calls are the `DecodeEngine`'s (`sampling.engine`); the parameters are pa
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from typing import Any, Sequence
 
@@ -59,22 +58,17 @@ class Sampler:
         # the decode counters (`sampling.counters`) of every generate_ids call so far, summed
         self.totals: dict[str, int] = dict.fromkeys(KEYS, 0)
 
-    # the engine's fields, read and set through the sampler (setting one makes a new frozen engine)
-    cfg = property(lambda self: self.engine.cfg, lambda self, v: self._set_engine(cfg=v))
-    eos_ids = property(lambda self: self.engine.eos_ids, lambda self, v: self._set_engine(eos_ids=tuple(v)))
-    pad_id = property(lambda self: self.engine.pad_id, lambda self, v: self._set_engine(pad_id=v))
-    min_prompt_bucket = property(lambda self: self.engine.min_prompt_bucket,
-                                 lambda self, v: self._set_engine(min_prompt_bucket=v))
-    min_new_bucket = property(lambda self: self.engine.min_new_bucket,
-                              lambda self, v: self._set_engine(min_new_bucket=v))
-    max_batch = property(lambda self: self.engine.max_batch, lambda self, v: self._set_engine(max_batch=v))
-    row_multiple = property(lambda self: self.engine.row_multiple, lambda self, v: self._set_engine(row_multiple=v))
-    mesh = property(lambda self: self.engine.mesh, lambda self, v: self._set_engine(mesh=v))
-    fuse_weights = property(lambda self: self.engine.fuse_weights,
-                            lambda self, v: self._set_engine(fuse_weights=bool(v)))
-
-    def _set_engine(self, **changes: Any) -> None:
-        self.engine = dataclasses.replace(self.engine, **changes)
+    # the engine's fields, read through the sampler (to change one, replace the frozen engine:
+    # `sampler.engine = dataclasses.replace(sampler.engine, max_batch=8)`)
+    cfg = property(lambda self: self.engine.cfg)
+    eos_ids = property(lambda self: self.engine.eos_ids)
+    pad_id = property(lambda self: self.engine.pad_id)
+    min_prompt_bucket = property(lambda self: self.engine.min_prompt_bucket)
+    min_new_bucket = property(lambda self: self.engine.min_new_bucket)
+    max_batch = property(lambda self: self.engine.max_batch)
+    row_multiple = property(lambda self: self.engine.row_multiple)
+    mesh = property(lambda self: self.engine.mesh)
+    fuse_weights = property(lambda self: self.engine.fuse_weights)
 
     def bound(self, params: Params) -> "Sampler":
         """This sampler on other default parameters: a view sharing the engine, the tokenizer, the

@@ -19,7 +19,8 @@ def test_a_too_long_first_prompt_is_marked_and_the_others_run(tiny_model) -> Non
     long = dataclasses.replace(short[0], task_id="long", full_prompt="word " * 300)  # > 120 tokens once rendered
     runs, _ = plan_runs([*short, long], ["full", "sharded"], 1)
     sampler = recording_sampler(tiny_model, max_batch=8)
-    sampler.cfg = sampler.cfg.replace(max_position_embeddings=120)  # before: ValueError "prompt of ... exceeds"
+    # before: ValueError "prompt of ... exceeds"
+    sampler.engine = dataclasses.replace(sampler.engine, cfg=sampler.cfg.replace(max_position_embeddings=120))
     recs = simulate(sampler, runs, SamplingConfig(max_new_tokens=4, temperature=1.0), judge=Judge(),
                     protocol="lic", verifier_mode="strict")
     by_id = {(r["task_id"], r["kind"]): r for r in recs}

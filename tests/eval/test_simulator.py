@@ -7,6 +7,8 @@ model's tokenizer and chat template (``tiny_chat_model_dir`` in conftest), loade
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import numpy as np
@@ -205,7 +207,7 @@ def test_simulate_lockstep_one_sampler_call_per_turn(tiny_model):
 
 def test_length_sorted_sampler_chunks_by_memory_and_keeps_row_order(tiny_model):
     inner = counting_sampler(tiny_model, max_batch=4)
-    inner.min_prompt_bucket = 32
+    inner.engine = dataclasses.replace(inner.engine, min_prompt_bucket=32)
     rng = np.random.default_rng(0)
     lengths = [40, 3, 70, 5, 33, 2, 64, 10, 1, 90, 4, 6, 7, 8]
     prompts = [rng.integers(10, 1000, n).tolist() for n in lengths]
@@ -237,7 +239,8 @@ def test_simulate_custom_strategy_and_context_guard(tiny_model):
     tasks = synthetic_tasks(1, steps=2)
     runs, _ = plan_runs(tasks, ["sharded"], 2)
     sampler = counting_sampler(tiny_model, max_batch=None)
-    sampler.cfg = sampler.cfg.replace(max_position_embeddings=120)  # room for 3 turns
+    # room for 3 turns
+    sampler.engine = dataclasses.replace(sampler.engine, cfg=sampler.cfg.replace(max_position_embeddings=120))
     recs = simulate(sampler, runs, SamplingConfig(max_new_tokens=8, temperature=1.0), judge=Judge(),
                     protocol="final_turn", verifier_mode="strict", strategy="spy")
     assert calls == [2]
