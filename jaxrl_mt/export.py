@@ -2,12 +2,13 @@
 
     python -m jaxrl_mt.export --model builtin:smollm2-135m-instruct --out /tmp/smollm2 [--dtype bfloat16]
 
-SPEC is anything `jaxrl_mt.models.registry.load_model` accepts: `builtin:NAME`, a local HF folder
-or a hub id. The folder holds config.json, model.safetensors, generation_config.json and the
-tokenizer files (when the source has a tokenizer), and loads in transformers as is. On a bad spec
-or checkpoint, or an unwritable or full ``--out``, the command prints one line to stderr and exits
-with status 2. The folder is written beside ``--out`` and renamed into place: a failed export
-leaves an existing folder there as it was.
+SPEC is anything `jaxrl_mt.models.registry.load_model` accepts: `builtin:NAME`, `random:NAME`
+(random weights, the embedded model's tokenizer), a local HF folder or a hub id. The folder holds
+config.json, model.safetensors, generation_config.json and the tokenizer files (when the source
+has a tokenizer), and loads in transformers as is. On a bad spec or checkpoint, or an unwritable
+or full ``--out``, the command prints one line to stderr and exits with status 2. The folder is
+written beside ``--out`` and renamed into place: a failed export leaves an existing folder there as
+it was.
 """
 
 from __future__ import annotations
@@ -42,9 +43,13 @@ def export_model(spec: str, out_dir: str | Path, *, dtype: str = "float32") -> P
     """
     from jaxrl_mt.models.hf_io import export_hf_folder
     from jaxrl_mt.models.registry import load_model, load_tokenizer, resolve
+    from jaxrl_mt.models.synthetic import PREFIX
 
     if dtype not in DTYPES:
         raise ModelError(f"unsupported dtype {dtype!r}; expected one of {DTYPES}")
+    if spec.startswith(PREFIX):  # random weights made in memory, with the embedded model's tokenizer
+        model = load_model(spec, param_dtype=dtype, dtype=dtype)
+        return export_hf_folder(model.cfg, model.params, out_dir, tokenizer=model.tokenizer)
     folder = resolve(spec)
     model = load_model(str(folder), param_dtype=dtype, dtype=dtype, with_tokenizer=False)
     tokenizer = None

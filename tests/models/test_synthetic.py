@@ -131,3 +131,14 @@ def test_evaluation_and_server_load_it(tiny):
                                                   SamplingConfig(max_new_tokens=4, temperature=0.0))
     assert reply["model"] == "random:tiny"
     assert reply["choices"][0]["message"]["content"] == want.texts[0]
+
+
+def test_export_writes_a_folder_that_loads_back_as_the_same_model(tiny, tmp_path):
+    from jaxrl_mt.export import main
+
+    assert main(["--model", "random:tiny:2", "--out", str(tmp_path / "out")]) == 0
+    back, again = load_model(str(tmp_path / "out")), load_model("random:tiny:2", with_tokenizer=False)
+    assert back.cfg == again.cfg
+    same = jax.tree_util.tree_map(lambda a, b: bool(jnp.array_equal(a, b)), back.params, again.params)
+    assert all(jax.tree_util.tree_leaves(same))
+    assert encode_prompt(back.tokenizer, CHAT) == encode_prompt(tiny.tokenizer, CHAT)
