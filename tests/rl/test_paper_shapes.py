@@ -40,6 +40,13 @@ def test_the_preset_is_papers_recipe_at_shapes():
     assert (shapes["rl.group_size"], shapes["rl.max_new_tokens"], shapes["history.max_new_tokens"]) == (8, 1024, 256)
     assert (shapes["rl.alpha"], shapes["rl.loss_type"], shapes["rl.anchor_prompt"]) == (1 / 8, "dapo", "merged")
     assert shapes["rl.batch_size"] * shapes["rl.group_size"] // shapes["rl.grad_accum"] == 8  # one group per micro
+    from jaxrl_mt.rl.loop import validate_config
+    from jaxrl_mt.rl.rollout import grouped_layout
+    from jaxrl_mt.rl.run_config import typed_config
+
+    c = typed_config(get_config("paper_shapes"))  # the defaults are accepted as they are
+    validate_config(c)
+    assert grouped_layout(c.rl.batch_size, c.rl.rollout.group_size, c.rl.grad_accum)  # prompts once per group
 
 
 def _check_run(workdir: Path, log: str) -> None:
