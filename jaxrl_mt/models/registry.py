@@ -26,9 +26,10 @@ from jaxrl_mt.models.synthetic import ARCHITECTURES, PREFIX, init_synthetic, par
 DEFAULT_MODEL = "builtin:smollm2-135m-instruct"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Model:
-    """A loaded model: config, parameter pytree, tokenizer and the folder it came from."""
+    """A loaded model: config, parameter pytree, tokenizer and the folder it came from (frozen: a
+    changed part is a new Model, `dataclasses.replace`)."""
 
     cfg: ModelConfig
     params: Params

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 from pathlib import Path
@@ -48,6 +50,5 @@ def load_policy(workdir: str | os.PathLike, step: int | None = None, *, attentio
         state, _ = ck.restore(step, target=target, retired=RETIRED_KEYS)
         ck.close()
         kept = state["params"]
-    model.params = kept if lc is None else merge(model.params, kept, lc.scale)
-    model.spec = f"workdir:{wd}"
-    return model
+    return dataclasses.replace(model, params=kept if lc is None else merge(model.params, kept, lc.scale),
+                               spec=f"workdir:{wd}")

@@ -6,6 +6,8 @@ with one ``ConfigError`` line before any step.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import jax
@@ -34,11 +36,11 @@ def load_policy_model(c: TrainConfig, mesh: Any) -> Model:
     thinking = c.chat.enable_thinking if c.chat is not None else None
     if thinking is not None:  # every rendering (rollouts, histories, anchors, probe) passes it to the template
         try:
-            model.tokenizer = with_template_options(model.tokenizer, enable_thinking=thinking)
+            model = dataclasses.replace(model, tokenizer=with_template_options(model.tokenizer,
+                                                                               enable_thinking=thinking))
         except ChatError as e:
             raise ConfigError(f"chat.enable_thinking: {e}") from None
-    model.params = shard_params(model.params, mesh)
-    return model
+    return dataclasses.replace(model, params=shard_params(model.params, mesh))
 
 
 def check_micro_batch(c: TrainConfig, mesh: Any) -> None:
