@@ -386,8 +386,14 @@ class TrainConfig:
         return json.dumps(self.to_dict())
 
 
+# what a stored config.json records of its run beside the config (the attention in force, its environment
+# variable: `models.attention.record`); not a field, dropped when the file is read back
+RECORDED = "recorded"
+
+
 def _typed(raw: Mapping[str, Any]) -> TrainConfig:
     raw = dict(raw)
+    raw.pop(RECORDED, None)
     if isinstance(raw.get("rl"), Mapping):
         raw["rl"] = rl_section(raw["rl"])
     return build(TrainConfig, raw, "", ConfigError)

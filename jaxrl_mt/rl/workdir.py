@@ -25,7 +25,8 @@ import numpy as np
 
 from jaxrl_mt.rl.config_checks import flatten
 from jaxrl_mt.rl.recipe import ConfigError
-from jaxrl_mt.rl.run_config import TrainConfig, typed_config
+from jaxrl_mt.models.attention import record as attention_record
+from jaxrl_mt.rl.run_config import RECORDED, TrainConfig, typed_config
 
 __all__ = ["DATA_FIELDS", "NonFiniteUpdate", "check_finite_state", "check_resume_config", "last_good",
            "refused_changes"]
@@ -106,6 +107,7 @@ def check_resume_config(c: TrainConfig, *, write: bool = True,
     wd = Path(c.workdir)
     new = c.to_dict()
     old_structure = None
+    recorded = {RECORDED: attention_record(c.attention)}  # JAXRL_MT_ATTENTION, if set, is in the file
     if _is_resume(wd):
         path = wd / CONFIG_FILE
         try:
@@ -132,7 +134,7 @@ def check_resume_config(c: TrainConfig, *, write: bool = True,
 
         multihost_utils.sync_global_devices("jaxrl_mt_resume_config_check")
     if write:
-        (wd / CONFIG_FILE).write_text(json.dumps(new, indent=2, sort_keys=True))
+        (wd / CONFIG_FILE).write_text(json.dumps({**new, **recorded}, indent=2, sort_keys=True))
     return old_structure
 
 

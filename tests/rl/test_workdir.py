@@ -189,3 +189,22 @@ def test_trainer_never_saves_a_non_finite_update_and_refuses_a_changed_resume(ti
     rows = read_metrics(wd / "metrics.jsonl")
     keys = [(r["step"], r["kind"]) for r in rows]
     assert sorted(keys) == [(0, "eval"), (1, "eval"), (1, "train"), (2, "eval"), (2, "train")]
+
+
+def test_config_json_records_the_attention_in_force_and_reads_back(tmp_path: Path, monkeypatch) -> None:
+    """JAXRL_MT_ATTENTION overrides the configured attention: the run's config.json says so (issue 52),
+    and the file still reads back as the config (the record is not a field)."""
+    c = get_config("cpu")
+    c.workdir = str(tmp_path / "wd")
+    Path(c.workdir).mkdir()
+    monkeypatch.setenv("JAXRL_MT_ATTENTION", "einsum")
+    typed = typed_config(c)
+    check_resume_config(typed)
+    stored = json.loads((Path(c.workdir) / "config.json").read_text())
+    assert stored["recorded"] == {"attention": typed.attention, "attention_effective": "einsum",
+                                  "attention_env": "einsum"}
+    assert typed_config(stored) == typed
+    monkeypatch.delenv("JAXRL_MT_ATTENTION")
+    check_resume_config(typed)
+    stored = json.loads((Path(c.workdir) / "config.json").read_text())
+    assert stored["recorded"]["attention_env"] is None and stored["recorded"]["attention_effective"] == typed.attention
