@@ -291,7 +291,7 @@ class Trainer:
         m = {**pre, **m, **tm, "perf/step_s": time.perf_counter() - t0}
         m.update(self.clock.phases(m, batch, update_s=update_s, passes=self.objective.passes))
         # global means (train/* are already global: the same on every process)
-        m = mean_over_processes(m, max_keys=("completion/max_length",))
+        m = mean_over_processes(m, max_keys=("completion/max_length", "perf/peak_memory_gib"))
         self.data.observe(m)  # a recipe whose state follows the training (RLAAR's curriculum)
         return state, m, samples
 

@@ -259,8 +259,8 @@ class PhaseClock:
         if "perf/score_s" in m:
             out["perf/anchor_s"] = anchor_s
             out["perf/reference_s"] = max(m["perf/score_s"] - anchor_s, 0.0)
-            if anchor_tokens:
-                out["perf/anchor_tokens_per_s"] = anchor_tokens / max(anchor_s, 1e-9)
+            # every process logs the same keys (rl.loop's mean over processes): 0 when nothing was scored
+            out["perf/anchor_tokens_per_s"] = anchor_tokens / anchor_s if anchor_tokens else 0.0
         work = update_work(batch)
         if work is not None:
             tokens, seq = work

@@ -48,10 +48,10 @@ def test_the_update_mfu_is_the_dense_peak_fraction_of_6n_plus_attention():
     assert np.isclose(m["perf/update_mfu"], flops / 0.5 / 989.5e12)
     assert np.isclose(m["perf/update_tokens_per_s"], 2 * 250 / 0.5)
     # nothing went through the anchor's scorer: the whole scoring phase is the reference's
-    assert m["perf/anchor_s"] == 0.0 and m["perf/reference_s"] == 3.0
+    assert m["perf/anchor_s"] == 0.0 and m["perf/anchor_tokens_per_s"] == 0.0 and m["perf/reference_s"] == 3.0
     assert np.isclose(m["perf/reference_tokens_per_s"], 250 / 3.0)
     line = format_phases(4, {**m, "perf/step_s": 9.0})
-    assert line.startswith("step 4 phases: anchor 0.00 s, reference 3.00 s") and "MFU 0.0" in line
+    assert line.startswith("step 4 phases: anchor 0.00 s (0 tok/s), reference 3.00 s (83 tok/s)") and "MFU 0.0" in line
 
 
 def test_the_anchor_is_the_rewards_scorer_calls_and_cpu_has_no_peak():
