@@ -1,4 +1,5 @@
-"""Shared pytest setup: CPU backend, the embedded model loaded once, a throwaway model cache.
+"""Shared pytest setup: CPU backend, the embedded model loaded once per worker, a throwaway model
+cache, the number of xdist workers.
 
 XLA device-count flags are deliberately not set here: multi-device tests set them in their own
 subprocesses, so the default run sees the single real CPU device.
@@ -14,6 +15,24 @@ from pathlib import Path  # noqa: E402
 from typing import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
+
+MAX_WORKERS = 4  # xdist workers for `-n auto` (setup.cfg); each holds its own models and compiled programs
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per CPU this process may run on, at most MAX_WORKERS
+    ($PYTEST_XDIST_AUTO_NUM_WORKERS overrides)."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under xdist, the controller converts the embedded model into the user cache before any
+    worker starts: two workers converting at once would each rename the other's folder away."""
+    config = session.config
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        from jaxrl_mt.models.registry import DEFAULT_MODEL, resolve
+
+        resolve(DEFAULT_MODEL)
 
 
 @pytest.fixture(scope="session")
