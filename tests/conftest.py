@@ -104,3 +104,14 @@ def _free_compiled_programs() -> Iterator[None]:
     import jax
 
     jax.clear_caches()
+
+
+@pytest.fixture
+def scratch_strategies(monkeypatch: pytest.MonkeyPatch):
+    """`strategies.STRATEGIES` with its built-ins loaded; what a test adds is gone after it (a strategy
+    left behind shows up in another test's "known: ..." list, on the same xdist worker)."""
+    from jaxrl_mt.strategies import STRATEGIES
+
+    STRATEGIES.names()  # loads the built-ins before the snapshot
+    monkeypatch.setattr(STRATEGIES, "_entries", dict(STRATEGIES._entries))
+    return STRATEGIES

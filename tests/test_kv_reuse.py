@@ -273,11 +273,12 @@ def test_reuse_falls_back_for_generate_ids_overrides(tiny_chat_model_dir, caplog
 # --------------------------------------------------------------------------- wiring: simulate, evaluate config
 
 
-def test_simulate_passes_reuse_cache_only_to_strategies_that_name_it(tiny_chat_model_dir):
+def test_simulate_passes_reuse_cache_only_to_strategies_that_name_it(tiny_chat_model_dir, scratch_strategies):
     from jaxrl_mt.conversations import accepts_reuse_cache
     from jaxrl_mt.data.synthetic import synthetic_tasks
     from jaxrl_mt.eval.simulator import Judge, plan_runs, simulate
-    from jaxrl_mt.strategies import STRATEGIES
+
+    STRATEGIES = scratch_strategies
 
     seen: dict[str, object] = {}
 

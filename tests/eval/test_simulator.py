@@ -226,7 +226,7 @@ def test_length_sorted_sampler_chunks_by_memory_and_keeps_row_order(tiny_model):
     assert wrapped.tokenizer is inner.tokenizer and wrapped.max_batch == 4
 
 
-def test_simulate_custom_strategy_and_context_guard(tiny_model):
+def test_simulate_custom_strategy_and_context_guard(tiny_model, scratch_strategies):
     calls = []
 
     def spy(sampler, runs, sampling, **kw):
@@ -235,7 +235,7 @@ def test_simulate_custom_strategy_and_context_guard(tiny_model):
         calls.append(len(runs))
         return run_conversations(sampler, runs, sampling, **kw)
 
-    STRATEGIES.add("spy", spy, replace=True)
+    scratch_strategies.add("spy", spy, replace=True)
     tasks = synthetic_tasks(1, steps=2)
     runs, _ = plan_runs(tasks, ["sharded"], 2)
     sampler = counting_sampler(tiny_model, max_batch=None)
