@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                               runs=a.runs if temp > 0 else 1, temperature=temp, max_new_tokens=a.max_new_tokens,
                               protocol="final_turn",
                               system_prompt=a.system, max_batch=a.max_batch, workdir=str(out / f"T{temp:g}"),
-                              plots=False, bootstrap=200, reuse_cache=False)  # caches of all rows: GBs
+                              plots=False, bootstrap=200, reuse_cache=True)  # exact; W caches in flight
             evaluate(cfg, model=model)
     budgets = [int(b) for b in a.budgets.split(",") if b.strip()]
     summary = summarize(out, families, temps, budgets)

@@ -258,7 +258,7 @@ def evaluate_model(m: dict[str, Any], out: Path, greedy: Path, lic: Path, a: Com
         model = model or load_eval_model(m["spec"])
         cfg = eval_config(model=m["spec"], limit=0, max_new_tokens=a.max_new_tokens, system_prompt=a.system,
                           max_batch=a.max_batch, workdir=str(wd), plots=False, seed=a.seed, bootstrap=200,
-                          reuse_cache=False,  # reuse would keep every conversation's KV cache (GBs)
+                          reuse_cache=True,  # exact: the same transcripts; only conversations in flight hold a cache
                           **{"abstain": a.abstain, **kw})
         record_evaluation(wd)  # which code writes (this part of) the evaluation
         res = evaluate(cfg, model=model)
