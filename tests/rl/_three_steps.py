@@ -9,7 +9,7 @@ Record each tree (e.g. a ``git worktree`` of the commit before a change, and the
 Runs: rlsta, grpo, icpo, sft, dpo, rlaar, rlsta without a verifier, and variants (``NAME+section.field=JSON``:
 LoRA, ``rl.grad_accum=2``, ``rl.remat=true``); SFT and DPO from cached rows (the tiny model solves nothing).
 Every metric but timings is compared: bit-identical, else the worst relative difference. About 5 minutes
-on 2 cores.
+on 2 cores. ``THREE_STEPS_MODEL=builtin:smollm2-135m-instruct`` runs them on the embedded model instead.
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def record(out_path: Path, names: list[str]) -> None:
 
     print("jaxrl_mt from", jaxrl_mt.__file__, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="three_steps_"))
-    model = tiny_dir(tmp)
+    model = os.environ.get("THREE_STEPS_MODEL") or tiny_dir(tmp)  # e.g. builtin:smollm2-135m-instruct
     res = json.loads(out_path.read_text()) if out_path.exists() else {}
     for name in names or NAMES:
         t0 = time.time()
