@@ -5,18 +5,7 @@ them too); the decode bytes below are this module's. Peaks are per JAX device (o
 chip: v4 and v5p chips are one JAX device each), dense bf16 matrix FLOP/s (no 2:4 sparsity) and
 HBM bytes/s, from the vendors' data sheets.
 
-FLOPs of the decoder (PaLM's model-FLOPs convention, Chowdhery et al. 2022, appendix B):
-
-    N = L * (D*(Hq + 2*Hkv)*K + Hq*K*D + 3*D*F) + V*D     # parameters in matrix products:
-                                                          # q/k/v, o, gate/up/down, LM head (tied or not);
-                                                          # the embedding gather, norms and biases excluded
-    forward FLOPs per token at sequence length T = 2*N + 4*L*Hq*K*T      # + QK^T and PV over all T keys
-    train FLOPs per token (forward + backward)   = 6*N + 12*L*Hq*K*T     # 3 x forward
-    MFU = tokens * FLOPs per token / seconds / peak bf16 FLOP/s
-
-The attention term counts all T keys per query (not T/2 for the causal mask): the decoder
-computes the full T x T score matrix. MFU counts model FLOPs only, so rematerialisation's
-second forward does not raise it.
+FLOPs of the decoder and MFU: see ``models.flops`` (PaLM's model-FLOPs convention).
 
 Bytes read by one decode step of B rows whose queries attend C positions on average:
 
