@@ -156,3 +156,19 @@ def test_a_prompt_past_the_context_is_refused_as_without_the_cache(tiny_chat_mod
     for reuse in (True, False):
         with pytest.raises(ValueError, match="exceeds the model context"):
             run_conversations(sampler, copy.deepcopy(runs), GREEDY8, reuse_cache=reuse)
+
+
+def test_a_hook_may_start_a_new_conversation_in_a_free_slot():
+    """A fresh feed for a conversation that holds no slot waits for a free one (first in line)."""
+    sampler = _tiny(2, 16)
+    got = {}
+
+    def advance(replies):
+        for r in replies:
+            got[r.conv] = r
+        return [Feed(5, PROMPTS[3], seed=55, fresh=True)] if 5 not in got and any(r.conv == 0 for r in replies) else []
+
+    sampler.run_turns([Feed(c, PROMPTS[c], seed=c, fresh=True) for c in range(3)], GREEDY8, advance, seed=1)
+    assert sorted(got) == [0, 1, 2, 5]
+    ref = sampler.generate_ids([PROMPTS[3]], GREEDY8, seed=1, row_seeds=[55])
+    assert got[5].tokens == ref.tokens[0] and got[5].context == len(PROMPTS[3])

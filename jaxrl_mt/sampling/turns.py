@@ -124,7 +124,8 @@ def run_turns(params: Params, engine: Any, feeds: Sequence[Feed], sampling: Samp
         return widen(st, length=bucket(need, 1), mesh=mesh)
 
     while waiting or ready or (at.owner >= 0).any():
-        fresh = [f for f in ready if f.fresh]
+        fresh = [f for f in ready if f.fresh and f.conv in at.context]  # restarts in their own slots
+        waiting.extendleft(reversed([f for f in ready if f.fresh and f.conv not in at.context]))
         ready = [f for f in ready if not f.fresh]
         if ready:
             state = _extend(params, engine, state, at, ready, sampling, key, stops, nb, room, note)
