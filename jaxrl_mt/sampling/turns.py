@@ -137,8 +137,9 @@ def run_turns(params: Params, engine: Any, feeds: Sequence[Feed], sampling: Samp
             state = _admit(params, engine, state, at, take, free, sampling, key, stops, nb, room, note)
             counters["admissions"] += 1
         w = len(at.owner)
-        if bool(np.asarray(state.live).any()):  # returns once an eighth more of the slots has stopped
-            stopped = int((~np.asarray(state.live)).sum())
+        live = np.asarray(state.live)
+        if live.any():  # returns once an eighth more of the slots has stopped
+            stopped = int((~live).sum())
             state, stats = segment(params, cfg, state, jnp.int32(min(w, stopped + max(1, w // 8))),
                                    method=sampling.method(), steps=engine.segment_steps, mesh=mesh)
             note(("segment", w, int(state.cache.valid.shape[1]), nb))
@@ -169,18 +170,25 @@ def _next(feeds: list[Feed], replies: list[Reply], at: _Slots) -> list[Feed]:
     return feeds
 
 
+def _layout(feeds: Sequence[Feed], slots: list[int], width: int, length: int, pad_id: int
+            ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, tokens [rows, length], mask, slot index [rows]) of an admission or extension: a power of
+    two of rows, at least W / 8; padding rows hold no token and an out-of-range slot (dropped)."""
+    n = len(feeds)
+    rows = min(width, bucket(max(n, width // 8, 1), 1))
+    tokens, mask = left_pad([list(f.tokens) for f in feeds] + [[pad_id]] * (rows - n), pad_id, length)
+    idx = np.full(rows, width, np.int32)
+    idx[:n] = slots
+    return rows, tokens, mask, idx
+
+
 def _admit(params, engine, state, at: _Slots, take: list[Feed], free: list[int], sampling, key, stops, nb,
            room, note):
     """Prefills the fresh feeds `take` into their own slots (restarts) or free ones."""
-    w = len(at.owner)
     slots = [at.slot_of(f.conv) if f.conv in at.context else free.pop(0) for f in take]
-    n = len(take)
-    rows = min(w, bucket(max(n, w // 8, 1), 1))
     p = bucket(max(len(f.tokens) for f in take), engine.min_prompt_bucket)
     state = room(state, p + nb)
-    tokens, mask = left_pad([list(f.tokens) for f in take] + [[engine.pad_id]] * (rows - n), engine.pad_id, p)
-    idx = np.full(rows, w, np.int32)  # padding rows: out of range, dropped
-    idx[:n] = slots
+    rows, tokens, mask, idx = _layout(take, slots, len(at.owner), p, engine.pad_id)
     consts = _rows(take, rows, [len(f.tokens) for f in take], key, sampling, stops)
     state = admit(params, engine.cfg, state, jnp.asarray(idx), jnp.asarray(tokens), jnp.asarray(mask), consts,
                   jnp.arange(rows, dtype=jnp.int32), method=sampling.method(), mesh=engine.mesh)
@@ -192,15 +200,12 @@ def _admit(params, engine, state, at: _Slots, take: list[Feed], free: list[int],
 
 def _extend(params, engine, state, at: _Slots, ready: list[Feed], sampling, key, stops, nb, room, note):
     """Appends the continuations `ready` to their slots' caches and seats their next replies."""
-    w, n = len(at.owner), len(ready)
     slots = [at.slot_of(f.conv) for f in ready]
-    rows = min(w, bucket(max(n, w // 8, 1), 1))
     t = bucket(max(len(f.tokens) for f in ready), engine.min_new_bucket)
-    index = np.asarray(state.cache.index)
-    state = room(state, int(index[slots].max()) + t + nb)
-    tokens, mask = left_pad([list(f.tokens) for f in ready] + [[engine.pad_id]] * (rows - n), engine.pad_id, t)
-    idx, pos = np.full(rows, w, np.int32), np.zeros(rows, np.int32)
-    idx[:n], pos[:n] = slots, [at.context[f.conv] for f in ready]
+    state = room(state, int(np.asarray(state.cache.index)[slots].max()) + t + nb)
+    rows, tokens, mask, idx = _layout(ready, slots, len(at.owner), t, engine.pad_id)
+    pos = np.zeros(rows, np.int32)
+    pos[: len(ready)] = [at.context[f.conv] for f in ready]
     consts = _rows(ready, rows, [at.context[f.conv] + len(f.tokens) for f in ready], key, sampling, stops)
     state = extend(params, engine.cfg, state, jnp.asarray(idx), jnp.asarray(pos), jnp.asarray(tokens),
                    jnp.asarray(mask), consts, method=sampling.method(), mesh=engine.mesh)
