@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -110,17 +111,19 @@ def record(out_path: Path, names: list[str]) -> None:
     from jaxrl_mt.rl.loop import Trainer
 
     print("jaxrl_mt from", jaxrl_mt.__file__, flush=True)
-    tmp = Path(tempfile.mkdtemp(prefix="three_steps_"))
-    model = os.environ.get("THREE_STEPS_MODEL") or tiny_dir(tmp)  # e.g. builtin:smollm2-135m-instruct
-    res = json.loads(out_path.read_text()) if out_path.exists() else {}
-    for name in names or NAMES:
-        t0 = time.time()
-        wd = tmp / "".join(ch if ch.isalnum() else "_" for ch in name)
-        Trainer(config(name, model, wd), log=lambda m: None).run()
-        rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        res[name] = [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
-        out_path.write_text(json.dumps(res, indent=1, sort_keys=True))
-        print(f"{name}: {time.time() - t0:.1f}s, {len(rows)} rows", flush=True)
+    with tempfile.TemporaryDirectory(prefix="three_steps_") as root:  # checkpoints: GBs on the embedded model
+        tmp = Path(root)
+        model = os.environ.get("THREE_STEPS_MODEL") or tiny_dir(tmp)  # e.g. builtin:smollm2-135m-instruct
+        res = json.loads(out_path.read_text()) if out_path.exists() else {}
+        for name in names or NAMES:
+            t0 = time.time()
+            wd = tmp / "".join(ch if ch.isalnum() else "_" for ch in name)
+            Trainer(config(name, model, wd), log=lambda m: None).run()
+            rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            res[name] = [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+            out_path.write_text(json.dumps(res, indent=1, sort_keys=True))
+            shutil.rmtree(wd)
+            print(f"{name}: {time.time() - t0:.1f}s, {len(rows)} rows", flush=True)
 
 
 def _timing(key: str) -> bool:
