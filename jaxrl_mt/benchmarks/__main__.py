@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = "usage: python -m jaxrl_mt.benchmarks {sampling,scoring,workload,grpo,simulator,accel,attention,tunix} [ARGS]"
+USAGE = ("usage: python -m jaxrl_mt.benchmarks "
+         "{sampling,scoring,workload,grpo,simulator,accel,attention,tunix,device_check} [ARGS]")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,6 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(run(args[1:]) or 0)
     if name == "accel":
         from jaxrl_mt.benchmarks.accel import main as run
+
+        return int(run(args[1:]) or 0)
+    if name == "device_check":
+        from jaxrl_mt.benchmarks.device_check import main as run
 
         return int(run(args[1:]) or 0)
     if name == "attention":

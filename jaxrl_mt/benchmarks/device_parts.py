@@ -1,0 +1,270 @@
+"""The device check's parts (`benchmarks.device_check`), each run as its own process:
+
+    python -m jaxrl_mt.benchmarks.device_parts PART SHAPE OUT_JSON WORKDIR
+
+A part writes its result to OUT_JSON as it goes (``"partial": true`` until it ends), so a part
+killed at its time budget still leaves what it measured. `SHAPES` holds the sizes of the device
+run (`full`) and of its CPU form (`tiny`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+PARTS = ("device", "accel", "train", "lic", "parity")
+EMBEDDED = "builtin:smollm2-135m-instruct"
+# the scorer's per-token log-probs, device against CPU: bf16 rounding (~2^-8 relative per operand)
+# through 30 layers, and fp32 where the device's matmuls may round their inputs (TF32 on NVIDIA)
+LOGPROB_TOL = {"float32": 2e-2, "bfloat16": 2e-1}
+PARITY_PROMPTS = ("What is 2 + 3?", "Name a prime number larger than 10.", "Write one sentence about the sea.",
+                  "What is the capital of France?", "Count from 1 to 5.", "Say hello in Spanish.",
+                  "What is 7 times 8?", "Give a synonym of 'quick'.")
+Save = Callable[[dict[str, Any]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckShape:
+    """The sizes of one form of the check (`SHAPES`)."""
+
+    dtype: str  # parameters and compute of accel, train and lic
+    accel_shapes: tuple[str, ...]  # benchmarks.accel.SHAPES names
+    accel_batches: tuple[int, ...]
+    accel_prompt_len: int
+    accel_new_tokens: int
+    accel_repeats: int
+    model: str  # the trainer's and the evaluation's model spec
+    train_steps: int
+    train_overrides: tuple[tuple[str, Any], ...]  # dotted configs/rlsta.py:paper_shapes fields
+    lic_conversations: int  # FULL + SHARDED, half each
+    lic_max_new_tokens: int
+    parity_new_tokens: int
+    budgets: dict[str, float]  # seconds per part
+
+
+SHAPES: dict[str, CheckShape] = {
+    # one H100 in under 8 minutes (each part's budget includes its process's start and compiles)
+    "full": CheckShape(dtype="bfloat16", accel_shapes=("qwen2.5-0.5b", "qwen2.5-1.5b"), accel_batches=(1, 16, 64),
+                       accel_prompt_len=128, accel_new_tokens=128, accel_repeats=2, model="random:qwen2.5-1.5b",
+                       train_steps=3, train_overrides=(), lic_conversations=32, lic_max_new_tokens=256,
+                       parity_new_tokens=32,
+                       budgets={"device": 20, "accel": 110, "train": 210, "lic": 60, "parity": 60}),
+    # the CPU form: seconds to a minute per part on 2 cores
+    "tiny": CheckShape(dtype="float32", accel_shapes=("tiny",), accel_batches=(1, 2), accel_prompt_len=8,
+                       accel_new_tokens=4, accel_repeats=1, model="random:tiny", train_steps=3,
+                       train_overrides=(("data.limit", 1), ("data.refine_source", ""), ("history.max_new_tokens", 4),
+                                        ("rl.batch_size", 1), ("rl.grad_accum", 1), ("rl.max_new_tokens", 8)),
+                       lic_conversations=32, lic_max_new_tokens=8, parity_new_tokens=8,
+                       budgets={"device": 60, "accel": 180, "train": 300, "lic": 300, "parity": 300}),
+}
+
+
+def load_preset(path: str, preset: str) -> Any:
+    """`get_config(preset)` of a config file (configs/ is not part of the package: read from the checkout)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_device_check_{Path(path).stem}", path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config(preset)
+
+
+def part_device(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
+    """The devices JAX sees, the first one's memory and its dense bf16 peak."""
+    import jax
+
+    from jaxrl_mt.models.flops import lookup_peak
+
+    dev = jax.devices()[0]
+    stats = dev.memory_stats() if dev.platform != "cpu" else None
+    peak = lookup_peak(dev.device_kind)
+    return {"device_kind": dev.device_kind, "platform": dev.platform, "device_count": jax.device_count(),
+            "jax_version": jax.__version__, "memory_bytes_limit": (stats or {}).get("bytes_limit"),
+            "peak_bf16_tflops": None if peak is None else peak.bf16_tflops,
+            "peak_hbm_gb_s": None if peak is None else getattr(peak, "hbm_gb_s", None)}
+
+
+def part_accel(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
+    """`benchmarks accel` shape by shape, batch by batch (saved after each row)."""
+    import gc
+
+    import jax
+
+    from jaxrl_mt.benchmarks import roofline as rf
+    from jaxrl_mt.benchmarks.accel import SHAPES as ACCEL_SHAPES
+    from jaxrl_mt.benchmarks.accel import ShapeBench, run_shape
+
+    peak = rf.lookup_peak(jax.devices()[0].device_kind)
+    out: dict[str, Any] = {"dtype": spec.dtype, "prompt_len": spec.accel_prompt_len,
+                           "new_tokens": spec.accel_new_tokens, "remat": True, "shapes": []}
+    for name in spec.accel_shapes:
+        bench = ShapeBench(ACCEL_SHAPES[name], dtype=spec.dtype, prompt_len=spec.accel_prompt_len,
+                           new_tokens=spec.accel_new_tokens, repeats=spec.accel_repeats, remat=True, peak=peak)
+        entry = {"name": name, "params": bench.n_params, "rows": []}
+        out["shapes"].append(entry)
+        for b in spec.accel_batches:
+            entry["rows"] += run_shape(bench, [b])
+            save({**out, "partial": True})
+        del bench
+        gc.collect()
+    return out
+
+
+def _train_config(spec: CheckShape, workdir: Path) -> Any:
+    c = load_preset("configs/rlsta.py", "paper_shapes")
+    c.workdir = str(workdir / "train_run")
+    c.model = spec.model
+    c.rl.steps = spec.train_steps
+    c.export = False  # timing, not weights: no export, no checkpoint (below)
+    for key, value in spec.train_overrides:
+        section, _, name = key.rpartition(".")
+        setattr(c[section] if section else c, name, value)
+    return c
+
+
+def part_train(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
+    """`spec.train_steps` steps of the trainer with the paper_shapes preset: each step's perf/* metrics."""
+    from jaxrl_mt.rl.loop import Trainer
+    from jaxrl_mt.rl.metrics_log import read_metrics
+
+    class _NoSave(Trainer):  # the step is what is timed: no checkpoint of the weights
+        def _checkpoint_hook(self, info: Any) -> None:
+            return None
+
+    c = _train_config(spec, workdir)
+    t0 = time.perf_counter()
+    trainer = _NoSave(c)
+    setup_s = time.perf_counter() - t0
+    try:
+        trainer.run()
+        rows = [r for r in read_metrics(Path(c.workdir) / "metrics.jsonl") if r.get("kind") == "train"]
+    finally:
+        shutil.rmtree(c.workdir, ignore_errors=True)
+    steps = [{k: v for k, v in r.items() if k == "step" or k.startswith(("perf/", "completion/", "train/loss"))}
+             for r in rows]
+    return {"model": spec.model, "preset": "configs/rlsta.py:paper_shapes", "overrides": dict(spec.train_overrides),
+            "setup_s": setup_s, "run_s": time.perf_counter() - t0 - setup_s, "steps": steps,
+            "steady": _steady(steps)}
+
+
+def _steady(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Means over the steps after the first (which compiles); the rollout's share of the step."""
+    warm = steps[1:] or steps
+    keys = sorted({k for s in warm for k in s if k.startswith("perf/")})
+    out = {k: float(np.mean([s[k] for s in warm if k in s])) for k in keys}
+    if out.get("perf/step_s"):
+        out["rollout_share"] = out.get("perf/rollout_s", 0.0) / out["perf/step_s"]
+    return out
+
+
+def part_lic(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
+    """A greedy LiC evaluation of `spec.model`, FULL + SHARDED: conversations/s and new tokens/s."""
+    from jaxrl_mt.evaluate import evaluate
+
+    half = spec.lic_conversations // 2
+    c = load_preset("configs/eval_lic.py", "cpu")
+    c.model, c.dtype, c.task = spec.model, spec.dtype, "math"
+    c.datasets.math = f"synthetic:{half}:0"
+    c.limit, c.runs, c.scenarios = half, 1, ("full", "sharded")
+    c.temperature, c.max_new_tokens, c.max_batch = 0.0, spec.lic_max_new_tokens, spec.lic_conversations
+    c.workdir, c.plots, c.bootstrap = str(workdir / "lic_run"), False, 100
+    try:
+        r = evaluate(c, log=lambda s: print(s, file=sys.stderr, flush=True))
+    finally:
+        shutil.rmtree(c.workdir, ignore_errors=True)
+    stats = r["report"].get("this_invocation", {})
+    seconds, tokens = float(r["seconds"]), int(stats.get("new_tokens", 0))
+    return {"model": spec.model, "dtype": spec.dtype, "scenarios": ["full", "sharded"],
+            "conversations": r["n_generated"], "planned": r["n_planned"], "seconds": seconds,
+            "new_tokens": tokens, "conversations_per_s": r["n_generated"] / max(seconds, 1e-9),
+            "tokens_per_s": tokens / max(seconds, 1e-9), "max_new_tokens": spec.lic_max_new_tokens,
+            "decode": stats.get("decode", {})}
+
+
+def _greedy_and_scores(model: Any, params: Any, prompts: list[list[int]], new_tokens: int,
+                       completions: list[list[int]] | None = None) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Greedy tokens of `prompts` under `params` (on their device) and the scorer's log-probs of
+    `completions` (default: those tokens)."""
+    from jaxrl_mt.sampling import Sampler, SamplingConfig
+    from jaxrl_mt.scoring import Scorer
+
+    sampler = Sampler(params, model.cfg, model.tokenizer, eos_ids=(), pad_id=model.pad_id)
+    res = sampler.generate_ids(prompts, SamplingConfig(max_new_tokens=new_tokens, temperature=0.0),
+                               stop_ids=[[] for _ in prompts])
+    tokens = [list(map(int, t)) for t in res.tokens]
+    scored = Scorer(params, model.cfg, pad_id=model.pad_id, batch_size=len(prompts)).score(
+        prompts, tokens if completions is None else completions)
+    return tokens, [np.asarray(x, np.float64) for x in scored.logprobs]
+
+
+def part_parity(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
+    """The embedded model on the default device against JAX's CPU backend, fp32 and bf16."""
+    import jax
+
+    from jaxrl_mt.chat import encode_prompt
+    from jaxrl_mt.models.registry import load_model
+
+    cpu = jax.devices("cpu")[0]
+    out: dict[str, Any] = {"model": EMBEDDED, "device": jax.devices()[0].device_kind, "reference": cpu.device_kind,
+                           "prompts": len(PARITY_PROMPTS), "new_tokens": spec.parity_new_tokens, "dtypes": {}}
+    for dtype in ("float32", "bfloat16"):
+        model = load_model(EMBEDDED, param_dtype=dtype, dtype=dtype)
+        prompts = [encode_prompt(model.tokenizer, [{"role": "user", "content": p}]) for p in PARITY_PROMPTS]
+        dev_tok, dev_lp = _greedy_and_scores(model, model.params, prompts, spec.parity_new_tokens)
+        with jax.default_device(cpu):
+            cpu_params = jax.device_put(model.params, cpu)
+            cpu_tok, cpu_lp = _greedy_and_scores(model, cpu_params, prompts, spec.parity_new_tokens,
+                                                 completions=dev_tok)  # the device's tokens, scored on the CPU
+        same = [a == b for a, b in zip(dev_tok, cpu_tok)]
+        first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(dev_tok, cpu_tok)]
+        diff = max(float(np.max(np.abs(a - b))) if len(a) else 0.0 for a, b in zip(dev_lp, cpu_lp))
+        tol = LOGPROB_TOL[dtype]
+        out["dtypes"][dtype] = {"tokens_equal": int(sum(same)), "all_tokens_equal": all(same),
+                                "first_difference": first, "logprob_max_abs_diff": diff, "logprob_tol": tol,
+                                "logprobs_within_tol": diff <= tol}
+        save({**out, "partial": True})
+        del model
+    return out
+
+
+PART_FNS: dict[str, Callable[[CheckShape, Path, Save], dict[str, Any]]] = {
+    "device": part_device, "accel": part_accel, "train": part_train, "lic": part_lic, "parity": part_parity}
+
+
+def run(part: str, shape: str, out: Path, workdir: Path) -> int:
+    """Runs one part, writing its result to `out` (partial results on the way); exit status."""
+    from jaxrl_mt import runtime
+
+    runtime.setup()  # JAX's persistent compilation cache: a rerun of the check starts warm
+
+    def save(result: dict[str, Any]) -> None:
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, default=_jsonable), encoding="utf-8")
+        tmp.replace(out)
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    result = PART_FNS[part](SHAPES[shape], workdir, save)
+    save({**result, "part_s": round(time.perf_counter() - t0, 2)})
+    return 0
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, (np.integer, np.floating, np.bool_)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])))
