@@ -1,36 +1,34 @@
-"""Gathers concurrent chat requests into batched sampler calls.
+"""Answers concurrent chat requests on the slot engine, refilling freed slots between segments.
 
 Requests (``Job``: token ids, budget, sampling settings, stop strings, n) wait in a queue. When
-the sampler is idle and a job arrives, the batcher waits until ``window_s`` after the oldest
-waiting job's arrival for company (or until ``max_rows`` rows are waiting), then takes the
-oldest waiting jobs up to ``max_rows`` rows (a job's ``n`` choices are n rows; one job is always
-taken): 64 clients x n = 16 are never 1,024 rows of KV cache at once. The rest, and new arrivals
-while a batch runs, form the next batch (without a further wait when they have waited a window
-already). Jobs that can share one ``Sampler.generate_ids`` call (same sampling settings; greedy
-jobs always can) go into one call, with per-row budgets and stop ids; jobs whose longest prompt
-plus largest budget would not fit the context together are split into several calls, and so are
-prompts longer than ``prefill_tokens`` from shorter ones (short ones first: a short prompt is
-never padded to a long one's length). Sampler calls run one at a time on one worker thread, so
-the event loop keeps accepting requests meanwhile.
+the engine is idle and a job arrives, the batcher waits until ``window_s`` after the oldest
+waiting job's arrival for company (or until ``max_rows`` rows are waiting), then starts a busy
+spell: one ``sampling.turns.run_turns`` call on one worker thread, so the event loop keeps
+accepting requests meanwhile. A job's ``n`` choices are n rows; at most ``max_rows`` rows hold a
+slot at once (W, the engine's slot width of it: 64 clients x n = 16 are never 1,024 rows of KV
+cache), the others wait in the spell's queue, first come first served. Between decode segments
+(at most ``slice_tokens`` steps; a segment returns once an eighth of the slots is free) the spell
+polls the queue: jobs that arrived meanwhile are admitted into the slots that rows freed (refill,
+as vLLM, SGLang and JetStream do), and the rows of jobs whose client left are dropped. The spell
+ends once nothing is held or waiting.
 
-Cancellation: a job whose client leaves (its ``submit`` is cancelled) is dropped from the queue
-and from every call not yet started. A call whose budget exceeds ``slice_tokens`` is decoded in
-slices of that many tokens on a ``DecodeSession`` (the KV cache is kept between slices, so a
-slice prefills only the last sampled token); between slices the rows of jobs that left, and rows
-that are done, are released, so an abandoned request stops generating within one slice. A row
-draws its t-th token with its own step counter (`row_offsets`: the tokens it drew in earlier
-slices), so a reply is the same sliced or not, greedy or sampled with the call's seed (up to the
-rounding of a continuation against a fresh prefill).
+Methods: greedy and sampled jobs (and sampled ones with or without a top-p filter) need
+different static sampling methods; a spell serves one. Once a job of another method waits, the
+spell admits no new job, drains, and the next spell takes the oldest waiting job's method (no
+starvation). Per-row temperature and top-p are dynamic: sampled jobs of any values share a spell.
 
-Long prompts: a prompt longer than ``prefill_tokens`` is prefilled in pieces of that many tokens,
-one session step each (the token sampled after a piece is dropped, so the cache holds exactly the
-prompt). Between pieces a row whose client left is released (before any decode), and jobs that
-arrived meanwhile are answered first (a nested batch, up to ``max_rows`` rows): a short request
-waits at most one piece of another client's prefill, not its whole prompt.
+Cancellation: a job whose client leaves (its ``submit`` is cancelled) is dropped from the queue,
+or its rows stop at the next segment (their slots free for other requests at once).
 
-Seeds: a sampled job with a ``seed`` only shares a call with jobs of the same seed and settings,
-and that call is seeded with it (the same request alone with the same seed gives the same
-replies); unseeded sampled jobs share calls seeded from a server counter.
+Long prompts: a prompt longer than ``prefill_tokens`` is admitted as its first piece and extended
+piece by piece (each intermediate piece with a budget of one token, dropped: the cache holds
+exactly the prompt), so other rows keep decoding between pieces and a short request is not
+starved by a long prompt; a row whose client leaves during its prefill stops before it decodes.
+
+Seeds: choice i of a job draws with the row key fold_in(key(seed), i) (`Sampler.generate_ids`
+with that seed and row seed i), seed the job's or, unseeded, a server counter: a seeded request
+gets the same replies alone or among others, whenever it runs. Stop strings cut the reply text
+(``cut_at_stops``); single-token ones and the EOS ids stop decoding (``Job.stop_ids``).
 """
 
 from __future__ import annotations
@@ -38,20 +36,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import jax
-import numpy as np
-
-from jaxrl_mt.batching import cache_bucket
-from jaxrl_mt.sampling import DecodeSession, GenerationResult, Sampler, SamplingConfig
+from jaxrl_mt.batching import as_key
+from jaxrl_mt.sampling import Sampler, SamplingConfig
+from jaxrl_mt.sampling.counters import KEYS
+from jaxrl_mt.sampling.turns import Feed, Poll, Reply, run_turns
 from jaxrl_mt.serving.protocol import Choice
 
-__all__ = ["Batcher", "Job"]
+__all__ = ["Batcher", "Job", "cut_at_stops"]
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +67,18 @@ class Job:
     stop_ids: tuple[int, ...] = ()  # stop token ids (the model's EOS ids and single-token stop strings)
     future: asyncio.Future | None = None
     queued_at: float = 0.0
-    cancelled: bool = False  # the client left: set on the event loop, read by the worker between slices
+    cancelled: bool = False  # the client left: set on the event loop, read by the worker between segments
+    replies: list[list[int]] | None = None  # the choices' token ids, set when answered
 
     @property
-    def key(self) -> tuple:
-        """Jobs with equal keys can share one sampler call."""
-        if self.temperature == 0:
-            return ("greedy",)
-        return ("sample", self.temperature, self.top_p, self.seed)
+    def method(self) -> Any:
+        """The static sampling method of its rows (jobs of one method can share a spell)."""
+        return self.sampling(1).method()
+
+    def sampling(self, max_new_tokens: int) -> SamplingConfig:
+        """Its sampling settings with a budget cap."""
+        return SamplingConfig(max_new_tokens=max_new_tokens, temperature=self.temperature,
+                              top_p=self.top_p if self.temperature > 0 else 1.0)
 
 
 def cut_at_stops(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
@@ -86,28 +87,18 @@ def cut_at_stops(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
-def split_to_fit(jobs: list[Job], context: int, long_prompt: int = 0) -> list[list[Job]]:
-    """Consecutive groups, shortest prompts first, whose longest prompt plus largest budget fit the
-    context; with ``long_prompt`` > 0, prompts longer than it never share a group with shorter ones."""
-    groups: list[list[Job]] = []
-    longest = budget = 0
-    for job in sorted(jobs, key=lambda j: len(j.prompt)):
-        apart = long_prompt > 0 and (len(job.prompt) > long_prompt) != (longest > long_prompt)
-        if groups and not apart and max(longest, len(job.prompt)) + max(budget, job.budget) <= context:
-            groups[-1].append(job)
-            longest, budget = max(longest, len(job.prompt)), max(budget, job.budget)
-        else:
-            groups.append([job])
-            longest, budget = len(job.prompt), job.budget
-    return groups
+class _Spell:
+    """One busy spell: its method and the progress of its jobs' rows (a row is a conversation of
+    `run_turns`). Written by the worker; `active` is read by the event loop."""
 
-
-def _advance(work: Generator[bool, None, Any]) -> tuple[bool, Any]:
-    """Runs a call's next slice: (False, whether the call is prefilling) or (True, its result)."""
-    try:
-        return False, next(work)
-    except StopIteration as e:
-        return True, e.value
+    def __init__(self) -> None:
+        self.method: Any = None
+        self.sampling: SamplingConfig | None = None
+        self.active: dict[int, Job] = {}  # id(job) -> job neither answered nor dropped
+        self.rows: dict[int, tuple[Job, int]] = {}  # conversation -> (job, choice) of the rows in flight
+        self.rest: dict[int, list[list[int]]] = {}  # conversation -> prompt pieces still to feed
+        self.got: dict[int, list[tuple[list[int], str] | None]] = {}  # id(job) -> (tokens, finish) per choice
+        self.keys: dict[int, Any] = {}  # id(job) -> its PRNG key
 
 
 class Batcher:
@@ -116,38 +107,57 @@ class Batcher:
     def __init__(self, sampler: Sampler, *, window_s: float = 0.005, max_rows: int = 64, seed: int = 0,
                  slice_tokens: int = 64, prefill_tokens: int = 512):
         """Args:
-          sampler: the model's sampler (its ``max_batch`` splits a large call into chunks).
+          sampler: the model's sampler (one process).
           window_s: how long an idle batcher waits after the first arrival for more requests.
-          max_rows: a batch starts at once when this many rows are waiting, and takes at most this
-            many rows (the oldest jobs; a single larger job alone).
-          seed: base of the seeds of unseeded sampled calls.
-          slice_tokens: a call with a larger budget is decoded in slices of this many tokens, and
-            rows whose client left are dropped between slices (0: one sampler call per group).
-          prefill_tokens: a longer prompt gets a call of its own and is prefilled in pieces of this
-            many tokens, answering other jobs between pieces (0: one prefill).
+          max_rows: a spell starts at once when this many rows are waiting; at most this many rows
+            (the engine's slot width of it) hold a slot at once.
+          seed: base of the seeds of unseeded sampled jobs.
+          slice_tokens: decode steps per segment at most: requests are admitted and rows of clients
+            that left are dropped between segments (0: the engine's ``segment_steps``).
+          prefill_tokens: a longer prompt is admitted in pieces of this many tokens, other rows
+            decoding between pieces (0: one prefill).
         """
         if window_s < 0 or max_rows < 1 or slice_tokens < 0 or prefill_tokens < 0:
             raise ValueError(f"Batcher: bad window_s={window_s}, max_rows={max_rows}, slice_tokens={slice_tokens} "
                              f"or prefill_tokens={prefill_tokens}")
+        if sampler.engine.multi:
+            raise ValueError("Batcher runs in one process (the slot engine's host loop)")
         self.sampler, self.window_s, self.max_rows, self.slice_tokens = sampler, window_s, max_rows, slice_tokens
         self.prefill_tokens = prefill_tokens
         self._seed = seed
-        self._pending: list[Job] = []
+        self._pending: list[Job] = []  # guarded by _lock (the event loop appends, the worker takes)
+        self._lock = threading.Lock()
         self._wake: asyncio.Event | None = None
+        self._loop_ref: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler")
-        # batches, calls, rows, jobs, cancelled (clients that left), dropped (jobs dropped before their call),
-        # stopped_rows (rows stopped mid-decode because their client left), slices, tokens, failed,
-        # prefill_pieces (steps that fed a piece of a long prompt), nested (batches answered between them)
+        self._spell: _Spell | None = None
+        self._conv = 0  # the next row's conversation id
+        # spells, jobs, rows, refills (jobs admitted into a running spell), cancelled (clients that left),
+        # dropped (jobs dropped before their spell), stopped_rows (rows stopped in flight because their
+        # client left), stopped_in_prefill (of which with prompt pieces still to feed), tokens (of the
+        # answered rows), decoded (decode steps of live rows, dropped rows' included), segments, admissions,
+        # extensions, prefill_pieces (pieces of long prompts fed), failed
         self.stats: Counter = Counter()
-        self.in_flight: list[Job] = []  # the jobs of the sampler call now running
-        self.max_rows_seen = 0
-        self.wait_s = 0.0  # summed time jobs spent queued before their sampler call started
+        self.max_rows_seen = 0  # the widest slot state a spell decoded with
+        self.wait_s = 0.0  # summed time jobs spent queued before their spell took them
+
+    @property
+    def in_flight(self) -> list[Job]:
+        """The jobs of the running spell not yet answered or dropped."""
+        spell = self._spell
+        return list(spell.active.values()) if spell is not None else []
+
+    @property
+    def idle(self) -> bool:
+        """No spell runs and no job waits (a spell's counters are final once it is over)."""
+        return self._spell is None and not self._waiting()
 
     def start(self) -> None:
         """Starts the batching loop on the running event loop."""
         self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._loop_ref = asyncio.get_running_loop()
+        self._task = self._loop_ref.create_task(self._loop())
 
     async def stop(self) -> None:
         """Stops the loop and the worker thread."""
@@ -160,197 +170,185 @@ class Batcher:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def submit(self, job: Job) -> list[Choice]:
-        """Queues a job and waits for its choices (cancelling the wait drops the job)."""
+        """Queues a job and waits for its choices (cancelling the wait drops the job).
+
+        Raises:
+          ValueError: an empty prompt, n < 1, or a budget outside [1, the model's context].
+        """
         if self._wake is None:
             raise RuntimeError("Batcher.start() was not called")
+        ctx = self.sampler.cfg.max_position_embeddings
+        if not job.prompt or job.n < 1 or not 1 <= job.budget <= ctx:
+            raise ValueError(f"bad job: {len(job.prompt)} prompt tokens, n={job.n}, budget={job.budget}")
         job.future = asyncio.get_running_loop().create_future()
         job.queued_at = time.perf_counter()
-        self._pending.append(job)
+        with self._lock:
+            self._pending.append(job)
         self._wake.set()
         try:
             return await job.future
         except asyncio.CancelledError:
-            job.cancelled = True  # the worker drops its rows at the next slice
+            job.cancelled = True  # the worker drops its rows at the next segment
             self.stats["cancelled"] += 1
             raise
+
+    def _waiting(self) -> list[Job]:
+        """The queued jobs whose clients are still there."""
+        with self._lock:
+            return [j for j in self._pending if not j.cancelled]
 
     async def _loop(self) -> None:
         assert self._wake is not None
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not self._pending:
+            if not self._waiting():
                 continue
-            if sum(j.n for j in self._pending) < self.max_rows and self.window_s > 0:
-                ends = min(j.queued_at for j in self._pending) + self.window_s  # no extra wait after a busy spell
-                while sum(j.n for j in self._pending) < self.max_rows and time.perf_counter() < ends:
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), ends - time.perf_counter())
-                    except asyncio.TimeoutError:
-                        break
-            jobs = self._take()
-            if self._pending:
-                self._wake.set()  # the rest form the next batch (they have waited their window)
-            if not jobs:
-                continue
+            await self._window()
+            spell = self._spell = _Spell()
             try:
-                await self._answer(jobs)
-            except Exception as e:  # noqa: BLE001 (never leave a client waiting on a dead loop)
-                log.exception("batch failed")
-                for j in jobs:
+                await asyncio.get_running_loop().run_in_executor(self._pool, self._run_spell, spell)
+            except Exception as e:  # noqa: BLE001 (reported to the waiting clients as a 500; the loop goes on)
+                log.exception("spell failed")
+                for j in spell.active.values():
+                    self.stats["failed"] += 1
                     if not j.future.done():
                         j.future.set_exception(e)
+            finally:
+                self._spell = None
+            if self._waiting():
+                self._wake.set()  # the next spell (they have waited their window)
 
-    def _take(self) -> list[Job]:
-        """The oldest waiting jobs, at most ``max_rows`` rows (at least one job); the rest stay queued."""
-        live = [j for j in self._pending if not j.future.done()]
-        self.stats["dropped"] += len(self._pending) - len(live)
-        rows = 0
-        for k, j in enumerate(live):
-            if k and rows + j.n > self.max_rows:
-                self._pending = live[k:]
-                return live[:k]
-            rows += j.n
-        self._pending = []
-        return live
-
-    async def _answer(self, jobs: list[Job], nested: bool = False) -> None:
-        """Runs the sampler calls of one batch and resolves the jobs' futures (``nested``: a batch
-        answered between the prefill pieces of another call, which does not nest further)."""
-        self.stats["batches"] += 1
-        by_key: dict[tuple, list[Job]] = {}
-        for job in jobs:
-            by_key.setdefault(job.key, []).append(job)
-        for group in by_key.values():
-            for part in split_to_fit(group, self.sampler.cfg.max_position_embeddings, self.prefill_tokens):
-                left = [j for j in part if j.future.done()]  # clients that left meanwhile
-                self.stats["dropped"] += len(left)
-                part = [j for j in part if not j.future.done()]
-                if not part:
-                    continue
-                start = time.perf_counter()
-                self.wait_s += sum(start - j.queued_at for j in part)
-                outer, self.in_flight = self.in_flight, part
-                try:
-                    results = await self._run(part, nested)
-                except Exception as e:  # noqa: BLE001 (reported to the waiting clients as a 500)
-                    self.stats["failed"] += len(part)
-                    for j in part:
-                        if not j.future.done():
-                            j.future.set_exception(e)
-                    continue
-                finally:
-                    self.in_flight = outer
-                for j, choices in zip(part, results):
-                    if not j.future.done():
-                        j.future.set_result(choices)
-
-    async def _run(self, part: list[Job], nested: bool) -> list[list[Choice]]:
-        """One call's slices on the worker; jobs that arrive while it prefills a long prompt are
-        answered between its pieces (unless ``nested``)."""
-        loop, work = asyncio.get_running_loop(), self._generate(part)
-        while True:
-            done, value = await loop.run_in_executor(self._pool, _advance, work)
-            if done:
-                return value
-            if value and not nested and any(not j.future.done() for j in self._pending):
-                self.stats["nested"] += 1
-                await self._answer(self._take(), nested=True)
-
-    def _generate(self, jobs: list[Job]) -> Generator[bool, None, list[list[Choice]]]:
-        """One sampler call for jobs of one key, run a slice at a time on the worker thread: yields
-        between slices (True while a long prompt is being prefilled), returns the jobs' choices."""
-        first = jobs[0]
-        rows = [j for j in jobs for _ in range(j.n)]
-        seed = first.seed
-        if seed is None:
-            self._seed += 1
-            seed = self._seed
-        sampling = SamplingConfig(max_new_tokens=max(j.budget for j in rows), temperature=first.temperature,
-                                  top_p=first.top_p if first.temperature > 0 else 1.0)
-        long = 0 < self.prefill_tokens < max(len(j.prompt) for j in rows)
-        if long or 0 < self.slice_tokens < sampling.max_new_tokens:
-            res = yield from self._generate_sliced(rows, sampling, seed % (2**32))
-        else:
-            res = self.sampler.generate_ids([j.prompt for j in rows], sampling, seed=seed % (2**32),
-                                            max_new_tokens=[j.budget for j in rows],
-                                            stop_ids=[list(j.stop_ids) for j in rows])
-            self.stats["slices"] += 1
-        self.stats["tokens"] += sum(len(t) for t in res.tokens)
-        self.stats["calls"] += 1
-        self.stats["rows"] += len(rows)
-        self.stats["jobs"] += len(jobs)
-        self.max_rows_seen = max(self.max_rows_seen, len(rows))
-        out: list[list[Choice]] = []
-        k = 0
-        for j in jobs:
-            choices = []
-            for _ in range(j.n):
-                text, cut = cut_at_stops(res.texts[k] if res.texts is not None else "", j.stops)
-                choices.append(Choice(text, "stop" if cut else res.finish_reasons[k], len(res.tokens[k])))
-                k += 1
-            out.append(choices)
-        return out
-
-    def _generate_sliced(self, rows: list[Job], sampling: SamplingConfig, seed: int
-                         ) -> Generator[bool, None, GenerationResult]:
-        """One call decoded in slices of ``slice_tokens`` on a DecodeSession, long prompts prefilled in
-        pieces of ``prefill_tokens``, rows whose client left released between steps (runs on the
-        worker thread, yielding after each step: True while a prompt is still being fed; ``rows``:
-        each job once per choice)."""
-        longest = max(len(j.prompt) for j in rows)
-        size = cache_bucket(longest + max(j.budget for j in rows)) if 0 < self.prefill_tokens < longest else 128
-        sess = DecodeSession(self.sampler, len(rows), min_segment_bucket=self.sampler.min_prompt_bucket,
-                             cache_quantum=size)  # a long prompt's cache sized once: one program for its pieces
-        todo: list[list[int]] = [list(j.prompt) for j in rows]  # tokens still to feed (prompt, or the pending one)
-        tokens: list[list[int]] = [[] for _ in rows]
-        finish: list[str | None] = [None] * len(rows)
-        key, piece = jax.random.PRNGKey(seed), self.prefill_tokens or max(len(t) for t in todo)
-        while True:  # each step feeds a piece of a prompt or yields >= 1 token per active row
-            gone = [i for i, j in enumerate(rows) if finish[i] is None and j.cancelled]
-            for i in gone:
-                finish[i] = "cancelled"
-            self.stats["stopped_rows"] += len(gone)
-            self.stats["stopped_in_prefill"] += sum(1 for i in gone if not tokens[i])
-            sess.release(gone)
-            active = [i for i in range(len(rows)) if finish[i] is None]
-            if not active:
+    async def _window(self) -> None:
+        """Waits until ``window_s`` after the oldest waiting job's arrival, or ``max_rows`` rows wait."""
+        assert self._wake is not None
+        waiting = self._waiting()
+        if not waiting or self.window_s <= 0 or sum(j.n for j in waiting) >= self.max_rows:
+            return
+        ends = min(j.queued_at for j in waiting) + self.window_s  # no extra wait after a busy spell
+        while sum(j.n for j in self._waiting()) < self.max_rows and time.perf_counter() < ends:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), ends - time.perf_counter())
+            except asyncio.TimeoutError:
                 break
-            feeding = {i for i in active if len(todo[i]) > piece}  # a piece of a long prompt; its sample dropped
-            left = [rows[i].budget - len(tokens[i]) for i in range(len(rows))]
-            nmax = min(self.slice_tokens or sampling.max_new_tokens,
-                       max((left[i] for i in active if i not in feeding), default=1))
-            segments: list[list[int] | None] = [None] * len(rows)
-            for i in active:
-                segments[i], todo[i] = todo[i][:piece], todo[i][piece:]
-            budgets = [1 if i in feeding else min(nmax, max(left[i], 1)) for i in range(len(rows))]
-            res = sess.step(segments, dataclasses.replace(sampling, max_new_tokens=nmax), seed=key,
-                            max_new_tokens=budgets, stop_ids=[list(j.stop_ids) for j in rows],
-                            row_offsets=[len(t) for t in tokens])  # a row's t-th token: its own count
-            if not feeding:
-                sess.min_segment_bucket = 16  # later slices feed one token per row: no prompt-sized padding
-            self.stats["slices"] += 1
-            self.stats["prefill_pieces"] += bool(feeding)
-            done = []
-            for i in set(active) - feeding:
-                tokens[i] += res.tokens[i]
-                if res.finish_reasons[i] == "stop" or len(tokens[i]) >= rows[i].budget:
-                    finish[i] = res.finish_reasons[i]
-                    done.append(i)
-                else:
-                    todo[i] = [res.tokens[i][-1]]  # the pending token, fed at the next slice
-            sess.release(done)
-            yield bool(feeding)  # True: the next step feeds more of a prompt (other jobs may go first)
-        reasons = [f or "length" for f in finish]
-        out = GenerationResult(tokens, [], np.array([len(t) for t in tokens]), reasons)
-        out.texts = self.sampler.decode_texts(tokens, reasons)
-        return out
+
+    def _run_spell(self, spell: _Spell) -> None:
+        """One busy spell on the worker thread: `run_turns` polling the queue between segments."""
+        sampler = self.sampler
+        engine = sampler.engine
+        if self.slice_tokens:
+            engine = dataclasses.replace(engine, segment_steps=self.slice_tokens)
+        first = self._poll(spell, True)
+        if not first.feeds:
+            return
+        weights = engine.weights(sampler.params, sampler.decode_weights(sampler.params))
+        counters = run_turns(weights, engine, first.feeds, spell.sampling, as_key(0),
+                             lambda replies: self._advance(spell, replies), width=engine.slot_width(self.max_rows),
+                             on_shape=self._on_shape, poll=lambda idle: self._poll(spell, idle))
+        for k in KEYS:
+            sampler.totals[k] += int(counters.get(k, 0))
+        for k in ("admissions", "extensions"):
+            self.stats[k] += counters[k]
+        self.stats["decoded"] += counters["live_row_steps"]
+        self.stats["spells"] += 1
+
+    def _on_shape(self, shape: tuple[Any, ...]) -> None:
+        self.sampler.compiled_shapes.add(shape)
+        if shape[0] == "segment":
+            self.stats["segments"] += 1
+            self.max_rows_seen = max(self.max_rows_seen, shape[1])
+
+    def _poll(self, spell: _Spell, idle: bool) -> Poll:
+        """Between segments (worker): the rows of jobs whose client left, and the waiting jobs of the
+        spell's method as fresh feeds, unless a job of another method waits; closed once idle with
+        nothing to admit."""
+        drops = [c for c, (j, _) in spell.rows.items() if j.cancelled]
+        for c in drops:
+            job, _ = spell.rows.pop(c)
+            self.stats["stopped_rows"] += 1
+            self.stats["stopped_in_prefill"] += bool(spell.rest.pop(c, None))
+            spell.active.pop(id(job), None)
+        with self._lock:
+            live = [j for j in self._pending if not j.cancelled]
+            self.stats["dropped"] += len(self._pending) - len(live)
+            if spell.method is None and live:  # the oldest job's method, and every waiting job of it
+                spell.method = live[0].method
+                spell.sampling = live[0].sampling(self.sampler.cfg.max_position_embeddings)
+                take = [j for j in live if j.method == spell.method]
+            else:  # no admission once a job of another method waits
+                take = [] if any(j.method != spell.method for j in live) else live
+            taken = {id(j) for j in take}
+            self._pending = [j for j in live if id(j) not in taken]
+        feeds = [f for j in take for f in self._admit(spell, j)]
+        self.stats["refills"] += len(take) if spell.rows and not idle else 0
+        return Poll(feeds=feeds, drops=drops, closed=idle and not feeds)
+
+    def _admit(self, spell: _Spell, job: Job) -> list[Feed]:
+        """The first feeds of a job's rows (worker): a row per choice, long prompts in pieces."""
+        if job.seed is None:
+            self._seed += 1
+        spell.keys[id(job)] = as_key((self._seed if job.seed is None else job.seed) % (1 << 32))
+        spell.active[id(job)] = job
+        spell.got[id(job)] = [None] * job.n
+        self.wait_s += time.perf_counter() - job.queued_at
+        self.stats["jobs"] += 1
+        self.stats["rows"] += job.n
+        p = self.prefill_tokens or len(job.prompt)
+        feeds = []
+        for i in range(job.n):
+            c, self._conv = self._conv, self._conv + 1
+            pieces = [job.prompt[k:k + p] for k in range(0, len(job.prompt), p)]
+            spell.rows[c], spell.rest[c] = (job, i), pieces[1:]
+            feeds.append(self._feed(spell, c, pieces[0], fresh=True))
+        return feeds
+
+    def _feed(self, spell: _Spell, conv: int, tokens: list[int], fresh: bool = False) -> Feed:
+        """Row `conv`'s next feed: a prompt piece, with a budget of 1 (dropped) while pieces remain."""
+        job, i = spell.rows[conv]
+        self.stats["prefill_pieces"] += len(job.prompt) > len(tokens) or not fresh
+        return Feed(conv, tokens, seed=i, fresh=fresh, budget=job.budget if not spell.rest[conv] else 1,
+                    stop_ids=job.stop_ids, temperature=job.temperature, top_p=job.top_p, key=spell.keys[id(job)])
+
+    def _advance(self, spell: _Spell, replies: list[Reply]) -> list[Feed]:
+        """The replies that ended (worker): the next prompt pieces of long prompts; the other replies
+        are recorded, and a job whose choices are all done is answered."""
+        feeds = []
+        for r in replies:
+            job, i = spell.rows[r.conv]
+            if spell.rest[r.conv]:  # a piece of a long prompt: its token dropped, the next piece fed
+                feeds.append(self._feed(spell, r.conv, spell.rest[r.conv].pop(0)))
+                continue
+            del spell.rows[r.conv], spell.rest[r.conv]
+            got = spell.got[id(job)]
+            got[i] = (r.tokens, r.finish)
+            if all(g is not None for g in got) and spell.active.pop(id(job), None) is not None:
+                self._answer(job, got)
+        return feeds
+
+    def _answer(self, job: Job, got: list[tuple[list[int], str]]) -> None:
+        """Detokenizes a job's choices, cuts them at its stop strings and resolves its future."""
+        tokens, finish = [g[0] for g in got], [g[1] for g in got]
+        texts = self.sampler.decode_texts(tokens, finish) or [""] * len(got)
+        choices = []
+        for text, toks, fin in zip(texts, tokens, finish):
+            text, cut = cut_at_stops(text, job.stops)
+            choices.append(Choice(text, "stop" if cut else fin, len(toks)))
+        self.stats["tokens"] += sum(len(t) for t in tokens)
+        job.replies = tokens
+        assert self._loop_ref is not None
+        self._loop_ref.call_soon_threadsafe(_settle, job.future, choices)
 
     def summary(self) -> dict[str, Any]:
-        """Counters, the largest batch, mean rows per sampler call and mean queue wait of a job."""
-        calls, jobs = self.stats["calls"] or 1, self.stats["jobs"] or 1
+        """Counters, the widest slot state, mean rows per spell and mean queue wait of a job."""
+        spells, jobs = self.stats["spells"] or 1, self.stats["jobs"] or 1
         return {**{k: int(v) for k, v in sorted(self.stats.items())}, "max_rows": self.max_rows_seen,
                 "in_flight_rows": sum(j.n for j in self.in_flight),
-                "mean_rows_per_call": self.stats["rows"] / calls, "window_ms": self.window_s * 1000,
+                "mean_rows_per_spell": self.stats["rows"] / spells, "window_ms": self.window_s * 1000,
                 "mean_queue_wait_ms": 1000 * self.wait_s / jobs}
+
+
+def _settle(future: asyncio.Future | None, choices: list[Choice]) -> None:
+    """Resolves a job's future on the event loop (unless its client left)."""
+    if future is not None and not future.done():
+        future.set_result(choices)
