@@ -35,6 +35,11 @@ the sampler's prefill for shapes only (`jax.ShapeDtypeStruct` parameters: no wei
 prints the temp and argument bytes of `compile().memory_analysis()` per attention
 implementation, with the growth ratios between lengths, and the compiler (backend) that
 produced them: the CPU compiler fuses differently from TPU's and GPU's.
+
+Whole-step mode (`--measured --step [--models qwen2.5-1.5b,qwen2.5-7b] [--devices 1,8]
+[--prompt-len 8192] [--remat dots] [--json OUT] [--markdown OUT]`): every program of the trainer's
+RLSTA step at `configs/rlsta.py:paper_shapes`' sizes, compiled for abstract shapes on one device
+and on FSDP meshes of host devices (`jaxrl_mt.benchmarks.step_memory`).
 """
 
 from __future__ import annotations
@@ -282,6 +287,11 @@ def run_measured(a: argparse.Namespace, names: Sequence[str], pd: str, cd: str) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--measured" in args and "--step" in args:  # the trainer's whole RLSTA step (benchmarks.step_memory)
+        from jaxrl_mt.benchmarks.step_memory import main as step_main
+
+        return step_main([a for a in args if a not in ("--measured", "--step")])
     ap = argparse.ArgumentParser(prog="python -m jaxrl_mt.memory_table", description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=8, help="sequences (rows) per step")
     ap.add_argument("--length", type=int, default=4096, help="tokens per sequence (also the KV-cache slots)")
