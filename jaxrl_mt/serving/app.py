@@ -21,12 +21,14 @@ so a conversation of more messages than the context can hold (100,000 one-charac
 
 A client that disconnects is logged as one line (``client ... left ...``, counted as
 ``disconnects`` in ``/stats``) and its generation is cancelled: dropped from the queue or, when
-its batch is decoding, stopped at the batcher's next slice. This holds for streamed and
-non-streamed requests (the latter watch the connection while they wait).
+its rows are decoding, stopped at the batcher's next segment (their slots go to waiting
+requests). This holds for streamed and non-streamed requests (the latter watch the connection
+while they wait).
 
-Streaming sends the role chunk at once, then each choice's text as one delta when its batch is
-done (the sampler decodes a whole batch inside one jitted loop, so text is not available token
-by token), the finish reasons, an optional usage chunk and ``[DONE]``.
+Streaming sends the role chunk at once, then each choice's text as one delta when its job is
+answered (rows decode in jitted segments of many steps and a job is detokenized once its choices
+are done, so text is not available token by token), the finish reasons, an optional usage chunk
+and ``[DONE]``.
 """
 
 from __future__ import annotations

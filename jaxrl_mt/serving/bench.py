@@ -13,7 +13,8 @@ Starts the server in process on 127.0.0.1 and drives it with the official ``open
 
 Phases 1 and 2 are run once untimed first (phase 2 under the first window), so compilation is
 not measured, except where a window splits the clients into batches of a new size: each phase
-lists the shapes it had to compile (``new_shapes_compiled``). Prints a JSON summary.
+lists the shapes it had to compile (``new_shapes_compiled``), the batcher's busy spells
+(``sampler_calls``: run_turns calls) and decode segments. Prints a JSON summary.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def run_bench(model: Any, *, clients: int = 64, sequential: int = 16, max_tokens
               windows_ms: Sequence[float] = (2000.0, 5.0, 0.0), lone: int = 8, max_batch: int = 64,
               slice_tokens: int = 64) -> dict:
     """Runs the three phases against a server on ``model`` (a loaded registry Model; ``slice_tokens``:
-    the batcher's decode slices, 0 for one sampler call per group)."""
+    the batcher's decode steps per segment, between which requests are admitted; 0: the engine's)."""
     import openai
 
     from jaxrl_mt.serving.server import ServerThread, build_service
@@ -113,10 +114,12 @@ def run_bench(model: Any, *, clients: int = 64, sequential: int = 16, max_tokens
             before, wait = dict(service.batcher.stats), service.batcher.wait_s
             shapes = set(service.sampler.compiled_shapes)
             res = concurrent(client, "bench", chats, max_tokens)
+            while not service.batcher.idle:  # the last spell's counters are final once it is over
+                time.sleep(0.001)
             after = service.batcher.stats
             res["new_shapes_compiled"] = sorted(service.sampler.compiled_shapes - shapes)  # inside the timing
-            res["sampler_calls"] = after["calls"] - before.get("calls", 0)
-            res["batches"] = after["batches"] - before.get("batches", 0)
+            res["sampler_calls"] = after["spells"] - before.get("spells", 0)
+            res["segments"] = after["segments"] - before.get("segments", 0)
             res["queue_wait_mean_ms"] = 1000 * (service.batcher.wait_s - wait) / (after["jobs"] - before["jobs"])
             out["concurrent"][f"window_{w:g}ms"] = res
         out["lone"] = {}
@@ -141,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--windows-ms", default="2000,5,0", help="comma-separated batching windows to compare (the "
                                                            "first also serves the warm-up)")
     p.add_argument("--lone", type=int, default=8, help="lone requests per window for the latency cost")
-    p.add_argument("--slice-tokens", type=int, default=64, help="the batcher's decode slices (0: none)")
+    p.add_argument("--slice-tokens", type=int, default=64, help="the batcher's decode steps per segment "
+                                                               "(0: the engine's)")
     args = p.parse_args(argv)
     from jaxrl_mt.models.registry import load_model
 

@@ -227,48 +227,50 @@ def test_50_disconnects_are_one_log_line_each_and_no_traceback(server, server_lo
 
 
 def test_abandoned_requests_stop_generating(server):
-    """A client that leaves while its batch decodes: its row is dropped at the next slice."""
+    """A client that leaves while its spell decodes: its row is dropped at the next segment (of 16 steps)."""
     batcher, budget = server.service.batcher, 96
-    status, kept = post(server.url, body("go on", max_tokens=budget))  # sliced: 6 slices of 16
+    status, kept = post(server.url, body("go on", max_tokens=budget))  # 6 segments of 16 steps
     assert status == 200 and kept["usage"]["completion_tokens"] == budget  # left alone it decodes the budget
     assert kept["choices"][0]["finish_reason"] == "length"
     for stream in (False, True):
         stats = dict(batcher.stats)
-        slices = stats.get("slices", 0)
+        segments = stats.get("segments", 0)
         data = body("go on", max_tokens=budget, stream=stream)
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
             sock.sendall(request_head(len(data)) + data)
-            wait_for(lambda: batcher.stats["slices"] > slices)  # noqa: B023 (waited for here) its batch is decoding
-        wait_for(lambda: not batcher.in_flight)
-        delta = {k: batcher.stats[k] - stats.get(k, 0) for k in ("calls", "stopped_rows", "tokens", "cancelled")}
-        assert delta["calls"] == 1 and delta["stopped_rows"] == 1 and delta["cancelled"] == 1, delta
-        assert 1 <= delta["tokens"] <= 3 * SLICE < budget, delta  # stopped within a few slices, not at 96
+            wait_for(lambda: batcher.stats["segments"] > segments)  # noqa: B023 (waited for here) its spell decodes
+        wait_for(lambda: batcher.idle)  # its spell is over: its counters are final
+        keys = ("spells", "stopped_rows", "tokens", "decoded", "cancelled")
+        delta = {k: batcher.stats[k] - stats.get(k, 0) for k in keys}
+        assert delta["spells"] == 1 and delta["stopped_rows"] == 1 and delta["cancelled"] == 1, delta
+        assert delta["tokens"] == 0, delta  # no reply
+        assert 1 <= delta["decoded"] <= 3 * SLICE < budget, delta  # stopped within a few segments, not at 96
 
 
 @pytest.mark.slow
 def test_sliced_greedy_replies_equal_one_sampler_call(server, tiny_model):  # noqa: F811
-    """Slicing changes no greedy reply: the server's sliced replies equal ``generate_ids``'s."""
+    """Segments change no greedy reply: the server's replies (decoded in segments of 16 steps, admitted
+    among others) equal ``generate_ids``'s."""
     chats = [[{"role": "user", "content": t}] for t in ("go on", "Tell me about the sea.", "Count to ten.")]
     want = server.service.sampler.generate_ids([encode_prompt(tiny_model.tokenizer, c) for c in chats],
                                                SamplingConfig(max_new_tokens=90, temperature=0.0))
-    slices = server.service.batcher.stats["slices"]
+    segments = server.service.batcher.stats["segments"]
     for chat, text, reason in zip(chats, want.texts, want.finish_reasons):
         status, got = post(server.url, json.dumps({"model": TINY_NAME, "messages": chat, "temperature": 0,
                                                    "max_tokens": 90}).encode())
         assert status == 200 and got["choices"][0]["message"]["content"] == text
         assert got["choices"][0]["finish_reason"] == reason
-    assert server.service.batcher.stats["slices"] - slices >= 3 * 2  # each reply took several slices
+    assert server.service.batcher.stats["segments"] - segments >= 3 * 2  # each reply took several segments
 
 
 def test_a_sampled_seeded_reply_is_the_same_sliced(server, tiny_model):  # noqa: F811
-    """Each row draws its t-th token with its own step counter (`row_offsets`), so a seeded sampled
-    request decoded in 16-token slices gets the reply of one `generate_ids` call with that seed
-    (before, every slice drew with a key of its own: a different reply)."""
+    """A row draws its t-th token with fold_in(its key, t), so a seeded sampled request decoded in
+    segments of 16 steps gets the reply of one `generate_ids` call with that seed (choice 0: row seed 0)."""
     chat = [{"role": "user", "content": "Tell me about the sea."}]
     want = server.service.sampler.generate_ids([encode_prompt(tiny_model.tokenizer, chat)],
                                                SamplingConfig(max_new_tokens=40, temperature=1.0), seed=1234)
-    slices = server.service.batcher.stats["slices"]
+    segments = server.service.batcher.stats["segments"]
     status, got = post(server.url, json.dumps({"model": TINY_NAME, "messages": chat, "temperature": 1.0,
                                                "max_tokens": 40, "seed": 1234}).encode())
     assert status == 200 and got["choices"][0]["message"]["content"] == want.texts[0]
-    assert want.lengths[0] > SLICE and server.service.batcher.stats["slices"] - slices >= 2
+    assert want.lengths[0] > SLICE and server.service.batcher.stats["segments"] - segments >= 2

@@ -3,8 +3,8 @@
 
 Each case is the probe's, scaled to the tiny model: big bodies of one-character messages (a small
 request is not queued behind their parsing), a long prompt (prefilled in pieces, a small request
-answered between them, dropped between them when its client leaves), many rows waiting at once
-(a sampler call holds at most ``max_batch`` rows) and a tiny ``top_p`` (the most likely token is
+admitted between them, dropped between them when its client leaves), many rows waiting at once
+(at most ``max_batch`` rows hold a slot at once) and a tiny ``top_p`` (the most likely token is
 kept: the reply is the greedy one, not garbage).
 """
 
@@ -27,15 +27,15 @@ LONG_WORDS = 420  # a user message of about 1,250 tokens: 10 pieces
 
 @pytest.fixture(scope="module")
 def server(tiny_model):  # noqa: F811
-    """A server with one preparing thread, 4 rows per call, 16-token slices and 128-token prefill pieces."""
+    """A server with one preparing thread, 4 slots, 16-step segments and 128-token prefill pieces."""
     from jaxrl_mt.serving.server import ServerThread, build_service
 
     service = build_service(tiny_model, names=[TINY_NAME], max_batch=MAX_BATCH, min_prompt_bucket=256,
                             slice_tokens=16, prepare_workers=1)
-    service.batcher.prefill_tokens = PIECE  # an attribute: the old server keeps running its own way
+    service.batcher.prefill_tokens = PIECE  # an attribute: read when a job is admitted
     with ServerThread(service, read_timeout=30) as srv:
         post(srv.url, body(max_tokens=1))  # compiled before any clock starts: a short reply ...
-        post(srv.url, body(long_prompt(), max_tokens=16))  # ... and the pieces and slices of a long prompt
+        post(srv.url, body(long_prompt(), max_tokens=16))  # ... and the pieces and segments of a long prompt
         yield srv
 
 
@@ -92,15 +92,16 @@ def test_big_bodies_are_prepared_in_their_own_lane(server):
     assert all(o[1]["error"]["code"] == "context_length_exceeded" for o in out)
 
 
-def test_a_call_holds_at_most_max_batch_rows(server):
-    """Three requests of n = 4 arrive while the worker is busy: 12 rows, answered in calls of at most 4
-    (before: one call of 12 rows, as 64 clients x n = 16 were one call of 1,024)."""
+def test_at_most_max_batch_rows_hold_a_slot_at_once(server):
+    """Three requests of n = 4 arrive while the worker is busy: 12 more rows, never more than 4 decoding
+    at once (64 clients x n = 16 were once one call of 1,024 rows); the waiting rows take the slots
+    that free up."""
     batcher = server.service.batcher
     batcher.max_rows_seen = 0
     busy = threading.Thread(target=post, args=(server.url, body(long_prompt(), max_tokens=16)))
     busy.start()
     wait_for(lambda: batcher.in_flight)
-    calls = batcher.stats["calls"]
+    rows = batcher.stats["rows"]
     out: list = []
     clients = [threading.Thread(target=lambda i=i: out.append(post(server.url, body(f"Count to {i}.", n=4,
                                                                                    max_tokens=2))))
@@ -110,14 +111,15 @@ def test_a_call_holds_at_most_max_batch_rows(server):
     for t in clients + [busy]:
         t.join()
     assert [s for s, _ in out] == [200] * 3 and all(len(r["choices"]) == 4 for _, r in out)
-    assert batcher.max_rows_seen == MAX_BATCH and batcher.stats["calls"] - calls == 1 + 3
+    assert batcher.max_rows_seen == MAX_BATCH and batcher.stats["rows"] - rows == 12
 
 
 def test_a_small_request_is_answered_between_the_pieces_of_a_long_prefill(server):
     """A 1,250-token prompt is prefilled in pieces of 128: a small request that arrives meanwhile is
-    answered before the long one ends (it waited for the whole prefill and decode before)."""
+    admitted into the running spell and answered before the long one ends (it once waited for the
+    whole prefill and decode)."""
     batcher = server.service.batcher
-    nested = batcher.stats["nested"]
+    refills = batcher.stats["refills"]
     long_out: list = []
     worker = threading.Thread(target=lambda: long_out.append(post(server.url, body(long_prompt(), max_tokens=16))))
     worker.start()
@@ -126,15 +128,15 @@ def test_a_small_request_is_answered_between_the_pieces_of_a_long_prefill(server
     long_running = worker.is_alive()
     worker.join()
     assert status == 200 and long_running, small_s  # answered while the long prompt was still in its call
-    assert batcher.stats["nested"] > nested
+    assert batcher.stats["refills"] > refills
     (long_status, long_reply), = long_out
     assert long_status == 200 and long_reply["usage"]["completion_tokens"] == 16
     assert long_reply["usage"]["prompt_tokens"] > 9 * PIECE
 
 
 def test_a_long_prefill_is_dropped_between_pieces_when_its_client_leaves(server):
-    """The client of a 1,250-token prompt leaves during its prefill: its row is released before any
-    decode, at the next piece (it was prefilled whole and decoded before)."""
+    """The client of a 1,250-token prompt leaves during its prefill: its row is dropped before any
+    decode, between pieces (it was once prefilled whole and decoded)."""
     batcher = server.service.batcher
     stats = dict(batcher.stats)
     data = body(long_prompt(), max_tokens=16)
