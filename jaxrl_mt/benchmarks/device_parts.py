@@ -132,28 +132,35 @@ def _train_config(spec: CheckShape, workdir: Path) -> Any:
 
 
 def part_train(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
-    """`spec.train_steps` steps of the trainer with the paper_shapes preset: each step's perf/* metrics."""
+    """`spec.train_steps` steps of the trainer with the paper_shapes preset: each step's perf/* metrics
+    (saved after every step, so a part stopped at its budget keeps the steps it finished)."""
     from jaxrl_mt.rl.loop import Trainer
-    from jaxrl_mt.rl.metrics_log import read_metrics
 
-    class _NoSave(Trainer):  # the step is what is timed: no checkpoint of the weights
+    c = _train_config(spec, workdir)
+    out: dict[str, Any] = {"model": spec.model, "preset": "configs/rlsta.py:paper_shapes",
+                           "overrides": dict(spec.train_overrides), "steps": []}
+    t0 = time.perf_counter()
+
+    class _Timed(Trainer):  # the step is what is timed: no checkpoint of the weights; each step's metrics kept
         def _checkpoint_hook(self, info: Any) -> None:
             return None
 
-    c = _train_config(spec, workdir)
-    t0 = time.perf_counter()
-    trainer = _NoSave(c)
-    setup_s = time.perf_counter() - t0
+        def _log_hook(self, info: Any) -> None:
+            super()._log_hook(info)
+            m = info.metrics
+            out["steps"].append({"step": info.state.step, **{k: float(v) for k, v in m.items() if k.startswith(
+                ("perf/", "completion/")) or k == "train/loss"}})
+            out["run_s"] = time.perf_counter() - t0 - out["setup_s"]
+            save({**out, "steady": _steady(out["steps"]), "partial": True})
+
     try:
+        trainer = _Timed(c)
+        out["setup_s"] = time.perf_counter() - t0
+        save({**out, "partial": True})
         trainer.run()
-        rows = [r for r in read_metrics(Path(c.workdir) / "metrics.jsonl") if r.get("kind") == "train"]
     finally:
         shutil.rmtree(c.workdir, ignore_errors=True)
-    steps = [{k: v for k, v in r.items() if k == "step" or k.startswith(("perf/", "completion/", "train/loss"))}
-             for r in rows]
-    return {"model": spec.model, "preset": "configs/rlsta.py:paper_shapes", "overrides": dict(spec.train_overrides),
-            "setup_s": setup_s, "run_s": time.perf_counter() - t0 - setup_s, "steps": steps,
-            "steady": _steady(steps)}
+    return {**out, "steady": _steady(out["steps"])}
 
 
 def _steady(steps: list[dict[str, Any]]) -> dict[str, float]:
