@@ -15,6 +15,8 @@ failure, out-of-memory or overrun is recorded and the others still run:
   warm (and a rerun finds JAX's persistent compilation cache warm: `runtime.setup`);
 * ``lic``: a LiC evaluation (`evaluate.evaluate`) of the same model, FULL + SHARDED, 32
   conversations, greedy: conversations/s and new tokens/s;
+* ``memory`` (only when named in --parts): the trainer's whole RLSTA step's compiled memory
+  (`benchmarks.step_memory`, Qwen2.5-1.5B at 8k prompts, one device) by this backend's compiler;
 * ``parity``: the embedded model's greedy tokens on the default device against JAX's CPU backend
   in the same process (8 prompts, fp32 and bf16), and the scorer's log-probs of those tokens
   within the dtype's tolerance (`device_parts.LOGPROB_TOL`).
@@ -36,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from jaxrl_mt.benchmarks.device_parts import PARTS, SHAPES
+from jaxrl_mt.benchmarks.device_parts import OPTIONAL_PARTS, PARTS, SHAPES
 from jaxrl_mt.benchmarks.device_report import format_markdown, summary
 
 SCHEMA = 1
@@ -117,8 +119,9 @@ def _cleanup(scratch: Path) -> None:
 
 def _budget(text: str) -> tuple[str, float]:
     part, _, sec = text.partition("=")
-    if part not in PARTS or not sec:
-        raise argparse.ArgumentTypeError(f"expected PART=SECONDS with PART in {', '.join(PARTS)}, got {text!r}")
+    if part not in PARTS + OPTIONAL_PARTS or not sec:
+        raise argparse.ArgumentTypeError(f"expected PART=SECONDS with PART in {', '.join(PARTS + OPTIONAL_PARTS)}, "
+                                         f"got {text!r}")
     return part, float(sec)
 
 
@@ -128,13 +131,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=tuple(SHAPES), default="full", help="full (the device run) | tiny (CPU)")
     ap.add_argument("--out", default=None, help="output folder (default: $OUT, else docs/results/device/<kind>)")
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help=f"comma-separated subset of {','.join(PARTS + OPTIONAL_PARTS)} (default: all but memory)")
     ap.add_argument("--budget", type=_budget, action="append", default=[], help="PART=SECONDS (repeatable)")
     a = ap.parse_args(argv)
     parts = [p for p in a.parts.split(",") if p]
-    bad = [p for p in parts if p not in PARTS]
+    bad = [p for p in parts if p not in PARTS + OPTIONAL_PARTS]
     if bad or not parts:
-        ap.error(f"--parts: unknown {bad or a.parts!r}; choose from {', '.join(PARTS)}")
+        ap.error(f"--parts: unknown {bad or a.parts!r}; choose from {', '.join(PARTS + OPTIONAL_PARTS)}")
     command = "python -m jaxrl_mt.benchmarks device_check " + " ".join(sys.argv[1:] if argv is None else argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     record, folder = run_check(a.shape, parts, Path(a.out) if a.out else None, budgets=dict(a.budget),

@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-PARTS = ("device", "accel", "train", "lic", "parity")
+PARTS = ("device", "accel", "train", "lic", "parity")  # the default run
+OPTIONAL_PARTS = ("memory",)  # asked for by name (--parts): outside the 8-minute budget
 EMBEDDED = "builtin:smollm2-135m-instruct"
 # the scorer's per-token log-probs, device against CPU: bf16 rounding (~2^-8 relative per operand)
 # through 30 layers, and fp32 where the device's matmuls may round their inputs (TF32 on NVIDIA)
@@ -46,6 +47,8 @@ class CheckShape:
     lic_conversations: int  # FULL + SHARDED, half each
     lic_max_new_tokens: int
     parity_new_tokens: int
+    memory_model: str  # the optional memory part: a models.synthetic.ARCHITECTURES name
+    memory_lengths: tuple[int, int]  # its (prompt, new tokens)
     budgets: dict[str, float]  # seconds per part
 
 
@@ -54,15 +57,16 @@ SHAPES: dict[str, CheckShape] = {
     "full": CheckShape(dtype="bfloat16", accel_shapes=("qwen2.5-0.5b", "qwen2.5-1.5b"), accel_batches=(1, 16, 64),
                        accel_prompt_len=128, accel_new_tokens=128, accel_repeats=2, model="random:qwen2.5-1.5b",
                        train_steps=3, train_overrides=(), lic_conversations=32, lic_max_new_tokens=256,
-                       parity_new_tokens=32,
-                       budgets={"device": 20, "accel": 110, "train": 210, "lic": 60, "parity": 60}),
+                       parity_new_tokens=32, memory_model="qwen2.5-1.5b", memory_lengths=(8192, 1024),
+                       budgets={"device": 20, "accel": 110, "train": 210, "lic": 60, "parity": 60, "memory": 240}),
     # the CPU form: seconds to a minute per part on 2 cores
     "tiny": CheckShape(dtype="float32", accel_shapes=("tiny",), accel_batches=(1, 2), accel_prompt_len=8,
                        accel_new_tokens=4, accel_repeats=1, model="random:tiny", train_steps=3,
                        train_overrides=(("data.limit", 1), ("data.refine_source", ""), ("history.max_new_tokens", 4),
                                         ("rl.batch_size", 1), ("rl.grad_accum", 1), ("rl.max_new_tokens", 8)),
-                       lic_conversations=32, lic_max_new_tokens=8, parity_new_tokens=8,
-                       budgets={"device": 60, "accel": 180, "train": 300, "lic": 300, "parity": 300}),
+                       lic_conversations=32, lic_max_new_tokens=8, parity_new_tokens=8, memory_model="tiny",
+                       memory_lengths=(64, 16),
+                       budgets={"device": 60, "accel": 180, "train": 300, "lic": 300, "parity": 300, "memory": 300}),
 }
 
 
@@ -243,8 +247,20 @@ def part_parity(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
     return out
 
 
+def part_memory(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
+    """The whole RLSTA step's compiled memory (`benchmarks.step_memory`) by this backend's own compiler, one
+    device, paper_shapes' sizes (docs/scaling.md has XLA:CPU's)."""
+    from jaxrl_mt.benchmarks.step_memory import StepShape, measure
+
+    p, c = spec.memory_lengths
+    rec = measure(spec.memory_model, 1, StepShape(prompt_len=p, anchor_len=p, new_tokens=c),
+                  log=lambda m: print(m, file=sys.stderr, flush=True))
+    return {"record": rec}
+
+
 PART_FNS: dict[str, Callable[[CheckShape, Path, Save], dict[str, Any]]] = {
-    "device": part_device, "accel": part_accel, "train": part_train, "lic": part_lic, "parity": part_parity}
+    "device": part_device, "accel": part_accel, "train": part_train, "lic": part_lic, "parity": part_parity,
+    "memory": part_memory}
 
 
 def run(part: str, shape: str, out: Path, workdir: Path) -> int:

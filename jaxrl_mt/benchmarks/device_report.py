@@ -45,6 +45,11 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
     out["train"]["first_step_compile_s"] = steps[0].get("perf/compile_s") if steps else None
     lic = _result(record, "lic")
     out["lic"] = {k: lic.get(k) for k in ("conversations", "conversations_per_s", "tokens_per_s")}
+    mem = _result(record, "memory").get("record")
+    if mem:
+        out["memory"] = {"model": mem["model"], "backend": mem["backend"], "remat": mem["remat"],
+                         "step_peak_gib": mem["step_peak"] / 2 ** 30, "at": mem["step_peak_program"],
+                         "programs_gib": {k: v["peak"] / 2 ** 30 for k, v in mem["programs"].items()}}
     par = _result(record, "parity").get("dtypes", {})
     out["parity"] = {d: {k: v.get(k) for k in ("tokens_equal", "all_tokens_equal", "logprob_max_abs_diff",
                                                 "logprobs_within_tol")} for d, v in par.items()}
@@ -100,6 +105,12 @@ def format_markdown(record: dict[str, Any]) -> str:
         lines += [f"LiC evaluation (FULL + SHARDED, greedy): {lic['conversations']} conversations, "
                   f"{_f(lic['conversations_per_s'])} conversations/s, {_f(lic['tokens_per_s'], '{:,.0f}')} "
                   "new tokens/s.", ""]
+    if "memory" in s:
+        m = s["memory"]
+        progs = ", ".join(f"{k} {v:.2f}" for k, v in m["programs_gib"].items())
+        lines += [f"Whole RLSTA step compiled by XLA:{str(m['backend']).upper()} ({m['model']}, one device, remat "
+                  f"{m['remat']}): step peak {m['step_peak_gib']:.2f} GiB at {m['at']}; program peaks (GiB): {progs}.",
+                  ""]
     for dtype, p in s["parity"].items():
         lines.append(f"- parity {dtype}: greedy tokens equal the CPU's on {p['tokens_equal']} of 8 prompts "
                      f"({_f(p['all_tokens_equal'])}); scorer log-probs max |diff| "

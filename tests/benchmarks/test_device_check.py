@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jaxrl_mt.benchmarks.device_check import default_out, run_check
-from jaxrl_mt.benchmarks.device_parts import PARTS, SHAPES
+from jaxrl_mt.benchmarks.device_parts import OPTIONAL_PARTS, PARTS, SHAPES
 from jaxrl_mt.benchmarks.device_report import format_markdown, summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,8 @@ def test_shell_wrapper_runs_the_python_command():
 
 def test_full_form_fits_eight_minutes_and_names_the_issue_sizes():
     full = SHAPES["full"]
-    assert set(full.budgets) == set(PARTS) and sum(full.budgets.values()) <= 8 * 60
+    assert set(full.budgets) == set(PARTS + OPTIONAL_PARTS) and sum(full.budgets[p] for p in PARTS) <= 8 * 60
+    assert full.memory_model == "qwen2.5-1.5b" and full.memory_lengths == (8192, 1024)
     assert full.accel_shapes == ("qwen2.5-0.5b", "qwen2.5-1.5b") and full.model == "random:qwen2.5-1.5b"
     assert (full.dtype, full.train_steps, full.lic_conversations) == ("bfloat16", 3, 32)
     assert SHAPES["tiny"].model == "random:tiny" and SHAPES["tiny"].dtype == "float32"
@@ -81,6 +82,10 @@ def _fake_record() -> dict:
                   "result": {"steps": steps, "steady": {"perf/step_s": 30.0, "perf/rollout_s": 15.0,
                                                         "perf/update_mfu": 0.4, "rollout_share": 0.5}}},
         "lic": {"ok": False, "seconds": 60.0, "budget_s": 60, "error": "timed out after 60 s"},
+        "memory": {"ok": True, "seconds": 90.0, "budget_s": 240, "result": {"record": {
+            "model": "qwen2.5-1.5b", "backend": "gpu", "remat": True, "step_peak": 30 * 2 ** 30,
+            "step_peak_program": "update",
+            "programs": {"anchor": {"peak": 2 ** 30}, "update": {"peak": 3 * 2 ** 30}}}}},
         "parity": {"ok": True, "seconds": 20.0, "budget_s": 50,
                    "result": {"dtypes": {"float32": parity, "bfloat16": {**parity, "tokens_equal": 6,
                                                                          "all_tokens_equal": False}}}}}}
@@ -88,7 +93,10 @@ def _fake_record() -> dict:
 
 def test_summary_and_report_read_the_record_alone():
     s = summary(_fake_record())
-    assert s["parts_ok"] == {"device": True, "accel": True, "train": True, "lic": False, "parity": True}
+    assert s["parts_ok"] == {"device": True, "accel": True, "train": True, "lic": False, "memory": True,
+                             "parity": True}
+    assert s["memory"] == {"model": "qwen2.5-1.5b", "backend": "gpu", "remat": True, "step_peak_gib": 30.0,
+                           "at": "update", "programs_gib": {"anchor": 1.0, "update": 3.0}}
     assert s["accel"] == {"qwen2.5-1.5b/decode": {"batch": 64, "tokens_per_s": 5000.0, "roofline_fraction": 0.52},
                           "qwen2.5-1.5b/score": {"batch": 64, "tokens_per_s": 9e4, "mfu": 0.41},
                           "qwen2.5-1.5b/train": {"batch": 16, "tokens_per_s": 2e4, "mfu": 0.36}}  # 64: skipped
@@ -101,6 +109,8 @@ def test_summary_and_report_read_the_record_alone():
     assert "| 30 | 15 | n/a | n/a | n/a | 40.0% | 50.0% | n/a | 60 |" in md
     assert "| lic | NO | 60.0 | 60 | timed out after 60 s |" in md and "LiC evaluation" not in md
     assert "- parity bfloat16: greedy tokens equal the CPU's on 6 of 8 prompts (NO)" in md
+    assert ("Whole RLSTA step compiled by XLA:GPU (qwen2.5-1.5b, one device, remat True): step peak 30.00 GiB at "
+            "update; program peaks (GiB): anchor 1.00, update 3.00.") in md
 
 
 def _check_full_tiny_record(r: dict) -> None:
@@ -143,3 +153,15 @@ def test_tiny_device_check_writes_every_field(tmp_path):
     md = (tmp_path / "device_check.md").read_text()
     assert md == format_markdown(record) + "\n"
     assert "- parity float32: greedy tokens equal the CPU's on 8 of 8 prompts (yes)" in md
+
+
+@pytest.mark.slow  # ~40 s: the tiny step's five programs compiled in a child process
+def test_the_optional_memory_part_compiles_the_whole_step(tmp_path):
+    record, _ = run_check("tiny", ["memory"], tmp_path)
+    part = record["parts"]["memory"]
+    assert part["ok"], part.get("log_tail")
+    rec = part["result"]["record"]
+    assert (rec["model"], rec["devices"], rec["backend"]) == ("tiny", 1, "cpu")
+    assert (rec["shape"]["prompt_len"], rec["shape"]["new_tokens"]) == (64, 16)
+    assert set(rec["programs"]) == {"rollout_admit", "rollout_segment", "anchor", "reference", "update"}
+    assert record["summary"]["memory"]["step_peak_gib"] == rec["step_peak"] / 2 ** 30 > 0
