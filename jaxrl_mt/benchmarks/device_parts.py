@@ -177,10 +177,7 @@ def _steady(steps: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def part_lic(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
-    """A greedy LiC evaluation of `spec.model`, FULL + SHARDED: conversations/s and new tokens/s."""
-    from jaxrl_mt.evaluate import evaluate
-
+def _lic_config(spec: CheckShape, workdir: Path) -> Any:
     half = spec.lic_conversations // 2
     c = load_preset("configs/eval_lic.py", "cpu")
     c.model, c.dtype, c.task = spec.model, spec.dtype, "math"
@@ -188,6 +185,14 @@ def part_lic(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
     c.limit, c.runs, c.scenarios = half, 1, ("full", "sharded")
     c.temperature, c.max_new_tokens, c.max_batch = 0.0, spec.lic_max_new_tokens, spec.lic_conversations
     c.workdir, c.plots, c.bootstrap = str(workdir / "lic_run"), False, 100
+    return c
+
+
+def part_lic(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
+    """A greedy LiC evaluation of `spec.model`, FULL + SHARDED: conversations/s and new tokens/s."""
+    from jaxrl_mt.evaluate import evaluate
+
+    c = _lic_config(spec, workdir)
     try:
         r = evaluate(c, log=lambda s: print(s, file=sys.stderr, flush=True))
     finally:

@@ -165,3 +165,19 @@ def test_the_optional_memory_part_compiles_the_whole_step(tmp_path):
     assert (rec["shape"]["prompt_len"], rec["shape"]["new_tokens"]) == (64, 16)
     assert set(rec["programs"]) == {"rollout_admit", "rollout_segment", "anchor", "reference", "update"}
     assert record["summary"]["memory"]["step_peak_gib"] == rec["step_peak"] / 2 ** 30 > 0
+
+
+def test_the_full_form_configs_validate(tmp_path):
+    """The device run's trainer and evaluation configs (never run on the CPU: 1.5B) pass their own checks."""
+    from jaxrl_mt.benchmarks.device_parts import _lic_config, _train_config
+    from jaxrl_mt.evaluate import normalize_config
+    from jaxrl_mt.rl.loop import validate_config
+    from jaxrl_mt.rl.run_config import typed_config
+
+    c = _train_config(SHAPES["full"], tmp_path)
+    assert (c.model, c.rl.steps, c.export, c.rl.group_size, c.rl.max_new_tokens) == (
+        "random:qwen2.5-1.5b", 3, False, 8, 1024)
+    validate_config(typed_config(c))
+    e = normalize_config(_lic_config(SHAPES["full"], tmp_path))
+    assert (e.model, e.dtype, e.temperature, e.runs, e.limit, tuple(e.scenarios)) == (
+        "random:qwen2.5-1.5b", "bfloat16", 0.0, 1, 16, ("full", "sharded"))
