@@ -89,7 +89,7 @@ class ChatService:
     """Turns validated requests into batcher jobs (tokenization, context check, stop ids)."""
 
     def __init__(self, sampler: Sampler, names: Sequence[str], *, default_max_tokens: int = 256,
-                 window_s: float = 0.005, max_rows: int = 64, seed: int = 0, slice_tokens: int = 64,
+                 window_s: float = 0.005, max_rows: int = 64, seed: int = 0, slice_tokens: int = 16,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, prepare_workers: int = 2,
                  large_body_bytes: int = DEFAULT_LARGE_BODY_BYTES, prefill_tokens: int = 512):
         """Args:

@@ -105,7 +105,7 @@ class Batcher:
     """The request queue and the loop that answers it (start with :meth:`start` inside the loop)."""
 
     def __init__(self, sampler: Sampler, *, window_s: float = 0.005, max_rows: int = 64, seed: int = 0,
-                 slice_tokens: int = 64, prefill_tokens: int = 512):
+                 slice_tokens: int = 16, prefill_tokens: int = 512):
         """Args:
           sampler: the model's sampler (one process).
           window_s: how long an idle batcher waits after the first arrival for more requests.
@@ -113,7 +113,8 @@ class Batcher:
             (the engine's slot width of it) hold a slot at once.
           seed: base of the seeds of unseeded sampled jobs.
           slice_tokens: decode steps per segment at most: requests are admitted and rows of clients
-            that left are dropped between segments (0: the engine's ``segment_steps``).
+            that left are dropped between segments, so a request arriving while every slot decodes
+            waits at most this many steps (0: the engine's ``segment_steps``).
           prefill_tokens: a longer prompt is admitted in pieces of this many tokens, other rows
             decoding between pieces (0: one prefill).
         """
@@ -132,6 +133,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler")
         self._spell: _Spell | None = None
+        self._stopping = False  # stop(): the running spell drops its rows and ends at its next poll
         self._conv = 0  # the next row's conversation id
         # spells, jobs, rows, refills (jobs admitted into a running spell), cancelled (clients that left),
         # dropped (jobs dropped before their spell), stopped_rows (rows stopped in flight because their
@@ -160,7 +162,8 @@ class Batcher:
         self._task = self._loop_ref.create_task(self._loop())
 
     async def stop(self) -> None:
-        """Stops the loop and the worker thread."""
+        """Stops the loop and the worker thread (a running spell stops at its next segment)."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             try:
@@ -263,12 +266,14 @@ class Batcher:
         """Between segments (worker): the rows of jobs whose client left, and the waiting jobs of the
         spell's method as fresh feeds, unless a job of another method waits; closed once idle with
         nothing to admit."""
-        drops = [c for c, (j, _) in spell.rows.items() if j.cancelled]
+        drops = [c for c, (j, _) in spell.rows.items() if j.cancelled or self._stopping]
         for c in drops:
             job, _ = spell.rows.pop(c)
             self.stats["stopped_rows"] += 1
             self.stats["stopped_in_prefill"] += bool(spell.rest.pop(c, None))
             spell.active.pop(id(job), None)
+        if self._stopping:
+            return Poll(drops=drops, closed=True)
         with self._lock:
             live = [j for j in self._pending if not j.cancelled]
             self.stats["dropped"] += len(self._pending) - len(live)
@@ -281,7 +286,7 @@ class Batcher:
             taken = {id(j) for j in take}
             self._pending = [j for j in live if id(j) not in taken]
         feeds = [f for j in take for f in self._admit(spell, j)]
-        self.stats["refills"] += len(take) if spell.rows and not idle else 0
+        self.stats["refills"] += len(take) if not idle else 0  # admitted while other rows decode
         return Poll(feeds=feeds, drops=drops, closed=idle and not feeds)
 
     def _admit(self, spell: _Spell, job: Job) -> list[Feed]:
@@ -337,7 +342,10 @@ class Batcher:
         self.stats["tokens"] += sum(len(t) for t in tokens)
         job.replies = tokens
         assert self._loop_ref is not None
-        self._loop_ref.call_soon_threadsafe(_settle, job.future, choices)
+        try:
+            self._loop_ref.call_soon_threadsafe(_settle, job.future, choices)
+        except RuntimeError:  # the event loop is closed: nobody waits for it
+            log.debug("a job answered after the event loop closed")
 
     def summary(self) -> dict[str, Any]:
         """Counters, the widest slot state, mean rows per spell and mean queue wait of a job."""

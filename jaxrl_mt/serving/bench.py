@@ -90,7 +90,7 @@ def concurrent(client: Any, model: str, chats: Sequence[list[dict[str, str]]], m
 
 def run_bench(model: Any, *, clients: int = 64, sequential: int = 16, max_tokens: int = 32,
               windows_ms: Sequence[float] = (2000.0, 5.0, 0.0), lone: int = 8, max_batch: int = 64,
-              slice_tokens: int = 64) -> dict:
+              slice_tokens: int = 16) -> dict:
     """Runs the three phases against a server on ``model`` (a loaded registry Model; ``slice_tokens``:
     the batcher's decode steps per segment, between which requests are admitted; 0: the engine's)."""
     import openai
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--windows-ms", default="2000,5,0", help="comma-separated batching windows to compare (the "
                                                            "first also serves the warm-up)")
     p.add_argument("--lone", type=int, default=8, help="lone requests per window for the latency cost")
-    p.add_argument("--slice-tokens", type=int, default=64, help="the batcher's decode steps per segment "
+    p.add_argument("--slice-tokens", type=int, default=16, help="the batcher's decode steps per segment "
                                                                "(0: the engine's)")
     args = p.parse_args(argv)
     from jaxrl_mt.models.registry import load_model
