@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The device check: on this machine's first GPU / TPU chip, in under 8 minutes on one H100 and with
-# nothing downloaded, runs `benchmarks accel` (Qwen2.5-0.5B/1.5B shapes), 3 trainer steps of
-# configs/rlsta.py:paper_shapes (random:qwen2.5-1.5b), a greedy LiC evaluation (FULL + SHARDED, 32
-# conversations) and the embedded model's device-vs-CPU parity; writes device_check.json + .md
-# under $OUT when set, else docs/results/device/<device kind>/, and prints where.
+# nothing downloaded, runs 3 trainer steps of configs/rlsta.py:paper_shapes (random:qwen2.5-1.5b),
+# `benchmarks accel` (Qwen2.5-0.5B/1.5B shapes), the embedded model's device-vs-CPU parity and a
+# greedy LiC evaluation (FULL + SHARDED, 32 conversations); writes device_check.json + .md under
+# $OUT when set, else docs/results/device/<device kind>/, and prints where.
 #
-# Usage: tpu/device_check.sh [--shape full|tiny] [--out DIR] [--parts device,accel,train,lic,parity]
+# Usage: tpu/device_check.sh [--shape full|tiny] [--out DIR] [--parts device,train,accel,parity,lic,memory]
 #          [--budget PART=SECONDS]... [--python .venv/bin/python] [--dry-run]
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR

@@ -3,23 +3,24 @@
     python -m jaxrl_mt.benchmarks device_check [--shape full|tiny] [--out DIR] [--parts device,accel,...]
         [--budget PART=SECONDS ...]          # tpu/device_check.sh wraps it
 
-Parts (`device_parts.PARTS`), each in its own process with its own time budget, so that one part's
-failure, out-of-memory or overrun is recorded and the others still run:
+Parts (`device_parts.PARTS`, in this order: the most wanted first), each in its own process with its
+own time budget, so that one part's failure, out-of-memory or overrun is recorded and the others still
+run; the JSON and markdown are rewritten after every part:
 
 * ``device``: the JAX devices, their memory and the dense bf16 peak (`models.flops.PEAKS`);
-* ``accel``: `benchmarks accel` (decode, scoring, GRPO train step) at Qwen2.5-0.5B and -1.5B
-  shapes over batch sizes, random bf16 weights;
 * ``train``: the trainer (`rl.loop.Trainer`) with `configs/rlsta.py:paper_shapes` at
   `random:qwen2.5-1.5b` for 3 steps: each step's phase split (rollout, anchor, reference,
   update), the update's MFU, compile time and peak memory; step 1 compiles, the later ones are
   warm (and a rerun finds JAX's persistent compilation cache warm: `runtime.setup`);
+* ``accel``: `benchmarks accel` (decode, scoring, GRPO train step) at Qwen2.5-0.5B and -1.5B
+  shapes, batch 1 and 64, random bf16 weights;
+* ``parity``: the embedded model's greedy tokens on the default device against JAX's CPU backend
+  in the same process (8 prompts, fp32 and bf16), and the scorer's log-probs of those tokens
+  within the dtype's tolerance (`device_parts.LOGPROB_TOL`);
 * ``lic``: a LiC evaluation (`evaluate.evaluate`) of the same model, FULL + SHARDED, 32
   conversations, greedy: conversations/s and new tokens/s;
 * ``memory`` (only when named in --parts): the trainer's whole RLSTA step's compiled memory
-  (`benchmarks.step_memory`, Qwen2.5-1.5B at 8k prompts, one device) by this backend's compiler;
-* ``parity``: the embedded model's greedy tokens on the default device against JAX's CPU backend
-  in the same process (8 prompts, fp32 and bf16), and the scorer's log-probs of those tokens
-  within the dtype's tolerance (`device_parts.LOGPROB_TOL`).
+  (`benchmarks.step_memory`, Qwen2.5-1.5B at 8k prompts, one device) by this backend's compiler.
 
 `--shape tiny` is the CPU form: `random:tiny`, short budgets, fp32 (the suite runs it). Writes
 `device_check.json` (every part: ok, seconds, budget, result or error) and `device_check.md`
@@ -89,7 +90,8 @@ def run_part(part: str, shape: str, workdir: Path, budget: float, *,
 
 def run_check(shape: str, parts: Sequence[str], out: Path | None, *, budgets: dict[str, float] | None = None,
               command: str = "", log: Callable[[str], None] = lambda s: None) -> tuple[dict[str, Any], Path]:
-    """Every part in order; writes the JSON and markdown; returns (the record, the folder written)."""
+    """Every part in order; the JSON and markdown are (re)written after each part, so a check stopped from
+    outside keeps the parts it finished; returns (the record, the folder written)."""
     spec = SHAPES[shape]
     budgets = {**spec.budgets, **(budgets or {})}
     t0 = time.perf_counter()
@@ -97,18 +99,24 @@ def run_check(shape: str, parts: Sequence[str], out: Path | None, *, budgets: di
     scratch.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"schema": SCHEMA, "shape": shape, "command": command,
                               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "parts": {}}
-    for part in parts:
-        record["parts"][part] = run_part(part, shape, scratch, budgets[part], log=log)
-    record["total_s"] = round(time.perf_counter() - t0, 2)
-    dev = record["parts"].get("device", {}).get("result", {})
-    record["device_kind"] = dev.get("device_kind")
-    record["summary"] = summary(record)
-    folder = out if out is not None else default_out(record["device_kind"])
+    folder = out
+    try:
+        for part in parts:
+            record["parts"][part] = run_part(part, shape, scratch, budgets[part], log=log)
+            record["total_s"] = round(time.perf_counter() - t0, 2)
+            record["device_kind"] = record["parts"].get("device", {}).get("result", {}).get("device_kind")
+            record["summary"] = summary(record)
+            folder = folder if folder is not None else default_out(record["device_kind"])
+            _write(record, folder)
+    finally:
+        _cleanup(scratch)
+    return record, folder if folder is not None else default_out(None)
+
+
+def _write(record: dict[str, Any], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{RESULT_NAME}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     (folder / f"{RESULT_NAME}.md").write_text(format_markdown(record) + "\n", encoding="utf-8")
-    _cleanup(scratch)
-    return record, folder
 
 
 def _cleanup(scratch: Path) -> None:
