@@ -71,10 +71,15 @@ SHAPES: dict[str, CheckShape] = {
 
 
 def load_preset(path: str, preset: str) -> Any:
-    """`get_config(preset)` of a config file (configs/ is not part of the package: read from the checkout)."""
+    """`get_config(preset)` of a config file (configs/ is not part of the package: read from the checkout,
+    relative to the working directory, else to the package's parent folder: an editable install)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"_device_check_{Path(path).stem}", path)
+    import jaxrl_mt
+
+    found = next((p for p in (Path.cwd() / path, Path(jaxrl_mt.__file__).resolve().parents[1] / path)
+                  if p.is_file()), Path(path))
+    spec = importlib.util.spec_from_file_location(f"_device_check_{found.stem}", found)
     if spec is None or spec.loader is None:
         raise FileNotFoundError(path)
     mod = importlib.util.module_from_spec(spec)
@@ -94,7 +99,7 @@ def part_device(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
     return {"device_kind": dev.device_kind, "platform": dev.platform, "device_count": jax.device_count(),
             "jax_version": jax.__version__, "memory_bytes_limit": (stats or {}).get("bytes_limit"),
             "peak_bf16_tflops": None if peak is None else peak.bf16_tflops,
-            "peak_hbm_gb_s": None if peak is None else getattr(peak, "hbm_gb_s", None)}
+            "peak_hbm_gb_s": None if peak is None else peak.hbm_gb_s}
 
 
 def part_accel(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
