@@ -181,3 +181,15 @@ def test_the_full_form_configs_validate(tmp_path):
     e = normalize_config(_lic_config(SHAPES["full"], tmp_path))
     assert (e.model, e.dtype, e.temperature, e.runs, e.limit, tuple(e.scenarios)) == (
         "random:qwen2.5-1.5b", "bfloat16", 0.0, 1, 16, ("full", "sharded"))
+
+
+def test_dispatch_and_bad_arguments(capsys):
+    from jaxrl_mt.benchmarks.__main__ import main as dispatch
+
+    with pytest.raises(SystemExit) as e:
+        dispatch(["device_check", "--parts", "device,nope"])
+    assert e.value.code == 2 and "--parts: unknown ['nope']; choose from device, train, accel, parity, lic, memory" \
+        in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        dispatch(["device_check", "--budget", "train"])
+    assert e.value.code == 2 and "expected PART=SECONDS" in capsys.readouterr().err
