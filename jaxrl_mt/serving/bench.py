@@ -88,6 +88,12 @@ def concurrent(client: Any, model: str, chats: Sequence[list[dict[str, str]]], m
             "latency_mean_s": statistics.mean(lat), "latency_max_s": max(lat)}
 
 
+def _settle(batcher: Any) -> None:
+    """Returns once the batcher's last spell is over (a spell's counters are final then)."""
+    while not batcher.idle:
+        time.sleep(0.001)
+
+
 def run_bench(model: Any, *, clients: int = 64, sequential: int = 16, max_tokens: int = 32,
               windows_ms: Sequence[float] = (2000.0, 5.0, 0.0), lone: int = 8, max_batch: int = 64,
               slice_tokens: int = 16) -> dict:
@@ -111,11 +117,11 @@ def run_bench(model: Any, *, clients: int = 64, sequential: int = 16, max_tokens
         concurrent(client, "bench", chats, max_tokens)  # warm-up: compiles the batch shapes
         for w in windows_ms:
             service.batcher.window_s = w / 1000
+            _settle(service.batcher)  # the previous run's spell is over: its counters are final
             before, wait = dict(service.batcher.stats), service.batcher.wait_s
             shapes = set(service.sampler.compiled_shapes)
             res = concurrent(client, "bench", chats, max_tokens)
-            while not service.batcher.idle:  # the last spell's counters are final once it is over
-                time.sleep(0.001)
+            _settle(service.batcher)
             after = service.batcher.stats
             res["new_shapes_compiled"] = sorted(service.sampler.compiled_shapes - shapes)  # inside the timing
             res["sampler_calls"] = after["spells"] - before.get("spells", 0)
