@@ -11,13 +11,14 @@ def setup(*, quiet_absl: bool = True) -> None:
     """Enables JAX's persistent compilation cache under $JAXRL_MT_CACHE/xla and quiets library logs.
 
     Compiling the sampler, scorer and train step dominates short CPU runs; the cache makes a
-    second run (or a resumed one) skip it. Set JAXRL_MT_NO_COMPILE_CACHE=1 to disable.
+    second run (or a resumed one) skip it. Set JAXRL_MT_NO_COMPILE_CACHE=1 to disable; a
+    $JAX_COMPILATION_CACHE_DIR set by the user (jax reads it itself) is left as it is.
     """
     import jax
 
     from jaxrl_mt.models.registry import cache_dir
 
-    if not os.environ.get("JAXRL_MT_NO_COMPILE_CACHE"):
+    if not os.environ.get("JAXRL_MT_NO_COMPILE_CACHE") and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         path = cache_dir() / "xla"
         path.mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", str(path))

@@ -11,12 +11,38 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports jax
 
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 
 MAX_WORKERS = 4  # xdist workers for `-n auto` (setup.cfg); each holds its own models and compiled programs
+
+
+def _shared_compile_cache() -> str | None:
+    """One JAX persistent compilation cache for this test run, shared by its xdist workers and the
+    subprocesses they start (environment variables, set before jax is imported): a program one
+    process compiled is read, not compiled again, by the others. The controller (or a run without
+    workers) makes a fresh folder and removes it at the end, so every run starts cold, as CI does.
+    JAXRL_MT_TEST_NO_XLA_CACHE=1 turns it off. Returns the folder this process made, if any."""
+    if os.environ.get("JAXRL_MT_TEST_NO_XLA_CACHE") or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    path = tempfile.mkdtemp(prefix="jaxrl_mt-test-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    return path
+
+
+_OWN_CACHE = _shared_compile_cache()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Removes the run's compilation cache (in the process that made it)."""
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

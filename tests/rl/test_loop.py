@@ -63,8 +63,8 @@ def run_killed_in_third_step(monkeypatch, method: str, make_trainer) -> None:
 
 
 def test_killed_run_resumes_identically(tiny_chat_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    full = tmp_path / "full"
-    Trainer(tiny_config(tiny_chat_model_dir, full)).run()
+    full = tmp_path / "full"  # 3 steps (suite budget): the kill comes in step 3, after checkpoint 2
+    Trainer(tiny_config(tiny_chat_model_dir, full, steps=3)).run()
 
     crashed = tmp_path / "crashed"
     original = Trainer.update
@@ -78,22 +78,22 @@ def test_killed_run_resumes_identically(tiny_chat_model_dir: Path, tmp_path: Pat
 
     monkeypatch.setattr(Trainer, "update", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
-        Trainer(tiny_config(tiny_chat_model_dir, crashed)).run()
+        Trainer(tiny_config(tiny_chat_model_dir, crashed, steps=3)).run()
     monkeypatch.setattr(Trainer, "update", original)
     assert sorted(train_rows(crashed)) == [1, 2]
-    Trainer(tiny_config(tiny_chat_model_dir, crashed)).run()  # resumes at step 2
+    Trainer(tiny_config(tiny_chat_model_dir, crashed, steps=3)).run()  # resumes at step 2
 
     a, b = train_rows(full), train_rows(crashed)
-    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
+    assert sorted(a) == sorted(b) == [1, 2, 3]
     compared = 0
-    for step in (3, 4, 5):
+    for step in (3,):
         for k, v in a[step].items():
             if k.startswith("perf/") or not isinstance(v, float):
                 continue
             assert math.isclose(v, b[step][k], rel_tol=1e-6, abs_tol=1e-6), (step, k, v, b[step][k])
             compared += 1
-    assert compared > 30
-    assert a[5]["train/kl"] > 0  # the policy moved away from the reference
+    assert compared >= 20  # a step's logged values (24 today)
+    assert a[3]["train/kl"] > 0  # the policy moved away from the reference
     for r in a.values():  # 2 groups a step; a group the total reward ranks is one the verifier or the anchor ranks
         assert r["reward/frac_zero_std"] in (0.0, 0.5, 1.0) and r["reward/verifier_frac_zero_std"] in (0.0, 0.5, 1.0)
         assert r["reward/verifier_frac_zero_std"] >= r["reward/frac_zero_std"]
