@@ -6,15 +6,16 @@
 ``SPEC`` is what ``jaxrl_mt.evaluate`` accepts (a registry spec, an HF folder, or
 ``workdir:PATH`` for a training run's policy, loaded by ``evaluate.load_eval_model``). Any
 OpenAI client then talks to ``http://HOST:PORT/v1``; the model is named by
-``--served-model-name`` (default: SPEC). Concurrent requests are gathered into batched sampler
-calls (``--batch-window-ms``, ``--max-batch``; see ``jaxrl_mt.serving.batcher``). ``--port 0``
+``--served-model-name`` (default: SPEC). Concurrent requests share the slot engine's decode
+slots, a freed slot refilled with the next waiting request between segments (``--batch-window-ms``,
+``--max-batch``; see ``jaxrl_mt.serving.batcher``). ``--port 0``
 takes a free port; the first stdout line names the URL. A model that cannot be loaded ends the
 command with one line on stderr and exit status 2.
 
 Limits: request bodies over ``--max-body-bytes`` get 413; a request must arrive in full within
 ``--read-timeout`` seconds, else its connection is closed; a client that disconnects is one
-log line and its generation stops within ``--slice-tokens`` tokens (or one ``--prefill-tokens``
-piece of its prompt); a sampler call holds at most ``--max-batch`` rows.
+log line and its generation stops within ``--slice-tokens`` decode steps (or one ``--prefill-tokens``
+piece of its prompt); at most ``--max-batch`` rows hold a decode slot at once.
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ def _parser() -> argparse.ArgumentParser:
                                                                                      "are refused with 413")
     p.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT_S, help="seconds within which a "
                    "request's headers and body must arrive; then the connection is closed")
-    p.add_argument("--slice-tokens", type=int, default=64, help="long generations are decoded in slices of this "
-                   "many tokens; a client that left is dropped between slices (0: no slicing)")
+    p.add_argument("--slice-tokens", type=int, default=16, help="decode steps per segment at most: waiting "
+                   "requests are admitted into freed slots and rows of clients that left are stopped between "
+                   "segments (0: the engine's segment length)")
     p.add_argument("--prefill-tokens", type=int, default=512, help="a longer prompt is prefilled in pieces of "
-                   "this many tokens, other requests answered between pieces and a client that left dropped "
+                   "this many tokens, other rows decoding between pieces and a client that left dropped "
                    "(0: one prefill)")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     return p

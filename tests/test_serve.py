@@ -23,7 +23,7 @@ def serve_cmd(*args: str) -> list[str]:
     (("--model", "workdir:/no/such/run", "--port", "0"),
      "error: --model 'workdir:/no/such/run': FileNotFoundError: /no/such/run: not a training workdir"),
     (("--model", "x", "--max-batch", "0"), "error: bad value --max-batch=0"),
-    (("--model", "x", "--read-timeout", "0"), "error: bad value --read-timeout=0.0 / --slice-tokens=64"),
+    (("--model", "x", "--read-timeout", "0"), "error: bad value --read-timeout=0.0 / --slice-tokens=16"),
     (("--model", "x", "--max-body-bytes", "0"), "error: bad value --max-body-bytes=0"),
 ])
 def test_startup_errors_are_one_line_and_exit_2(args, needle):

@@ -113,7 +113,7 @@ def run_abuse(model: Any, *, clients: int = 64, max_tokens: int = 16, big: int =
                                                                          "usage": reply.get("usage")}
         out["rounds"] = [_load(server, service, big_body, long_body, goods, big=big, slow=slow, slow_s=slow_s,
                                every_s=every_s) for _ in range(rounds)]
-    out["max_rows_per_call"] = service.batcher.max_rows_seen
+    out["max_rows_held"] = service.batcher.max_rows_seen
     return out
 
 
