@@ -39,6 +39,21 @@ def _shared_compile_cache() -> str | None:
 _OWN_CACHE = _shared_compile_cache()
 
 
+def _fast_compiles() -> None:
+    """XLA:CPU's LLVM back end at optimisation level 0 for this run and its subprocesses: the tests'
+    programs are tiny and compiled once each, so compiling dominates them (tests/test_slots.py and
+    tests/test_turns.py: 147 -> 100 s, CPU time -39%). Results are the same programs' (every parity
+    test compares two programs compiled alike); JAXRL_MT_TEST_XLA_OPT=default keeps XLA's level."""
+    if os.environ.get("JAXRL_MT_TEST_XLA_OPT") == "default":
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " --xla_backend_optimization_level=0").strip()
+
+
+_fast_compiles()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Removes the run's compilation cache (in the process that made it)."""
     if _OWN_CACHE:

@@ -236,6 +236,7 @@ def test_run_conversations_reuse_matches_fresh_prefill_every_turn(tiny_chat_mode
     assert len({s for s in sampler.compiled_shapes if isinstance(s[0], int)}) <= 8
 
 
+@pytest.mark.slow  # suite budget: test_run_conversations_reuse_matches_fresh_prefill_every_turn covers the keeper
 def test_reuse_greedy_transcripts_match_full_reprefill(tiny_chat_model_dir):
     """Greedy turns with and without reuse agree while every earlier reply re-tokenises to itself."""
     sampler = chat_sampler(tiny_chat_model_dir)

@@ -129,6 +129,7 @@ def test_reuse_under_qwen3_thinking_matches_prefill_from_scratch(thinker, qwen3,
     assert compared["refilled"] >= 3 and compared["reused"] >= 2  # both paths were compared
 
 
+@pytest.mark.slow  # suite budget: test_turns' re-rendered-prompt test covers the rewriting template on the slot path
 def test_no_think_mode_re_prefills_every_later_turn(thinker, qwen3):
     """In no-think mode every earlier prompt's empty think block is dropped: each turn after the
     first is re-prefilled (with a session given, where the template probe is skipped), and the
