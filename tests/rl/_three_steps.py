@@ -130,11 +130,13 @@ def _timing(key: str) -> bool:
     return key.endswith("seconds") or key.endswith("_s")
 
 
-def compare(before: dict, after: dict) -> None:
-    """One line per run: values compared, bit-identical ones, the worst relative difference."""
+def compare(before: dict, after: dict) -> dict[str, dict[str, Any]]:
+    """Per run: values compared (``n``), bit-identical ones (``same``), the worst relative difference
+    (``worst``, at ``where``) and other mismatches (``other``: missing runs, rows, keys, non-float values)."""
+    out: dict[str, dict[str, Any]] = {}
     for name, ra in before.items():
         if name not in after:
-            print(f"{name}: missing after")
+            out[name] = {"n": 0, "same": 0, "worst": math.inf, "where": None, "other": ["missing after"]}
             continue
         rb, n, same, worst, where, other = after[name], 0, 0, 0.0, None, []
         if len(ra) != len(rb):
@@ -154,11 +156,15 @@ def compare(before: dict, after: dict) -> None:
                         worst, where = r, (x.get("step"), k, v, w)
                 elif v != w:
                     other.append(f"step {x.get('step')} {k}: {v!r} vs {w!r}")
-        print(f"{name}: {n} values, {same} bit-identical, worst relative {worst:.3g} {where or ''} {other[:3]}")
+        out[name] = {"n": n, "same": same, "worst": worst, "where": where, "other": other}
+    return out
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["compare"]:
-        compare(json.loads(Path(sys.argv[2]).read_text()), json.loads(Path(sys.argv[3]).read_text()))
+        old, new = (json.loads(Path(a).read_text()) for a in sys.argv[2:4])
+        for run, c in compare(old, new).items():
+            print(f"{run}: {c['n']} values, {c['same']} bit-identical, worst relative {c['worst']:.3g} "
+                  f"{c['where'] or ''} {c['other'][:3]}")
     else:
         record(Path(sys.argv[2]), sys.argv[3:])
