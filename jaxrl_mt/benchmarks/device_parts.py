@@ -73,18 +73,12 @@ SHAPES: dict[str, CheckShape] = {
 def load_preset(path: str, preset: str) -> Any:
     """`get_config(preset)` of a config file (configs/ is not part of the package: read from the checkout,
     relative to the working directory, else to the package's parent folder: an editable install)."""
-    import importlib.util
-
     import jaxrl_mt
+    from jaxrl_mt.runtime import load_config_file
 
     found = next((p for p in (Path.cwd() / path, Path(jaxrl_mt.__file__).resolve().parents[1] / path)
                   if p.is_file()), Path(path))
-    spec = importlib.util.spec_from_file_location(f"_device_check_{found.stem}", found)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(preset)
+    return load_config_file(found, preset)
 
 
 def part_device(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:

@@ -273,10 +273,8 @@ class _Loop:
         seeds[:k] = [f.seed % (1 << 32) for f in feeds]
         pos, budget = np.zeros(n, np.int32), np.zeros(n, np.int32)
         pos[:k], budget[:k] = next_pos, [self._budget(f) for f in feeds]
-        stops = np.full((n, self.stop_width), -1, np.int32)
-        for i, f in enumerate(feeds):
-            ids = list(self.engine.eos_ids if f.stop_ids is None else f.stop_ids)
-            stops[i, : len(ids)] = ids
+        stops = self.engine.stops([self.engine.eos_ids if f.stop_ids is None else f.stop_ids for f in feeds], k, n,
+                                  self.stop_width)
         rp = s.row_params(n)
         rp.temperature[:k] = [max(s.temperature if f.temperature is None else f.temperature, 1e-6) for f in feeds]
         rp.top_p[:k] = [s.top_p if f.top_p is None else f.top_p for f in feeds]

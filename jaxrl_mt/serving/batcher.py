@@ -300,10 +300,10 @@ class Batcher:
         self.stats["jobs"] += 1
         self.stats["rows"] += job.n
         p = self.prefill_tokens or len(job.prompt)
+        pieces = [job.prompt[k:k + p] for k in range(0, len(job.prompt), p)]
         feeds = []
         for i in range(job.n):
             c, self._conv = self._conv, self._conv + 1
-            pieces = [job.prompt[k:k + p] for k in range(0, len(job.prompt), p)]
             spell.rows[c], spell.rest[c] = (job, i), pieces[1:]
             feeds.append(self._feed(spell, c, pieces[0], fresh=True))
         return feeds
