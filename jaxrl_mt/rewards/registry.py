@@ -68,7 +68,8 @@ class RewardEnv:
 RewardFn = Callable[[Sequence[Any], Any], RewardOutput]
 RewardBuilder = Callable[[RewardEnv], RewardFn]
 REWARDS: Registry[RewardBuilder] = Registry("reward", builtins=("jaxrl_mt.rewards.rlsta", "jaxrl_mt.rewards.icpo",
-                                                                  "jaxrl_mt.rewards.abstain"))
+                                                                  "jaxrl_mt.rewards.abstain",
+                                                                  "jaxrl_mt.rewards.conversation"))
 
 
 def register_reward(name: str, *, replace: bool = False) -> Callable[[RewardBuilder], RewardBuilder]:

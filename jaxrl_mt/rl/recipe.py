@@ -175,7 +175,8 @@ class SupervisedRecipe(Recipe):
 # method -> its recipe class (a ``Recipe``); the one list of methods (the reward is chosen apart,
 # ``rl.data.reward_name``). Built-ins register on the first lookup.
 METHODS: Registry[type[Recipe]] = Registry("method", builtins=(
-    "jaxrl_mt.rl.multiturn", "jaxrl_mt.rl.icpo", "jaxrl_mt.rl.supervised", "jaxrl_mt.rl.rlaar_data"))
+    "jaxrl_mt.rl.multiturn", "jaxrl_mt.rl.icpo", "jaxrl_mt.rl.supervised", "jaxrl_mt.rl.rlaar_data",
+    "jaxrl_mt.rl.conv_recipe"))
 
 
 def is_supervised(method: str) -> bool:

@@ -290,6 +290,29 @@ class RLAARSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class ConvSection:
+    """RL over whole conversations (``method = "rlsta_conv"``, ``rl.conv_recipe``; docs/training.md)."""
+
+    credit: str  # "trajectory" (the conversation's return) | "turn" (reward-to-go per turn index)
+    gamma: float  # discount of later turns' rewards
+    wrong_penalty: float  # verifier term of a wrong answer attempt
+    clarify_weight: float  # credit for a non-answer while shards are still unrevealed
+    outcome_weight: float  # the last turn's verifier
+    max_turns: int  # assistant turns per conversation at most (0: until the shards are exhausted)
+    user: str  # "fixed" | a user-simulator backend spec (eval.user_sim.make_user)
+    judge: str  # answer-attempt judge: "rule" | a backend spec
+    probe_runs: int  # held-out LiC metrics: conversations per problem and scenario (P, A90, U90-10)
+    probe_temperature: float
+
+    def check(self) -> None:
+        _require((self.credit in ("trajectory", "turn"),
+                  f"rlsta_conv.credit must be 'trajectory' or 'turn', got {self.credit!r}"),
+                 (0.0 <= self.gamma <= 1.0, f"rlsta_conv.gamma must be in [0, 1], got {self.gamma}"),
+                 (self.max_turns >= 0, f"rlsta_conv.max_turns must be >= 0, got {self.max_turns}"),
+                 (self.probe_runs >= 1, f"rlsta_conv.probe_runs must be >= 1, got {self.probe_runs}"))
+
+
+@dataclasses.dataclass(frozen=True)
 class LoraSection:
     rank: int  # 0: full fine-tuning
     alpha: float  # scale alpha / rank
@@ -314,7 +337,7 @@ class ChatSection:
     enable_thinking: Union[bool, None]  # Qwen3-style templates: None = the template's default
 
 
-METHOD_SECTIONS = ("icpo", "sft", "dpo", "rlaar")  # a method's own section: in its config only
+METHOD_SECTIONS = ("icpo", "sft", "dpo", "rlaar", "rlsta_conv")  # a method's own section: in its config only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,6 +370,7 @@ class TrainConfig:
     rlaar: RLAARSection | None = None
     lora: LoraSection | None = None
     chat: ChatSection | None = None
+    rlsta_conv: ConvSection | None = None
 
     @property
     def reward_name(self) -> str:
@@ -368,7 +392,7 @@ class TrainConfig:
         _require(*field_checks(self.to_dict()),
                  (self.attention in ATTENTION_IMPLS,
                   f"attention must be one of {ATTENTION_IMPLS}, got {self.attention!r}"))
-        for sec in (self.data, self.rl, self.icpo, self.sft, self.dpo, self.rlaar, self.lora):
+        for sec in (self.data, self.rl, self.icpo, self.sft, self.dpo, self.rlaar, self.lora, self.rlsta_conv):
             if sec is not None:
                 sec.check()
 
