@@ -6,7 +6,7 @@ single-turn anchor on the shards revealed so far, optional credit for clarifying
 the last turn's verifier as the outcome) and trains every reply with GRPO's loss; docs/training.md,
 "RL over whole conversations".
 
-Presets: `cpu` (the embedded SmolLM2-135M on synthetic two- and three-shard problems, minutes on 2 cores)
+Presets: `cpu` (the embedded SmolLM2-135M on synthetic three-shard problems, minutes on 2 cores)
 and `paper_shapes` (RLSTA's `paper_shapes` recipe and model at the conversation level, for a device).
 Use: python -m jaxrl_mt.train --config configs/rlsta_conv.py:cpu
 """
@@ -41,7 +41,7 @@ def get_config(preset: str = "cpu") -> ConfigDict:
     c.rlsta_conv.probe_runs = 4  # held-out LiC metrics: sampled conversations per problem and scenario
     c.rlsta_conv.probe_temperature = 1.0
     if preset == "cpu":
-        c.data.add_source = "synthetic:16:0"  # two-step problems: 3 shards (question + 2 conditions)
+        c.data.add_source = "synthetic:16:1"  # one-operation problems: 3 shards (question + 2 conditions)
         c.data.limit = 12
         c.data.heldout = 4
         c.rl.steps = 4

@@ -18,8 +18,10 @@ checked at start-up).
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,6 +78,7 @@ class ConversationObjective(GRPOObjective):
     judge: Judge | None = None  # the answer-attempt judge
     user: Any = None  # the user policy (None: fixed order)
     verifier_mode: str = "lenient"
+    log: ConversationLog | None = None  # the conversations of every step (process 0)
 
     def batch(self, policy: Callable[[], Any], items: Sequence[Any], step: int
               ) -> tuple[Any, dict[str, float], list[dict]]:
@@ -106,6 +109,8 @@ class ConversationObjective(GRPOObjective):
             ex = ex.replace(ref_logp=example_logprobs(e, e.ref_params, e.ref_cfg, ex))
         if e.mu > 1:
             ex = ex.replace(old_logp=example_logprobs(e, params, e.policy_cfg, ex))
+        if self.log is not None:
+            self.log.write(step + 1, ro, out, adv)
         m = _metrics(ro, out, rewards, mask, e.group_size)
         m["perf/score_s"] = time.perf_counter() - t1  # the reward's anchor pass and the reference's
         return ex, m, _samples(ro, out.rewards, adv, e.group_size)
@@ -114,6 +119,44 @@ class ConversationObjective(GRPOObjective):
         """Bucket: the prompt length and the row count; footprint: a micro-batch's rows at their lengths."""
         C = int(batch.completion_tokens.shape[1])
         return f"conv:{batch.rows}x{batch.prompt_len}", (batch.rows // self.engine.grad_accum, 1, batch.prompt_len, C)
+
+
+class ConversationLog:
+    """``conversations.jsonl``: one line per conversation of every step, its LiC transcript record (each
+    turn's user message and reply apart) with each turn's reward, components and advantage.
+
+    A resumed run first drops the lines of the steps after its checkpoint (the killed step's), so the
+    file holds each step's conversations once.
+    """
+
+    def __init__(self, path: Path):
+        self.path, self._resumed = Path(path), False
+
+    def write(self, step: int, ro: ConvRollout, out: Any, adv: np.ndarray) -> None:
+        """Appends step ``step``'s (1-based) conversations."""
+        if not self._resumed:
+            self._resumed = True
+            if self.path.exists():
+                keep = [x for x in self.path.read_text(encoding="utf-8").splitlines()
+                        if x.strip() and _step_of(x) < step]
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+                tmp.replace(self.path)
+        recs = [dict(r, step=step) for r in ro.records]
+        for i, it in enumerate(ro.items):
+            turn = recs[it.conv]["turns"][it.turn] = dict(recs[it.conv]["turns"][it.turn])
+            turn.update(reward=float(out.rewards[i]), advantage=float(adv[i]),
+                        **{f"r_{k}": float(v[i]) for k, v in out.components.items()})
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def _step_of(line: str) -> int:
+    """The step of a log line (a line cut by a crash: past every step, dropped)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62
 
 
 class _Capped:

@@ -113,9 +113,10 @@ class ConversationData(Recipe):
 
     def objective(self, env: RecipeEnv, rollout: Any) -> Any:
         """GRPO's loss on the turns of the policy's own conversations (``rl.conv_objective``)."""
-        from jaxrl_mt.rl.conv_objective import ConversationObjective
+        from jaxrl_mt.rl.conv_objective import ConversationLog, ConversationObjective
 
         c, s = env.config, env.config.rlsta_conv
+        log = ConversationLog(env.workdir / "conversations.jsonl") if env.is_main else None
         return ConversationObjective(rollout(), batch_size=c.rl.batch_size, seed=c.seed, settings=s,
                                      judge=make_judge(s.judge), user=make_user(s.user),
-                                     verifier_mode=c.rl.verifier_mode)
+                                     verifier_mode=c.rl.verifier_mode, log=log)

@@ -17,6 +17,8 @@ __all__ = ["SUMMARY_KEYS", "fmt_metrics", "write_outputs"]
 # the training metrics summarised (first, last, mean) and plotted
 SUMMARY_KEYS = ("reward/total", "reward/verifier", "reward/anchor", "train/kl", "train/entropy",
                 "train/clip_ratio/region_mean", "train/loss", "completion/mean_length", "perf/step_s")
+# plotted too when a run logs them: the held-out LiC metrics of conversation-level RL (rl.conv_recipe)
+PLOT_KEYS = SUMMARY_KEYS + ("eval/lic_sharded_P", "eval/lic_sharded_A90", "eval/lic_sharded_U90_10", "eval/lic_full_P")
 
 
 def fmt_metrics(d: dict[str, float]) -> str:
@@ -53,7 +55,7 @@ def write_outputs(c: TrainConfig, model_cfg: Any, tokenizer: Any, params: Any, e
     wd = Path(c.workdir)
     rows = read_metrics(wd / "metrics.jsonl")
     train_rows = [r for r in rows if "train/loss" in r]
-    plot_curves(wd / "metrics.jsonl", wd / "curves.png", list(SUMMARY_KEYS))
+    plot_curves(wd / "metrics.jsonl", wd / "curves.png", list(PLOT_KEYS))
     lines = [f"run: {wd}", f"method: {c.method}  model: {c.model}  steps: {c.rl.steps}"]
     for k in SUMMARY_KEYS:
         vals = [r[k] for r in train_rows if isinstance(r.get(k), (int, float))]
