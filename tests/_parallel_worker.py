@@ -7,8 +7,9 @@ device; writes the measured differences.
 `python tests/_parallel_worker.py multihost OUT.json CKPT_DIR [reference]`: one process of a
 2-process run (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID in the environment):
 a few train steps on per-process rows of a global batch, an orbax save and a restore; writes
-the losses, a parameter digest and the restore check. With `reference` (one process, one
-device) it runs the same steps on the whole batch, for comparison.
+the losses, a parameter digest and the restore check, and the sampler's answers to per-process
+rows on global meshes (tests/_multihost_sampling.py). With `reference` (one process, one
+device) it runs the same steps and sampler calls on the whole batch, for comparison.
 
 `python tests/_parallel_worker.py trainer OUT.json WORKDIR MODEL_DIR STEPS`: one process of a
 2-process run of the full RLSTA `Trainer` (mesh 2,2,1; per-process data) to STEPS (resuming when
@@ -238,6 +239,7 @@ STEPS, LOCAL_ROWS = 3, 4
 
 def run_multihost(out: Path, ckpt_dir: Path, reference: bool) -> None:
     from jaxrl_mt.checkpointing import Checkpointer
+    from tests._multihost_sampling import sampling_part
 
     if not reference:
         assert parallel.maybe_initialize_distributed(), "JAX_COORDINATOR_ADDRESS not set"
@@ -291,6 +293,7 @@ def run_multihost(out: Path, ckpt_dir: Path, reference: bool) -> None:
         "next_loss_live": float(m_live["loss"]), "next_loss_restored": float(m_rest["loss"]),
         "digest": digest, "steps_on_disk": Checkpointer(ckpt_dir, read_only=True).all_steps(),
         "helpers": {} if reference else per_process_helpers(cfg, params0, mesh),
+        "sampling": sampling_part(cfg, params0, reference),
     }))
     if not reference:
         jax.distributed.shutdown()

@@ -1,6 +1,7 @@
 """Two JAX processes on localhost (CPU backend, gloo collectives, a local coordinator): a few GRPO
 train steps of a tiny model on a global mesh fed by per-process rows, an orbax checkpoint written
-by both processes, and a restore, against the same steps in one single-device process."""
+by both processes, a restore, and the sampler's slot engine on per-process rows, against the same
+steps and calls in one single-device process."""
 
 from __future__ import annotations
 
@@ -121,3 +122,29 @@ def test_per_process_row_helpers(runs) -> None:
     assert (h0["score_rows"], h1["score_rows"]) == (3, 5)
     assert (h0["score_empty_rows"], h1["score_empty_rows"]) == (0, 2)
     assert (h0["greedy_rows"], h1["greedy_rows"]) == (2, 3)
+
+
+@pytest.mark.parametrize("shape", ["4,1,1", "2,2,1"])
+def test_sampler_runs_the_slot_engine_over_both_processes(runs, shape: str) -> None:
+    """Each process passes its own rows; the slot engine answers the global call (every process's rows
+    in process order) on the mesh over both processes: each process's rows are the one-device
+    reference's rows of that process (the same row seeds)."""
+    procs, ref = runs
+    want = ref["sampling"]["reference"]
+    for name, rows in (("greedy", (3, 2)), ("sampled", (3, 2)), ("grouped", (6, 4))):
+        got = [p["sampling"][shape][name] for p in procs]
+        assert tuple(len(g["tokens"]) for g in got) == rows
+        assert len({len(t) for t in want[name]["tokens"]}) > 1  # rows end at different steps
+        for g, lo in zip(got, (0, rows[0])):
+            assert g["tokens"] == want[name]["tokens"][lo:lo + len(g["tokens"])], name
+            assert g["finish"] == want[name]["finish"][lo:lo + len(g["tokens"])], name
+            for a, b in zip(g["logprobs"], want[name]["logprobs"][lo:]):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+        mine = [g["stats"].pop("new_tokens") for g in got]  # this process's rows' tokens
+        assert sum(mine) == sum(len(t) for t in want[name]["tokens"])
+        assert got[0]["stats"] == got[1]["stats"]  # the counters of the global call, on both processes
+        assert got[0]["stats"]["segments"] >= 1 and "row_utilisation" in got[0]["stats"]
+    assert want["sampled"]["tokens"] != want["greedy"]["tokens"]
+    for p in procs:  # slot programs only: no chunked (B, P, N) kernel ran
+        assert p["sampling"][shape]["shapes"] == ["admit", "segment"]
+    assert procs[0]["sampling"]["4,1,1"]["greedy"]["stats"]["admissions"] > 1  # 4 slots, 5 rows: rows waited

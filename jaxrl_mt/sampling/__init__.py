@@ -7,8 +7,9 @@
   over a ``DecodeState`` struct; ``resize_cache`` repacks kept caches.
 - ``engine``: ``DecodeEngine``, the frozen configuration, buckets, mesh and kernel-input assembly
   shared by ``Sampler`` and ``DecodeSession`` (parameters passed per call; per-row keys).
-- ``host``: ``Sampler``, the host side (tokenise, bucket, chunk rows, decode texts);
-  ``results``: ``GenerationResult``.
+- ``host``: ``Sampler``, the host side (tokenise, run the slot engine, decode texts);
+  ``results``: ``GenerationResult``. The slot engine: ``slots`` (device programs),
+  ``scheduler`` (its host loop), ``multiprocess`` (the loop on a mesh over several processes).
 - ``session``: ``DecodeSession``, rows whose KV caches persist across calls (multi-turn decoding
   without re-prefill).
 - ``sorted``: ``LengthSortedSampler``, one call answered by length-sorted, memory-bounded chunks.

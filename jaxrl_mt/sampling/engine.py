@@ -162,35 +162,55 @@ class DecodeEngine:
         return decode_params_jit(params, self.cfg) if self.fuse_weights else params
 
     def slot_width(self, rows: int, group: int = 1) -> int:
-        """W, the slots of a call of `rows` rows: its row bucket, at most `max_batch` (at least a group)."""
-        return max(group, self.rows_bucket(min(rows, self.max_batch or rows)))
+        """W, the slots of a call of `rows` rows: its row bucket, at most `max_batch` (at least a group),
+        a multiple of the mesh's row shards. On a mesh over several processes `rows` are the global
+        call's and the cap is `max_batch` per process (the devices hold as many slots as in one)."""
+        from jaxrl_mt.parallel import row_shards
+
+        cap = (self.max_batch or rows) * (jax.process_count() if self.multi else 1)
+        w = max(group, self.rows_bucket(min(rows, cap)))
+        m = row_shards(self.mesh)
+        return -(-w // m) * m
 
     def generate_slots(self, params: Params, prompts: Sequence[Sequence[int]], budgets: np.ndarray,
                        sampling: SamplingConfig, seed: Any, row_seeds: np.ndarray,
                        stop_ids: Sequence[Sequence[int]] | None = None, group: int = 1,
                        dparams: Params | None = None, on_shape: Any = None) -> tuple[dict[str, np.ndarray], dict]:
         """Every row of a call through the slot engine (`sampling.scheduler.run_slots`), on one device or
-        a mesh within this process.
+        a mesh. On a mesh over several processes the call is collective: each process passes its
+        own rows, every process runs the global call (every process's rows in process order,
+        `sampling.multiprocess`) and keeps its own rows' outputs.
 
         Args: as `generate` (rows p0 x group, p1 x group, ...); on_shape: called with each program
         shape run.
 
         Returns:
-          ({tokens, logprobs, lengths, finish} of the U * group rows, the engine's counters).
+          ({tokens, logprobs, lengths, finish} of the U * group rows, the engine's counters: those of
+          the global call on several processes).
         """
         from jaxrl_mt.sampling.scheduler import run_slots
 
+        key, budgets, row_seeds = as_key(seed), np.asarray(budgets, np.int32), np.asarray(row_seeds, np.uint32)
+        block = None
+        if self.multi:  # the global call on every process
+            from jaxrl_mt.sampling.multiprocess import global_rows
+
+            lists = [list(stop_ids[i]) if stop_ids is not None else list(self.eos_ids)
+                     for i in range(len(prompts) * group)]
+            prompts, budgets, row_seeds, stop_ids, block = global_rows(prompts, budgets, row_seeds, lists, group,
+                                                                       sampling, key)
         b = len(prompts) * group
         pb = self.prompt_bucket(prompts, sampling.max_new_tokens)
         nb = self.new_bucket(sampling.max_new_tokens, pb)
         width = self.stop_width(stop_ids)
         weights = self.weights(params, dparams)
-        out = run_slots(weights, self.cfg, prompts, np.asarray(budgets, np.int32), self.stops(stop_ids, b, b, width),
-                        sampling.row_params(b), as_key(seed), np.asarray(row_seeds, np.uint32),
-                        method=sampling.method(), pad_id=self.pad_id, width=self.slot_width(b, group),
-                        steps=self.segment_steps, prompt_bucket=pb, max_new=nb, group=group,
-                        min_prompt_bucket=self.min_prompt_bucket, on_shape=on_shape, mesh=self.mesh)
+        out = run_slots(weights, self.cfg, prompts, budgets, self.stops(stop_ids, b, b, width),
+                        sampling.row_params(b), key, row_seeds, method=sampling.method(), pad_id=self.pad_id,
+                        width=self.slot_width(b, group), steps=self.segment_steps, prompt_bucket=pb, max_new=nb,
+                        group=group, min_prompt_bucket=self.min_prompt_bucket, on_shape=on_shape, mesh=self.mesh)
         counters = out.pop("counters")
+        if block is not None:  # this process's rows
+            out = {k: v[block[0]:block[1]] for k, v in out.items()}
         return out, counters
 
     def continue_(self, params: Params, cache: KVCache, positions: np.ndarray, segments: Sequence[Sequence[int]],

@@ -2,9 +2,12 @@
 
 Prompts are left-padded; each row has its own stop tokens and its own budget of new tokens.
 Prompt length and batch are bucketed (powers of two, `jaxrl_mt.batching`) so a run compiles a
-handful of programs. In one process a call runs the slot engine (`sampling.scheduler`): at most
-`max_batch` slots, refilled with waiting rows as rows finish; a mesh over several processes
-answers rows in chunks of `max_batch` (`generate_chunked`). Row r draws its t-th token with
+handful of programs. A call runs the slot engine (`sampling.scheduler`): at most `max_batch`
+slots, refilled with waiting rows as rows finish. On a mesh over several processes a call is
+collective: each process passes its own rows, every process runs the same host loop on the
+global rows (every process's, in process order; `sampling.multiprocess`) and returns its own.
+`generate_chunked` (chunks of `max_batch` rows, each run to its longest row) is only the
+reference of `benchmarks workload`. Row r draws its t-th token with
 fold_in(fold_in(key(seed), row_seeds[r]), t) (default row seed: r), so a row's tokens do not
 depend on the slot, chunk or batch it is answered in. Shapes, placement on the mesh and the
 kernel calls are the `DecodeEngine`'s (`sampling.engine`); the parameters are passed per call
@@ -52,8 +55,9 @@ class Sampler:
         self.engine = DecodeEngine(cfg, tuple(eos_ids), pad_id, min_prompt_bucket, min_new_bucket, max_batch,
                                    row_multiple, mesh, bool(fuse))
         self._fused = FusedWeights()
-        # shapes run so far: (B, P, N) for generate_tokens, ("grouped", U, B, P, N) for generate_tokens
-        # with shared prompts, (B, T, S, N) for continue_tokens
+        # shapes run so far: ("admit", ...), ("segment", W, S, N) of the slot engine; (B, P, N) for
+        # generate_tokens, ("grouped", U, B, P, N) with shared prompts (`generate_chunked`); (B, T, S, N)
+        # for continue_tokens
         self.compiled_shapes: set[tuple[Any, ...]] = set()
         # the decode counters (`sampling.counters`) of every generate_ids call so far, summed
         self.totals: dict[str, int] = dict.fromkeys(KEYS, 0)
@@ -117,12 +121,15 @@ class Sampler:
           group_size: G: each prompt is answered G times, in rows p0 x G, p1 x G, ... (B = U * G
             rows; `max_new_tokens` and `stop_ids` are per row). Each prompt is prefilled once and
             its G rows admitted together; the slot engine stores the prompt once and reads it once
-            per step (`models.prefix_attention`); the chunked path copies its KV cache to the G
-            rows, a chunk holding whole groups. The draws are those of the same rows with each
+            per step (`models.prefix_attention`). The draws are those of the same rows with each
             prompt passed G times (up to the rounding of a different batch and summation order).
           row_seeds: optional [U * G] per-row seeds: row r samples with fold_in(key(seed), row_seeds[r]),
             whatever else is in the call (default: r).
           params: the parameters of this call (default: the sampler's).
+
+        On a mesh over several processes the call is collective (every process calls it, with its
+        own rows, the same sampling config, seed and group size): the result holds this process's
+        rows; its stats (and `totals`) count the global call's work.
         """
         sampling.validate()
         if not prompts:
@@ -148,11 +155,8 @@ class Sampler:
         params = self.params if params is None else params
         dparams = self.decode_weights(params)
         t0 = time.perf_counter()
-        if not self.engine.multi:  # one process: the slot engine
-            out, counters = self.engine.generate_slots(params, prompts, budgets, sampling, seed, seeds, stop_ids, G,
-                                                       dparams, on_shape=self.compiled_shapes.add)
-        else:
-            out, counters = self.generate_chunked(params, prompts, budgets, sampling, seed, seeds, stop_ids, G, dparams)
+        out, counters = self.engine.generate_slots(params, prompts, budgets, sampling, seed, seeds, stop_ids, G,
+                                                   dparams, on_shape=self.compiled_shapes.add)
         dt = time.perf_counter() - t0
         for k in KEYS:  # in place: views of this sampler (`bound`) add to the same totals
             self.totals[k] += int(counters.get(k, 0))
@@ -189,10 +193,9 @@ class Sampler:
                          sampling: SamplingConfig, seed: Any, seeds: np.ndarray,
                          stop_ids: Sequence[Sequence[int]] | None, G: int,
                          dparams: Params | None) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-        """The rows in chunks of `max_batch`, each one `generate_tokens` call run to its longest row: the
-        path of a mesh over several processes (the slot engine's host loop runs in one process) and
-        the reference of `benchmarks workload`. Arguments as `generate_ids` (checked there); returns
-        the outputs and counters."""
+        """The rows in chunks of `max_batch`, each one `generate_tokens` call run to its longest row: only
+        the reference of `benchmarks workload` (`generate_ids` runs the slot engine, on one process
+        or several). Arguments as `generate_ids` (checked there); returns the outputs and counters."""
         chunk = max(1, (self.max_batch or len(prompts) * G) // G)  # prompts per chunk
         results: list[dict[str, np.ndarray]] = []
         counters: dict[str, int] = {}

@@ -25,6 +25,7 @@ from jaxrl_mt.models.config import ModelConfig
 from jaxrl_mt.models.decoder import Params
 from jaxrl_mt.sampling.kernels import Method, Rows, row_keys
 from jaxrl_mt.sampling.methods import RowParams
+from jaxrl_mt.sampling.multiprocess import Transfers
 from jaxrl_mt.sampling.slots import STAT_KEYS, SlotState, admit, admit_shared, compact, empty_slots, segment
 
 
@@ -44,10 +45,11 @@ def _fit(widths: tuple[int, ...], n: int) -> int:
 class _Call:
     """The constants of one `run_slots` call (rows R = U x G: row i continues prompt i // G)."""
 
-    def __init__(self, prompts, budgets, stops, row_params, keys, group, pad_id, min_prompt_bucket, prompt_bucket):
+    def __init__(self, prompts, budgets, stops, row_params, keys, group, pad_id, min_prompt_bucket, prompt_bucket,
+                 io: Transfers):
         self.prompts, self.budgets, self.stops = prompts, np.asarray(budgets, np.int32), np.asarray(stops, np.int32)
         self.row_params = jax.tree_util.tree_map(np.asarray, row_params)
-        self.keys, self.group, self.pad_id = keys, group, pad_id
+        self.keys, self.group, self.pad_id, self.io = keys, group, pad_id, io
         self.min_prompt_bucket, self.prompt_bucket = min_prompt_bucket, prompt_bucket
 
     def admission(self, units: list[int], free: list[int], width: int) -> tuple[Any, ...]:
@@ -66,11 +68,9 @@ class _Call:
         source[:n] = np.repeat(np.arange(len(units), dtype=np.int32), g)
         pick = np.asarray(rows + [rows[0]] * (nb - n))
         plen = np.asarray([len(self.prompts[r // g]) for r in pick], np.int32)
-        rp = jax.tree_util.tree_map(lambda x: jnp.asarray(x[pick]), self.row_params)
-        consts = Rows(jnp.asarray(plen), jnp.asarray(self.stops[pick]), jnp.asarray(self.budgets[pick]), rp,
-                      jnp.asarray(self.keys[pick]), jnp.zeros(nb, jnp.int32))
-        return rows, (jnp.asarray(slots), jnp.asarray(tokens), jnp.asarray(mask), consts, jnp.asarray(source)), \
-            ("admit", ub, nb, p)
+        rp = jax.tree_util.tree_map(lambda x: x[pick], self.row_params)
+        consts = Rows(plen, self.stops[pick], self.budgets[pick], rp, self.keys[pick], np.zeros(nb, np.int32))
+        return rows, self.io.put((slots, tokens, mask, consts, source)), ("admit", ub, nb, p)
 
 
 class _Store:
@@ -81,11 +81,14 @@ class _Store:
         self.place: dict[int, int] = {}  # prompt -> its place
         self.left: dict[int, int] = {}  # prompt -> its rows not yet collected
 
-    def take(self, units: list[int]) -> np.ndarray:
-        """Places for the prompts `units` (as many free places as units, checked by the caller)."""
+    def take(self, units: list[int], n: int) -> np.ndarray:
+        """[n] places for the prompts `units` (as many free places as units, checked by the caller),
+        then out-of-range places (padding prompts: dropped)."""
         for u in units:
             self.place[u], self.left[u] = self.free.pop(0), self.group
-        return np.asarray([self.place[u] for u in units], np.int32)
+        out = np.full(n, len(self.free) + len(self.place), np.int32)
+        out[: len(units)] = [self.place[u] for u in units]
+        return out
 
     def collected(self, rows: list[int]) -> None:
         """Frees the place of every prompt whose rows are all collected."""
@@ -96,7 +99,7 @@ class _Store:
                 self.free.append(self.place.pop(u))
                 del self.left[u]
 
-    def tables(self, owner: np.ndarray, places: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def tables(self, owner: np.ndarray, places: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pid [W], gpos [W], members [U, G]) of the slots' rows (`models.prefix_attention.PrefixCache`)."""
         w, g = len(owner), self.group
         pid, gpos = np.full(w, places, np.int32), np.zeros(w, np.int32)
@@ -105,7 +108,7 @@ class _Store:
             if r >= 0:
                 pid[i], gpos[i] = self.place[r // g], r % g
                 members[pid[i], gpos[i]] = i
-        return jnp.asarray(pid), jnp.asarray(gpos), jnp.asarray(members)
+        return pid, gpos, members
 
 
 def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], budgets: np.ndarray,
@@ -124,8 +127,10 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
         (slots hold prompt_bucket + max_new cache slots; with G > 1 the prompts are stored apart,
         2W/G places of prompt_bucket slots, and a slot holds max_new); max_new: the output buffer;
       min_prompt_bucket: the smallest admission bucket; on_shape: called with each program shape run.
-      mesh: a mesh within this process: the slots split over its (data, fsdp) axes (W and every
-        width a multiple of their size), the caches by `parallel.CACHE_RULES`.
+      mesh: the slots split over its (data, fsdp) axes (W and every width a multiple of their
+        size), the caches by `parallel.CACHE_RULES`. A mesh over several processes: every process
+        calls with the same (global) rows and runs the same loop, the device programs collective
+        (`sampling.multiprocess`).
 
     Returns:
       {tokens [R, max_new], logprobs, lengths [R], finish [R], counters {segments, admissions,
@@ -134,8 +139,9 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
     g, n_rows = group, len(prompts) * group
     if width < g:
         raise ValueError(f"{width} slots cannot hold a group of {g} rows")
-    keys = np.asarray(row_keys(key, jnp.asarray(row_seeds, jnp.uint32), n_rows))
-    call = _Call(prompts, budgets, stops, row_params, keys, g, pad_id, min_prompt_bucket, prompt_bucket)
+    io = Transfers(mesh)
+    keys = np.asarray(row_keys(io.host_key(key), jnp.asarray(row_seeds, jnp.uint32), n_rows))
+    call = _Call(prompts, budgets, stops, row_params, keys, g, pad_id, min_prompt_bucket, prompt_bucket, io)
     note = on_shape or (lambda shape: None)
     from jaxrl_mt.parallel import row_shards
 
@@ -160,10 +166,8 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
         if take:
             rows, args, shape = call.admission(take, free, len(owner))
             if store:
-                stored = np.full(args[1].shape[0], places, np.int32)  # padding prompts: dropped
-                stored[: len(take)] = store.take(take)
-                state = admit_shared(params, cfg, state, args[0], jnp.asarray(stored), *args[1:], method=method,
-                                     mesh=mesh)
+                stored = io.put(store.take(take, args[1].shape[0]))
+                state = admit_shared(params, cfg, state, args[0], stored, *args[1:], method=method, mesh=mesh)
             else:
                 state = admit(params, cfg, state, *args, method=method, mesh=mesh)
             note(shape)
@@ -172,29 +176,29 @@ def run_slots(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
         w = len(owner)
         narrower = max([x for x in widths if x < w], default=0)
         min_free = max(w // 8, g, int((owner < 0).sum()) + 1) if waiting else w - narrower
-        state, stats = segment(params, cfg, state, jnp.int32(min_free), store.tables(owner, places) if store else None,
-                               method=method, steps=steps, mesh=mesh)
+        tables = io.put(store.tables(owner, places)) if store else None
+        state, stats = segment(params, cfg, state, io.put(np.int32(min_free)), tables, method=method, steps=steps,
+                               mesh=mesh)
         note(("segment", w, int(state.cache.valid.shape[1]), max_new))
         counters["segments"] += 1
-        for k, v in zip(STAT_KEYS, np.asarray(stats).tolist()):
-            counters[k] += int(v)
-        ended = _collect(state, owner, out)
+        counters.update({k: counters[k] + int(v) for k, v in zip(STAT_KEYS, io.get(stats)[0].tolist())})
+        ended = _collect(state, owner, out, io)
         done += len(ended)
         if store:
             store.collected(ended)
         live = int((owner >= 0).sum())
         if not waiting and 0 < live <= narrower:
-            state, owner = _narrow(state, owner, _fit(widths, live), mesh)
+            state, owner = _narrow(state, owner, _fit(widths, live), mesh, io)
             counters["compactions"] += 1
     return {**out, "counters": counters}
 
 
-def _collect(state: SlotState, owner: np.ndarray, out: dict[str, np.ndarray]) -> list[int]:
+def _collect(state: SlotState, owner: np.ndarray, out: dict[str, np.ndarray], io: Transfers) -> list[int]:
     """Moves the rows that ended into `out` and frees their slots; returns those rows."""
-    live = np.asarray(state.live)
+    (live,) = io.get(state.live)
     ended = [i for i in range(len(owner)) if owner[i] >= 0 and not live[i]]
     if ended:
-        toks, lps, count, fin = (np.asarray(x) for x in (state.tokens, state.logprobs, state.count, state.finish))
+        toks, lps, count, fin = io.get(state.tokens, state.logprobs, state.count, state.finish)
         for i in ended:
             r = owner[i]
             out["tokens"][r], out["logprobs"][r] = toks[i], lps[i]
@@ -204,8 +208,9 @@ def _collect(state: SlotState, owner: np.ndarray, out: dict[str, np.ndarray]) ->
     return rows
 
 
-def _narrow(state: SlotState, owner: np.ndarray, width: int, mesh: Any) -> tuple[SlotState, np.ndarray]:
+def _narrow(state: SlotState, owner: np.ndarray, width: int, mesh: Any, io: Transfers
+            ) -> tuple[SlotState, np.ndarray]:
     """The held slots gathered into a state of `width` slots (the rest: free slots)."""
     held = [i for i in range(len(owner)) if owner[i] >= 0]
     keep = held + [i for i in range(len(owner)) if owner[i] < 0][: width - len(held)]
-    return compact(state, jnp.asarray(keep, jnp.int32), mesh=mesh), owner[keep]
+    return compact(state, io.put(np.asarray(keep, np.int32)), mesh=mesh), owner[keep]

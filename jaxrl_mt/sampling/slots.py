@@ -82,8 +82,27 @@ def _laid_out(state: SlotState, mesh: Any) -> SlotState:
 def empty_slots(cfg: ModelConfig, width: int, cache_len: int, max_new: int, stop_width: int,
                 mesh: Any = None, shared: tuple[int, int] | None = None) -> SlotState:
     """W free slots with caches of `cache_len` slots and output buffers of `max_new` tokens (placed on
-    `mesh` by `state_shardings` when given); `shared` = (U, P): a store of U prompts of P slots read
-    once per group (`admit_shared`)."""
+    `mesh` by `state_shardings` when given; a mesh over several processes: made in place by a
+    program, `_empty_on`); `shared` = (U, P): a store of U prompts of P slots read once per group
+    (`admit_shared`)."""
+    from jaxrl_mt.parallel import spans_processes
+
+    if spans_processes(mesh):
+        return _empty_on(cfg, width, cache_len, max_new, stop_width, shared, mesh)
+    state = _empty(cfg, width, cache_len, max_new, stop_width, shared)
+    return state if mesh is None else jax.device_put(state, state_shardings(mesh, state))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6))
+def _empty_on(cfg: ModelConfig, width: int, cache_len: int, max_new: int, stop_width: int,
+              shared: tuple[int, int] | None, mesh: Any) -> SlotState:
+    """`_empty` made on `mesh` by `state_shardings` (a collective program: no host array to place)."""
+    return _laid_out(_empty(cfg, width, cache_len, max_new, stop_width, shared), mesh)
+
+
+def _empty(cfg: ModelConfig, width: int, cache_len: int, max_new: int, stop_width: int,
+           shared: tuple[int, int] | None) -> SlotState:
+    """The free slots of `empty_slots`, unplaced."""
     c = init_cache(cfg, width, cache_len)
 
     def zi():  # a fresh buffer each: the programs donate the state, and a buffer may be donated once
@@ -96,9 +115,8 @@ def empty_slots(cfg: ModelConfig, width: int, cache_len: int, max_new: int, stop
     if shared is not None:
         sc = init_cache(cfg, *shared)
         store = KVCache(sc.k, sc.v, sc.valid, jnp.zeros((shared[0],), jnp.int32))
-    state = SlotState(KVCache(c.k, c.v, c.valid, zi()), zi(), zi(), zi(), jnp.zeros((width,), bool), zi(),
-                      jnp.zeros((width, max_new), jnp.int32), jnp.zeros((width, max_new), jnp.float32), rows, store)
-    return state if mesh is None else jax.device_put(state, state_shardings(mesh, state))
+    return SlotState(KVCache(c.k, c.v, c.valid, zi()), zi(), zi(), zi(), jnp.zeros((width,), bool), zi(),
+                     jnp.zeros((width, max_new), jnp.int32), jnp.zeros((width, max_new), jnp.float32), rows, store)
 
 
 def _put(a: jax.Array, slots: jax.Array, x: jax.Array, axis: int = 0) -> jax.Array:
