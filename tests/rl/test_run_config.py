@@ -28,7 +28,8 @@ PRESETS = [("rlsta.py", p) for p in ("paper", "paper_described", "cpu", "experim
           [("grpo.py", p) for p in ("paper", "cpu", "experiment")] + \
           [("icpo.py", p) for p in ("paper", "cpu", "experiment")] + \
           [(f, p) for f in ("sft.py", "dpo.py", "rlaar.py") for p in ("paper", "cpu", "experiment2")] + \
-          [(f, "experiment2") for f in ("rlsta.py", "icpo.py")]
+          [(f, "experiment2") for f in ("rlsta.py", "icpo.py")] + \
+          [("rlsta_conv.py", p) for p in ("cpu", "paper_shapes")]
 ROOT = CONFIGS.parent
 COMMITTED = sorted(p for p in ROOT.glob("docs/results/**/config.json") if p.name == "config.json")
 
@@ -39,7 +40,7 @@ def test_every_shipped_preset_is_typed_and_keeps_its_values(name: str, preset: s
     t = typed_config(c)
     assert isinstance(t, TrainConfig)
     assert t.to_dict() == json.loads(c.to_json())  # config.json is written from it: the same content
-    for section in ("icpo", "sft", "dpo", "rlaar"):  # a method's own section is there in its config only
+    for section in ("icpo", "sft", "dpo", "rlaar", "rlsta_conv"):  # a method's own section: in its config only
         assert (getattr(t, section) is not None) == (name == f"{section}.py")
     assert isinstance(t.rl.optim.lr, float) and isinstance(t.rl.steps, int) and t.rl.remat == c.rl.remat
     assert t.rl.optim.lr == c.rl.lr and t.rl.max_new_tokens == c.rl.max_new_tokens
