@@ -13,6 +13,11 @@ Shortcut rules (a rule's answer to a problem's FULL prompt, right when it equals
 ``add`` every number of the prompt, the ``last``, the ``first``, the ``largest``, and ``echo``:
 the last user message itself read as the reply (FULL: the prompt; MT-Add: the last shard, as
 base's greedy conversations sent it).
+
+The extractor fix (point 7): ``legacy_value`` is the strict extractor before issue 56 (the last
+``\\boxed{}`` > the last ``####`` line > the last answer phrase > the last number), read with the
+verifier's own marker scans; ``extractor fix`` counts the greedy last-reply verdicts that the fix
+changed and gives every arm's FULL / multi-turn accuracy under both rules.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxrl_mt.rewards import verifier as V
+from jaxrl_mt.rewards.think import answer_part
 from jaxrl_mt.rewards.verifier import extract_answer, find_numbers, parse_number, verify
 from experiments import analysis as A
 from experiments.common import load_records, write_json
 from experiments.report import kind_scores
 
-__all__ = ["main", "rule_answers", "shortcut_scores"]
+__all__ = ["legacy_value", "legacy_verify", "main", "rule_answers", "shortcut_scores"]
 
 HELDOUT = Path("docs/results/heldout.jsonl")
 DATA = Path("docs/results/exp2/data")
@@ -61,6 +68,56 @@ def shortcut_scores(problems: list[dict[str, Any]], last_users: Mapping[str, str
         if t in last_users:
             out["echo_mt_add"][t] = verify(last_users[t], p["answer"])
     return out
+
+
+def legacy_value(text: str) -> float | None:
+    """The strict extractor's value before issue 56: the last boxed answer, else the last ``####``
+    line, else the last answer phrase (whatever their order), else the last number."""
+    if len(text) > V.MAX_CHECKED_CHARS:
+        return None
+    text = answer_part(text)
+    marked = V._marked_values(text)  # boxed (last first), then ####, then answer phrases
+    return marked[0] if marked else V._last_number(text)
+
+
+def legacy_verify(text: str, gold: str) -> float:
+    """``verify(text, gold, "strict")`` with ``legacy_value`` as the extractor."""
+    value, want = legacy_value(text), parse_number(gold)
+    return float(value is not None and want is not None and _equal(value, want) == 1.0)
+
+
+def _legacy_kind_scores(recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """``kind_scores(recs, "strict")`` under ``legacy_verify``."""
+    out = {k: {t: m[0] for t, m in A._last_reply_means(
+        recs, k, lambda r: (legacy_verify(r["turns"][-1]["assistant"], r["gold"]),)).items()}
+        for k in ("full", "sharded", "mt_refine")}
+    both = set(out["sharded"]) & set(out["mt_refine"])
+    out["multi"] = {t: (out["sharded"][t] + out["mt_refine"][t]) / 2 for t in sorted(both)}
+    return out
+
+
+def _extractor_fix(report: Path) -> dict[str, Any]:
+    """The greedy verdicts the fix changed, and each arm's FULL / multi-turn mean under both rules."""
+    changed: list[str] = []
+    n = 0
+    arms: dict[str, str] = {}
+    for d in sorted((report / "models").iterdir()):
+        recs = load_records(d / "greedy")
+        for r in recs:
+            n += 1
+            reply = r["turns"][-1]["assistant"]
+            old, new = legacy_verify(reply, r["gold"]), verify(reply, r["gold"])
+            if old != new:
+                changed.append(f"{d.name} {r['task_id']}|{r['kind']} {old:.0f} -> {new:.0f}")
+        old_sc, new_sc = _legacy_kind_scores(recs), kind_scores(recs, "strict")
+        cells = []
+        for k in ("full", "multi"):
+            if new_sc.get(k):
+                o, w = (100 * sum(x[k].values()) / len(x[k]) for x in (old_sc, new_sc))
+                cells.append(f"{k} {o:.1f} -> {w:.1f}")
+        arms[d.name] = ", ".join(cells)
+    return {"conversations": n, "verdicts changed": len(changed),
+            "now right": sum(c.endswith("-> 1") for c in changed), "changes": changed, "arms": arms}
 
 
 def _answer(record: Mapping[str, Any]) -> float | None:
@@ -156,6 +213,20 @@ def audit(report: Path = REPORT, heldout: Path = HELDOUT, data: Path = DATA) -> 
         diff = A.bootstrap_paired(echo["base"][k], echo["rlsta_nv_full_s0"][k])
         out[f"rlsta_nv_full_s0 - base echo {k}"] = _diff(diff)
     out["rlaar_full_s0 training"] = _rlaar_training(report / "runs" / "rlaar_full_s0" / "metrics.jsonl")
+    for m in ("rlsta_full_s0", "rlsta_nv_full_s0", "rlsta_full_s1"):  # point 2
+        out[f"{m} multi-turn"] = _pct(A.bootstrap_mean(sc[m]["multi"]))
+    for m in ("icpo_full_s0", "rlaar_full_s0"):  # point 5: the share of last replies the budget cut
+        cut = [100 * sum(c.values()) / len(c) for c in
+               (A.final_reply_lengths(recs[m], k)["cut"] for k in ("full", "sharded", "mt_refine"))]
+        out[f"{m} cut FULL / MT-Add / MT-Refine"] = " / ".join(f"{c:.1f}%" for c in cut)
+    legacy = {m: _legacy_kind_scores(recs[m]) for m in ("rlaar_full_s0", "sft_full_s0")}  # point 6 before the fix
+    out["sft_full_s0 - rlaar_full_s0 full on all problems, before the extractor fix"] = _diff(
+        A.bootstrap_paired(legacy["rlaar_full_s0"]["full"], legacy["sft_full_s0"]["full"]))
+    reply = next(r for r in recs["rlsta_full_s1"] if r["task_id"] == "family/heldout/1/0/91/parking"
+                 and r["kind"] == "full")["turns"][-1]["assistant"]  # point 7
+    out["family/heldout/1/0/91/parking|full|0 of rlsta_full_s1 (gold 15), before / after the fix"] = (
+        f"{legacy_value(reply):g} / {extract_answer(reply)}")
+    out["extractor fix"] = _extractor_fix(report)
     return out
 
 

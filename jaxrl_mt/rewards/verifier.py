@@ -231,9 +231,11 @@ def extract_marked_answer(text: str) -> str | None:
 def extract_answer(text: str) -> str | None:
     """Extracts the final numeric answer of a response.
 
-    Priority: the last ``\\boxed{...}`` > whichever comes later of the last ``#### x`` and the
-    last "the answer is x" / "final answer: x" (case-insensitive; the first number on the rest of
-    that line) > the last number in the text.
+    Priority: (1) the last ``\\boxed{...}``, wherever it stands; else (2) the last final-answer
+    marker of the text, ``#### x`` or "the answer is x" / "final answer: x" (case-insensitive; the
+    first number on the rest of that line): whichever of the two kinds comes last wins, so
+    "#### 1\\nThe answer is 15." reads 15 and "The answer is 4.\\n#### 5" reads 5; else (3) the
+    last number in the text.
 
     Args:
       text: a model response.

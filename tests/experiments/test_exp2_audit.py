@@ -37,3 +37,20 @@ def test_rlaar_never_rewarded_an_abstention_in_training():
     t = E._rlaar_training(E.REPORT / "runs" / "rlaar_full_s0" / "metrics.jsonl")
     assert t["steps"] == 36 and t["steps_with_unsolvable"] == 32
     assert t["steps_abstain_reward_above_0"] == t["steps_unsolvable_abstain_above_0"] == 0
+
+
+def test_legacy_value_is_the_extractor_before_issue_56():
+    stray = "11 + 4 = 15 cars.\n#### 1\nThe answer is 15."
+    assert E.legacy_value(stray) == 1.0 and E.extract_answer(stray) == "15"
+    assert E.legacy_value("The answer is 4.\n#### 5") == 5.0  # #### ranked first either way
+    assert E.legacy_value("#### 1\n\\boxed{15}") == 15.0 and E.legacy_value("no marker, 3 then 4") == 4.0
+    assert E.legacy_verify(stray, "1") == 1.0 and E.legacy_verify(stray, "15") == 0.0
+
+
+def test_the_fix_moves_the_audited_reply_of_rlsta_full_s1():
+    recs = E.load_records(E.REPORT / "models" / "rlsta_full_s1" / "greedy")
+    r = next(r for r in recs if r["task_id"] == "family/heldout/1/0/91/parking" and r["kind"] == "full")
+    reply = r["turns"][-1]["assistant"]
+    assert (E.legacy_verify(reply, r["gold"]), E.verify(reply, r["gold"])) == (0.0, 1.0)
+    old, new = E._legacy_kind_scores(recs)["full"], E.kind_scores(recs, "strict")["full"]
+    assert round(100 * sum(old.values()) / 320, 1) == 11.9 and round(100 * sum(new.values()) / 320, 1) == 13.1

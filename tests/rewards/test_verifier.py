@@ -100,6 +100,9 @@ def test_format_number(value, expected):
         ("11 + 4 = 15 cars.\n#### 1\nThe answer is 15.", "15"),
         ("#### 1\nThe answer is below.\nThe answer is 15 cars, 15 in all.", "15"),
         ("\\boxed{7}\n#### 1\nThe answer is 15.", "7"),  # a box still outranks both
+        ("#### 1\nSo the total is \\boxed{15}.", "15"),  # a final box over an earlier #### line
+        ("The answer is 15.\n#### 7", "7"),  # the reverse order: the last marker wins
+        ("#### 1\nThe answer is 15.\n#### 7", "7"),
         # Answer phrases: last occurrence, first number on its line, case-insensitive.
         ("The answer is 12. Check: 12 + 3 = 15", "12"),
         ("The answer is 3. Wait, no. The final answer is 4 apples, from 2+2.", "4"),
