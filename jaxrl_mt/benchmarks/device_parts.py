@@ -35,7 +35,7 @@ Save = Callable[[dict[str, Any]], None]
 class CheckShape:
     """The sizes of one form of the check (`SHAPES`)."""
 
-    dtype: str  # parameters and compute of accel, train and lic
+    dtype: str  # parameters and compute of accel and lic (the trainer keeps the preset's bf16)
     accel_shapes: tuple[str, ...]  # benchmarks.accel.SHAPES names
     accel_batches: tuple[int, ...]
     accel_prompt_len: int
@@ -46,6 +46,7 @@ class CheckShape:
     train_overrides: tuple[tuple[str, Any], ...]  # dotted configs/rlsta.py:paper_shapes fields
     lic_conversations: int  # FULL + SHARDED, half each
     lic_max_new_tokens: int
+    parity_model: str  # the parity part's model spec
     parity_new_tokens: int
     memory_model: str  # the optional memory part: a models.synthetic.ARCHITECTURES name
     memory_lengths: tuple[int, int]  # its (prompt, new tokens)
@@ -57,15 +58,20 @@ SHAPES: dict[str, CheckShape] = {
     "full": CheckShape(dtype="bfloat16", accel_shapes=("qwen2.5-0.5b", "qwen2.5-1.5b"), accel_batches=(1, 64),
                        accel_prompt_len=128, accel_new_tokens=128, accel_repeats=2, model="random:qwen2.5-1.5b",
                        train_steps=3, train_overrides=(), lic_conversations=32, lic_max_new_tokens=256,
-                       parity_new_tokens=32, memory_model="qwen2.5-1.5b", memory_lengths=(8192, 1024),
+                       parity_model=EMBEDDED, parity_new_tokens=32, memory_model="qwen2.5-1.5b",
+                       memory_lengths=(8192, 1024),
                        budgets={"device": 15, "train": 210, "accel": 120, "parity": 55, "lic": 55, "memory": 240}),
-    # the CPU form: seconds to a minute per part on 2 cores
-    "tiny": CheckShape(dtype="float32", accel_shapes=("tiny",), accel_batches=(1, 2), accel_prompt_len=8,
-                       accel_new_tokens=4, accel_repeats=1, model="random:tiny", train_steps=3,
-                       train_overrides=(("data.limit", 1), ("data.refine_source", ""), ("history.max_new_tokens", 4),
+    # the CPU form, a test of the suite: the smallest sizes that still run every phase (one MT-Add problem, its
+    # history's replies one token each; step 1 compiles, step 2 is warm; one accel batch; parity on random:tiny):
+    # under a minute on 2 cores, most of it the processes' imports and XLA's compiles. The trainer's rollout
+    # and update programs are those of tests/rl/test_paper_shapes.py's run, which the suite's compilation
+    # cache then shares
+    "tiny": CheckShape(dtype="float32", accel_shapes=("tiny",), accel_batches=(2,), accel_prompt_len=8,
+                       accel_new_tokens=4, accel_repeats=1, model="random:tiny", train_steps=2,
+                       train_overrides=(("data.limit", 1), ("data.refine_source", ""), ("history.max_new_tokens", 1),
                                         ("rl.batch_size", 1), ("rl.grad_accum", 1), ("rl.max_new_tokens", 8)),
-                       lic_conversations=32, lic_max_new_tokens=8, parity_new_tokens=8, memory_model="tiny",
-                       memory_lengths=(64, 16),
+                       lic_conversations=8, lic_max_new_tokens=4, parity_model="random:tiny", parity_new_tokens=4,
+                       memory_model="tiny", memory_lengths=(64, 16),
                        budgets={"device": 60, "train": 300, "accel": 180, "parity": 300, "lic": 300, "memory": 300}),
 }
 
@@ -228,15 +234,17 @@ def part_parity(spec: CheckShape, workdir: Path, save: Save) -> dict[str, Any]:
     from jaxrl_mt.chat import encode_prompt
     from jaxrl_mt.models.registry import load_model
 
-    cpu = jax.devices("cpu")[0]
-    out: dict[str, Any] = {"model": EMBEDDED, "device": jax.devices()[0].device_kind, "reference": cpu.device_kind,
+    cpu, dev = jax.devices("cpu")[0], jax.devices()[0]
+    out: dict[str, Any] = {"model": spec.parity_model, "device": dev.device_kind, "reference": cpu.device_kind,
                            "prompts": len(PARITY_PROMPTS), "new_tokens": spec.parity_new_tokens, "dtypes": {}}
     for dtype in ("float32", "bfloat16"):
-        model = load_model(EMBEDDED, param_dtype=dtype, dtype=dtype)
+        model = load_model(spec.parity_model, param_dtype=dtype, dtype=dtype)
         prompts = [encode_prompt(model.tokenizer, [{"role": "user", "content": p}]) for p in PARITY_PROMPTS]
         dev_tok, dev_lp = _greedy_and_scores(model, model.params, prompts, spec.parity_new_tokens)
         with jax.default_device(cpu):
-            cpu_params = jax.device_put(model.params, cpu)
+            # on a CPU-only host the params stay as made (not committed to the CPU): the same programs as
+            # the device's, read from the persistent compilation cache instead of compiled again
+            cpu_params = model.params if dev.platform == "cpu" else jax.device_put(model.params, cpu)
             cpu_tok, cpu_lp = _greedy_and_scores(model, cpu_params, prompts, spec.parity_new_tokens,
                                                  completions=dev_tok)  # the device's tokens, scored on the CPU
         same = [a == b for a, b in zip(dev_tok, cpu_tok)]
