@@ -25,15 +25,6 @@ def bucket(n: int, minimum: int) -> int:
     return b
 
 
-def cache_bucket(n: int, quantum: int = 128) -> int:
-    """Cache capacity for `n` slots: n rounded up to a multiple of max(quantum, 2^(bits(n) - 3)).
-
-    At most 25% waste above 4 * quantum, and few distinct capacities (few compiled programs).
-    """
-    step = max(quantum, 1 << max(n.bit_length() - 3, 0))
-    return -(-n // step) * step
-
-
 def plan_chunks(lengths: Sequence[int], max_batch: int | None, cells: Callable[[int, int], int] | None = None,
                 max_cells: int | None = None) -> list[list[int]]:
     """Groups rows by ascending length into chunks of at most `max_batch` rows.

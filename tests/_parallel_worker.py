@@ -1,7 +1,8 @@
 """Subprocess side of tests/test_parallel.py and tests/test_multihost.py (not collected by pytest).
 
 `python tests/_parallel_worker.py mesh OUT.json [train,infer]`: with 8 fake CPU devices, a GRPO train step, the
-sampler, the scorer and a cached forward pass under meshes (8,1,1), (2,4,1), (2,2,2) against one
+sampler (one call, and conversations keeping their caches across turns), the scorer and a
+cached forward pass under meshes (8,1,1), (2,4,1), (2,2,2) against one
 device; writes the measured differences.
 
 `python tests/_parallel_worker.py multihost OUT.json CKPT_DIR [reference]`: one process of a
@@ -105,7 +106,7 @@ def opt_state_follows_params(opt_state, params) -> tuple[int, list[str]]:
 
 def run_mesh(out: Path, parts: set[str]) -> None:
     """Writes {"ref_losses", "meshes": {shape: measurements}}; parts: "train" and/or "infer"."""
-    from jaxrl_mt.sampling import DecodeSession, Sampler, SamplingConfig
+    from jaxrl_mt.sampling import Sampler, SamplingConfig
     from jaxrl_mt.sampling.slots import empty_slots, state_shardings
     from jaxrl_mt.scoring import Scorer
 
@@ -164,17 +165,24 @@ def run_mesh(out: Path, parts: set[str]) -> None:
     ref_cached = cached(one, init_cache(cfg, 8, 8))[0] if "infer" in parts else None
 
     def session_turns(sampler):
-        """Three DecodeSession steps (KV cache kept across turns), one row idle at turn 2."""
-        s = DecodeSession(sampler, 8)
-        toks = []
-        for turn in range(3):
-            segs = [None if (turn == 1 and i == 2)
-                    else ([s.pending[i]] if s.pending[i] is not None else []) + p[:turn + 2]
-                    for i, p in enumerate(prompts)]
-            res = s.step(segs, SamplingConfig(max_new_tokens=6, temperature=0.0), stop_ids=[[]] * 8)
-            toks.append(res.tokens)
-        return toks
+        """Three turns of 8 conversations on the slot engine (`Sampler.run_turns`: each one's KV cache
+        kept in its slot across turns; conversation 2 ends after its first turn); the replies' tokens."""
+        from jaxrl_mt.sampling.turns import Feed
 
+        got: dict[tuple[int, int], list[int]] = {}
+
+        def advance(replies):
+            out = []
+            for r in replies:
+                turn = sum(1 for c, _ in got if c == r.conv)
+                got[r.conv, turn] = r.tokens
+                if turn < 2 and not (r.conv == 2 and turn == 0):
+                    out.append(Feed(r.conv, [r.tokens[-1]] + prompts[r.conv][:turn + 2], seed=10 * r.conv + turn + 1))
+            return out
+
+        first = [Feed(i, p, seed=10 * i, fresh=True) for i, p in enumerate(prompts)]
+        sampler.run_turns(first, SamplingConfig(max_new_tokens=6, temperature=0.0), advance)
+        return [[c, t, got[c, t]] for c, t in sorted(got)]
     ref_session = session_turns(Sampler(one, cfg, eos_ids=(1,), pad_id=0)) if "infer" in parts else None
 
     results = {"ref_losses": ref_losses, "meshes": {}}

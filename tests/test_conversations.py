@@ -1,11 +1,11 @@
-"""`run_conversations`' final-turn hook, and SeDT's earlier turns through the shared lockstep loop."""
+"""`run_conversations`' final-turn hook (lockstep and slot paths), and SeDT's earlier turns through the shared loop."""
 
 from __future__ import annotations
 
 import copy
 
 from jaxrl_mt.conversations import SEED_STRIDE, ConversationRun, TurnRecord, row_seed, run_conversations
-from jaxrl_mt.sampling import DecodeSession, Sampler, SamplingConfig
+from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.sedt import SeDTConfig, sedt_strategy
 from tests.test_kv_reuse import chat_sampler, make_runs
 
@@ -30,20 +30,22 @@ class HoldLast:
 
 def test_final_turn_hook_holds_the_last_turns_and_answers_them_once(tiny_chat_model_dir):
     sampler = chat_sampler(tiny_chat_model_dir)
-    runs = make_runs([3, 1, 2])
-    session = DecodeSession(sampler, len(runs))
-    hook, seen, progress = HoldLast(), [], []
-    run_conversations(sampler, runs, SAMPLE6, seed=5, session=session, final_turn=hook,
-                      on_turn=lambda live: seen.append([r.conv_id for r in live]),
-                      progress=lambda k, n: progress.append((k, n)))
+    got = {}
+    for reuse in (False, True):  # the lockstep loop (no cache), the slot path (caches kept)
+        runs = make_runs([3, 1, 2])
+        hook, seen, progress = HoldLast(), [], []
+        run_conversations(sampler, runs, SAMPLE6, seed=5, final_turn=hook, reuse_cache=reuse,
+                          on_turn=lambda live, out=seen: out.append([r.conv_id for r in live]),
+                          progress=lambda k, n, out=progress: out.append((k, n)))
+        # one call with every held run (in the runs' order), the seed of the turn after the last earlier turn
+        assert hook.calls == [(["c0", "c1", "c2"], [r.user_turns[-1] for r in runs], 5 + 2 * SEED_STRIDE)]
+        assert [len(r.turns) for r in runs] == [3, 1, 2] and all(r.done for r in runs)
+        assert [r.turns[-1].assistant for r in runs] == ["held"] * 3
+        assert seen[-1] == ["c0", "c1", "c2"] and progress[-1] == (2, 3)  # the held batch, after the others
+        got[reuse] = ([[t.tokens for t in r.turns] for r in runs], seen, progress)
     # lockstep turns: c0 and c2 at turn 0 (c1's only turn is its last: held), c0 at turn 1
-    assert seen == [["c0", "c2"], ["c0"], ["c0", "c1", "c2"]]
-    assert progress == [(0, 2), (1, 1), (2, 3)]
-    # one call with every held run (in the runs' order), the seed of the turn after the last lockstep turn
-    assert hook.calls == [(["c0", "c1", "c2"], [r.user_turns[-1] for r in runs], 5 + 2 * SEED_STRIDE)]
-    assert [len(r.turns) for r in runs] == [3, 1, 2] and all(r.done for r in runs)
-    assert [r.turns[-1].assistant for r in runs] == ["held"] * 3
-    assert session.released == {0, 1, 2}  # held rows leave the cache at once
+    assert got[False][1:] == ([["c0", "c2"], ["c0"], ["c0", "c1", "c2"]], [(0, 2), (1, 1), (2, 3)])
+    assert got[True][0] == got[False][0]  # the same draws with and without the kept caches
 
 
 def test_sedt_earlier_turns_share_the_plain_loop_cache_and_seeds(tiny_chat_model_dir, monkeypatch):

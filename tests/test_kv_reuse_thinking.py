@@ -1,12 +1,13 @@
 """KV-cache reuse across turns under a template that is not prefix-preserving (Qwen3's).
 
 Qwen3's template drops the think blocks of earlier replies (and, in no-think mode, the empty
-think block of earlier generation prompts), so a conversation's cached context is valid only
-while the previous prompt plus the reply verbatim is a prefix of the new rendering. The model
-here is a tiny random Llama on the Qwen3-flavoured tokenizer (`tests.qwen3_tok`) whose tied
-embedding row of ``</think>`` is 1.5 x that of a token it often emits first, so some of its
-greedy replies hold a ``</think>`` and some do not. The reference is every turn prefilled from
-scratch (`run_conversations` without reuse).
+think block of earlier generation prompts), so a conversation's kept cache holds its re-rendered
+prompt's prefix only while the previous prompt plus the reply's tokens is a prefix of the new
+rendering. The model here is a tiny random Llama on the Qwen3-flavoured tokenizer
+(`tests.qwen3_tok`) whose tied embedding row of ``</think>`` is 1.5 x that of a token it often
+emits first, so some of its greedy replies hold a ``</think>`` and some do not. The reference is
+every turn prefilled from scratch (`run_conversations` without reuse); the slot path's feeds
+(`Sampler.run_turns`, spied) show which turns continued a kept cache and which started over.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_mt import conversations
-from jaxrl_mt.chat import encode_prompt, encode_text, render, with_template_options
+from jaxrl_mt.conversations import records
+from jaxrl_mt.chat import encode_prompt, encode_text, with_template_options
 from jaxrl_mt.conversations import ConversationRun, run_conversations, turn_suffix
-from jaxrl_mt.sampling import DecodeSession, Sampler, SamplingConfig
+from jaxrl_mt.sampling import Sampler, SamplingConfig
 from tests.qwen3_tok import qwen3_tokenizer
 
 GREEDY8 = SamplingConfig(max_new_tokens=8, temperature=0.0)
@@ -72,56 +73,55 @@ def test_prefix_check_is_per_conversation_not_per_template(qwen3):
     assert turn_suffix(no_think, hist, "c", "Be brief.") is None
 
 
-def _check_contexts(sampler, runs, session, kinds, fresh: bool = False):
-    """on_turn: every cached context decodes to the rendered prompt (never a stale cache; a cache
-    reused blindly would still hold the dropped think block) and, with `fresh`, the turn equals a
-    fresh prefill of it; records whether the turn reused the cache or re-prefilled."""
-    tok = sampler.tokenizer
-    last: dict[int, list[int]] = {}
+def _spy_feeds(monkeypatch) -> list:
+    """Records every feed the slot path hands `Sampler.run_turns` (first ones and the hooks')."""
+    feeds: list = []
+    real = Sampler.run_turns
 
-    def on_turn(live):
-        for r in live:
-            i, t = runs.index(r), r.turns[-1]
-            ctx = session.tokens[i][:t.prompt_tokens]
-            assert tok.decode(ctx, skip_special_tokens=False) == render(tok, r.messages[:-1], system=r.system)
-            if t.index and ctx == encode_prompt(tok, r.messages[:-1], system=r.system) and \
-                    ctx[:len(last[i])] != last[i]:
-                kinds[r.conv_id, t.index] = "refilled"
-            elif t.index:
-                assert ctx[:len(last[i])] == last[i]  # the cache was kept: old context + reply tokens
-                kinds[r.conv_id, t.index] = "reused"
-            if fresh:
-                ref = sampler.generate_ids([ctx], GREEDY8)
-                assert t.tokens == ref.tokens[0] and t.finish_reason == ref.finish_reasons[0]
-            last[i] = ctx + t.tokens[:-1]
+    def run_turns(self, first, sampling, advance, **kw):
+        def spy(replies):
+            out = advance(replies)
+            feeds.extend(out)
+            return out
 
-    return on_turn
+        feeds.extend(first)
+        return real(self, first, sampling, spy, **kw)
+
+    monkeypatch.setattr(Sampler, "run_turns", run_turns)
+    return feeds
 
 
-@pytest.mark.slow  # the suite budget (issue 52): 19 s; reuse parity stays in CI (test_kv_reuse)
+def _kinds(runs, feeds) -> dict[tuple[str, int], str]:
+    """{(conv_id, turn): "reused" | "refilled"} of every later turn (a fresh feed: its prompt whole)."""
+    out = {}
+    for i, r in enumerate(runs):
+        mine = [f for f in feeds if f.conv == i]
+        assert len(mine) == len(r.turns) and mine[0].fresh
+        for t, f in enumerate(mine[1:], 1):
+            out[r.conv_id, t] = "refilled" if f.fresh else "reused"
+    return out
+
+
+@pytest.mark.slow  # the suite budget (issue 52): 19 s; reuse parity stays in CI (test_kv_reuse, test_turns)
 def test_reuse_under_qwen3_thinking_matches_prefill_from_scratch(thinker, qwen3, monkeypatch, caplog):
     sampler = sampler_for(thinker, qwen3)
     scratch, cached = make_runs(6), make_runs(6)
     run_conversations(sampler, scratch, GREEDY8, seed=0)
-    session = DecodeSession(sampler, len(cached))
-    kinds: dict[tuple[str, int], str] = {}
-    monkeypatch.setattr(conversations, "_warned", set())
+    feeds = _spy_feeds(monkeypatch)
+    monkeypatch.setattr(records, "_warned", set())
     with caplog.at_level(logging.WARNING, logger="jaxrl_mt.conversations"):
-        run_conversations(sampler, cached, GREEDY8, seed=0, session=session,
-                          on_turn=_check_contexts(sampler, cached, session, kinds))
-    assert sum("not prefix-preserving" in m for m in caplog.messages) == 1  # logged once
+        run_conversations(sampler, cached, GREEDY8, seed=0, reuse_cache=True)
+    assert sum("differ from its re-rendered prompt" in m for m in caplog.messages) == 1  # logged once
+    kinds = _kinds(cached, feeds)
     compared = {"refilled": 0, "reused": 0}
     for ra, rb in zip(scratch, cached):
+        # every turn conditions on the re-rendered prompt's tokens: the scratch run's turns exactly
+        assert [(t.tokens, t.prompt_tokens, t.assistant) for t in ra.turns] == \
+            [(t.tokens, t.prompt_tokens, t.assistant) for t in rb.turns], ra.conv_id
         for ta, tb in zip(ra.turns, rb.turns):
-            assert ta.tokens == tb.tokens and ta.assistant == tb.assistant, (ra.conv_id, ta.index)
             np.testing.assert_allclose(ta.logprobs, tb.logprobs, atol=1e-5, rtol=1e-5)
             if ta.index:
                 compared[kinds[rb.conv_id, ta.index]] += 1
-            # a reply with </think> is re-prefilled: the contexts agree again whatever its tokens;
-            # without one the cache keeps its exact tokens, which a re-render may tokenise otherwise
-            body = ta.tokens[:-1] if ta.finish_reason == "stop" else ta.tokens
-            if "</think>" not in ta.assistant and encode_text(qwen3, ta.assistant) != body:
-                break
         # a turn after a reply with </think> was always re-prefilled, never reused
         for t in rb.turns[1:]:
             if "</think>" in rb.turns[t.index - 1].assistant:
@@ -130,24 +130,18 @@ def test_reuse_under_qwen3_thinking_matches_prefill_from_scratch(thinker, qwen3,
 
 
 @pytest.mark.slow  # suite budget: test_turns' re-rendered-prompt test covers the rewriting template on the slot path
-def test_no_think_mode_re_prefills_every_later_turn(thinker, qwen3):
+def test_no_think_mode_re_prefills_every_later_turn(thinker, qwen3, monkeypatch):
     """In no-think mode every earlier prompt's empty think block is dropped: each turn after the
-    first is re-prefilled (with a session given, where the template probe is skipped), and the
-    transcripts equal the scratch run's exactly."""
+    first is re-prefilled, and the transcripts equal the scratch run's exactly."""
     tok = with_template_options(qwen3, enable_thinking=False)
     sampler = sampler_for(thinker, tok)
     scratch, cached = make_runs(4), make_runs(4)
     run_conversations(sampler, scratch, GREEDY8, seed=1)
-    session = DecodeSession(sampler, len(cached))
-    kinds: dict[tuple[str, int], str] = {}
-    run_conversations(sampler, cached, GREEDY8, seed=1, session=session,
-                      on_turn=_check_contexts(sampler, cached, session, kinds, fresh=True))
+    feeds = _spy_feeds(monkeypatch)
+    run_conversations(sampler, cached, GREEDY8, seed=1, reuse_cache=True)
+    kinds = _kinds(cached, feeds)
     assert set(kinds.values()) == {"refilled"} and len(kinds) == 4 * 2
     for ra, rb in zip(scratch, cached):
         assert [(t.tokens, t.prompt_tokens) for t in ra.turns] == [(t.tokens, t.prompt_tokens) for t in rb.turns]
     # the prompts end with the empty think block
     assert encode_prompt(tok, cached[0].messages[:1])[-4:] == encode_text(qwen3, "<think>\n\n</think>\n\n")
-    # without a session the template probe already turns reuse off
-    again = make_runs(4)
-    run_conversations(sampler, again, GREEDY8, seed=1, reuse_cache=True)
-    assert [[t.tokens for t in r.turns] for r in again] == [[t.tokens for t in r.turns] for r in scratch]

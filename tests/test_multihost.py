@@ -1,7 +1,8 @@
 """Two JAX processes on localhost (CPU backend, gloo collectives, a local coordinator): a few GRPO
 train steps of a tiny model on a global mesh fed by per-process rows, an orbax checkpoint written
-by both processes, a restore, and the sampler's slot engine on per-process rows, against the same
-steps and calls in one single-device process."""
+by both processes, a restore, the sampler's slot engine on per-process rows and conversations
+keeping their caches in slots across turns (`Sampler.run_turns`, replicated on both processes),
+against the same steps and calls in one single-device process."""
 
 from __future__ import annotations
 
@@ -148,3 +149,24 @@ def test_sampler_runs_the_slot_engine_over_both_processes(runs, shape: str) -> N
     for p in procs:  # slot programs only: no chunked (B, P, N) kernel ran
         assert p["sampling"][shape]["shapes"] == ["admit", "segment"]
     assert procs[0]["sampling"]["4,1,1"]["greedy"]["stats"]["admissions"] > 1  # 4 slots, 5 rows: rows waited
+
+
+@pytest.mark.parametrize("shape", ["4,1,1", "2,2,1"])
+def test_run_turns_on_both_processes_gives_the_one_device_transcripts(runs, shape: str) -> None:
+    """Both processes run the same conversations (replicated feeds and hooks) on the mesh over both,
+    each conversation's KV cache kept in its slot across turns: every turn's tokens, finish reason
+    and context equal the one-device run's (log-probs within 1e-5), on both processes."""
+    procs, ref = runs
+    want = ref["sampling"]["reference"]["turns"]
+    for name in ("greedy", "sampled"):
+        assert len(want[name]) == 12  # 3 + 3 + 1 + 2 + 3 turns
+        for p in procs:
+            got = p["sampling"][shape]["turns"][name]
+            assert [g[:3] + g[4:] for g in got] == [w[:3] + w[4:] for w in want[name]], (name, p["process"])
+            for g, w in zip(got, want[name]):
+                np.testing.assert_allclose(g[3], w[3], rtol=0, atol=1e-5)
+        counters = [p["sampling"][shape]["turns"][name + "_counters"] for p in procs]
+        assert counters[0] == counters[1] and counters[0]["extensions"] >= 1  # later turns continued kept caches
+    assert [w[2] for w in want["greedy"]] != [w[2] for w in want["sampled"]]
+    for p in procs:  # different feeds on the two processes: refused on both
+        assert "the same arguments on every process" in p["sampling"][shape]["turns"]["refused"]

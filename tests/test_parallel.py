@@ -274,7 +274,7 @@ def test_sampling_scoring_and_cache_under_mesh_match_one_device(mesh_infer: dict
     assert r["greedy_equal"] and r["greedy_tokens"] > 40, r
     assert r["gen_logprob_diff"] <= TOL and r["score_diff"] <= TOL and r["pooled_diff"] <= TOL, r
     assert r["cached_logit_diff"] <= TOL, r
-    assert r["session_equal"], r  # KV cache kept across turns (DecodeSession) under the mesh
+    assert r["session_equal"], r  # KV caches kept across turns in slots (Sampler.run_turns) under the mesh
     assert r["grouped_equal"], r  # each prompt prefilled once and its cache copied to its rows, under the mesh
     # the slot engine ran on the mesh: its slots split over data x fsdp (widths multiples of the split)
     split = {"8,1,1": 8, "2,4,1": 8, "2,2,2": 4}[shape]

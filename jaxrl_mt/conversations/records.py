@@ -1,9 +1,9 @@
 """The records and hooks of a simulated conversation, and the helpers both runners share.
 
 `ConversationRun` / `TurnRecord` (what is run and recorded), the hooks (`UserPolicy`,
-`FinalTurn`, the `on_turn` callback), each conversation's row seed (`row_seed`) and the chat
-template's continuation text (`turn_suffix`), used by the lockstep runner (`runner`) and the slot
-path (`slotted`).
+`FinalTurn`, the `on_turn` callback) and each conversation's row seed (`row_seed`), used by the
+lockstep runner (`runner`) and the slot path (`slotted`); the chat template's continuation text
+(`turn_suffix`: whether a template is prefix-preserving).
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ class FinalTurn(Protocol):
     """A hook of `run_conversations` that holds back turns and answers them apart, in one batch.
 
     SeDT holds back each conversation's final turn (`jaxrl_mt.sedt`): the earlier turns run in
-    the shared lockstep loop (same KV cache reuse, same seed stream as the plain strategy), the
-    held turns are answered by SeDT's own batched calls.
+    `run_conversations`' shared loop (same KV cache reuse, same seed stream as the plain
+    strategy), the held turns are answered by SeDT's own batched calls.
     """
 
     def holds(self, run: ConversationRun) -> bool:

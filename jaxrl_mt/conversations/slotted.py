@@ -24,11 +24,12 @@ from jaxrl_mt.sampling.turns import Feed, Reply
 
 
 def slot_sampler(sampler: Any) -> Sampler | None:
-    """The plain one-process `Sampler` with a chat template behind `sampler` (itself or a wrapper's
-    `.sampler`), or None (the lockstep path then runs)."""
+    """The plain `Sampler` with a chat template behind `sampler` (itself or a wrapper's `.sampler`), or
+    None (the lockstep path then runs, without a cache). On a mesh over several processes every
+    process runs every conversation (`Sampler.run_turns`)."""
     inner = getattr(sampler, "sampler", None)
     base = inner if isinstance(inner, Sampler) else sampler
-    if not isinstance(base, Sampler) or type(base).generate_ids is not Sampler.generate_ids or base.engine.multi:
+    if not isinstance(base, Sampler) or type(base).generate_ids is not Sampler.generate_ids:
         return None
     return base if base.tokenizer is not None and getattr(base.tokenizer, "chat_template", None) else None
 

@@ -1,7 +1,7 @@
 """RLSTA training items: multi-turn histories answered by the policy, and latent-capability filtering.
 
 Stage 1 (histories): for every training scenario (MT-Add or MT-Refine), the history model answers
-every user turn but the last, all conversations in lockstep (one sampler call per turn).
+every user turn but the last (`run_conversations`, each conversation's KV cache kept in a slot).
 Stage 2 (filtering): k single-turn samples on the clean full prompt against k re-samples of the
 last turn given the history; a history is kept when single-turn accuracy > multi-turn accuracy
 (the model "knows" the answer but loses it in conversation), at most `cap` per problem.
@@ -60,7 +60,7 @@ class TrainItem:
 
 def build_histories(sampler: Sampler, scenarios: Sequence[Scenario], sampling: SamplingConfig, *,
                     seed: int, system: str | None = None) -> list[TrainItem]:
-    """Answers every turn but the last of each scenario, all in lockstep (KV caches kept across turns)."""
+    """Answers every turn but the last of each scenario (KV caches kept across turns)."""
     runs = [ConversationRun(conv_id=f"{s.task_id}|{s.kind}|0", system=system, user_turns=list(s.turns[:-1]),
                             meta={"i": i}) for i, s in enumerate(scenarios)]
     run_conversations(sampler, runs, sampling, seed=seed, reuse_cache=True)  # no re-prefill of the history

@@ -1,11 +1,11 @@
-"""`DecodeEngine`: the frozen part of generation, shared by `Sampler` and `DecodeSession`.
+"""`DecodeEngine`: the frozen part of generation, driven by `Sampler`.
 
 The engine holds what does not change during a run (the model config, stop and pad ids, the
 shape buckets, the mesh, whether decode weights are fused) in one frozen, hashable dataclass,
 and assembles the kernels' inputs from host rows: padding, buckets, per-row budgets, stop ids,
 sampling values and keys, placement on the mesh and the fetch of this process's rows. The
 parameters are an argument of every call, never an attribute (gemma's ``_sampler_loop``: a
-frozen loop; ``Sampler`` and ``DecodeSession`` are the stateful wrappers around it).
+frozen loop; ``Sampler`` is the stateful wrapper around it).
 
 Sampling keys are per row: row r of a call draws its token at output slot t with
 ``fold_in(fold_in(key(seed), row_seed[r]), t)``, so what a row samples depends on its own seed
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -26,8 +26,8 @@ import numpy as np
 from jaxrl_mt.batching import as_key, bucket
 from jaxrl_mt.chat import left_pad
 from jaxrl_mt.models.config import ModelConfig
-from jaxrl_mt.models.decoder import KVCache, Params
-from jaxrl_mt.sampling.kernels import continue_tokens, decode_params_jit, generate_tokens
+from jaxrl_mt.models.decoder import Params
+from jaxrl_mt.sampling.kernels import decode_params_jit, generate_tokens
 from jaxrl_mt.sampling.methods import RowParams, SamplingConfig
 from jaxrl_mt.sampling.results import stop_array
 
@@ -213,38 +213,6 @@ class DecodeEngine:
             out = {k: v[block[0]:block[1]] for k, v in out.items()}
         return out, counters
 
-    def continue_(self, params: Params, cache: KVCache, positions: np.ndarray, segments: Sequence[Sequence[int]],
-                  tb: int, budgets: np.ndarray, sampling: SamplingConfig, nb: int, seed: Any, row_seeds: np.ndarray,
-                  stop_ids: Sequence[Sequence[int]] | None = None, dparams: Params | None = None,
-                  row_offsets: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], KVCache]:
-        """One `continue_tokens` call over a cache of B rows (segments, positions, budgets, row_seeds,
-        row_offsets: [B]; stop_ids: the real rows' lists, padding rows get none).
-
-        Returns this process's rows of the outputs (tokens, logprobs, lengths, finish, last,
-        positions) and the updated cache (the given one is donated).
-        """
-        from jaxrl_mt.parallel import fetch_rows
-
-        bb = len(segments)
-        tokens, mask = left_pad([list(s) for s in segments], self.pad_id, tb)
-        rp = sampling.row_params(bb)
-        width = self.stop_width(stop_ids)
-        if self.multi:
-            from jaxrl_mt.parallel import agree_max
-
-            width = agree_max(width)
-        n = len(stop_ids) if stop_ids is not None else bb
-        offsets = np.zeros(bb, np.int32) if row_offsets is None else np.asarray(row_offsets, np.int32)
-        args = [np.asarray(positions, np.int32), tokens, mask, self.stops(stop_ids, n, bb, width),
-                np.asarray(budgets, np.int32), np.asarray(row_seeds, np.uint32), offsets, rp.temperature, rp.top_k,
-                rp.top_p]
-        args, key, _ = self._place(args, as_key(seed))
-        positions, tokens, mask, stops, budget, seeds, offsets, *rp = args
-        out, cache = continue_tokens(params, self.cfg, cache, positions, tokens, mask, key, stops, budget,
-                                     RowParams(*rp), max_new=nb, method=sampling.method(), fuse=self.fuse_weights,
-                                     dparams=dparams, mesh=self.mesh, row_seeds=seeds, row_offsets=offsets)
-        return {k: np.asarray(v) for k, v in fetch_rows(out).items()}, cache
-
 
 class FusedWeights:
     """`decode_params(params)` made once per parameter version (a weak cache keyed by the leaves).
@@ -271,15 +239,3 @@ class FusedWeights:
     def clear(self) -> None:
         """Drops the kept copy."""
         self._cache = None
-
-
-class DecodeHost(Protocol):
-    """What a `DecodeSession` needs of its host (a `Sampler` is one)."""
-
-    engine: DecodeEngine
-    params: Params
-    compiled_shapes: set[tuple[Any, ...]]
-
-    def decode_weights(self, params: Params | None = None) -> Params | None: ...
-
-    def decode_texts(self, tokens: Sequence[Sequence[int]], finish_reasons: Sequence[str]) -> list[str] | None: ...

@@ -6,6 +6,8 @@ handful of programs. A call runs the slot engine (`sampling.scheduler`): at most
 slots, refilled with waiting rows as rows finish. On a mesh over several processes a call is
 collective: each process passes its own rows, every process runs the same host loop on the
 global rows (every process's, in process order; `sampling.multiprocess`) and returns its own.
+`run_turns` runs conversations that keep their slot across turns (`sampling.turns`), on one
+process or, replicated (every process the same conversations), on several.
 `generate_chunked` (chunks of `max_batch` rows, each run to its longest row) is only the
 reference of `benchmarks workload`. Row r draws its t-th token with
 fold_in(fold_in(key(seed), row_seeds[r]), t) (default row seed: r), so a row's tokens do not
@@ -55,9 +57,8 @@ class Sampler:
         self.engine = DecodeEngine(cfg, tuple(eos_ids), pad_id, min_prompt_bucket, min_new_bucket, max_batch,
                                    row_multiple, mesh, bool(fuse))
         self._fused = FusedWeights()
-        # shapes run so far: ("admit", ...), ("segment", W, S, N) of the slot engine; (B, P, N) for
-        # generate_tokens, ("grouped", U, B, P, N) with shared prompts (`generate_chunked`); (B, T, S, N)
-        # for continue_tokens
+        # shapes run so far: ("admit", ...), ("segment", W, S, N), ("extend", ...) of the slot engine;
+        # (B, P, N) for generate_tokens, ("grouped", U, B, P, N) with shared prompts (`generate_chunked`)
         self.compiled_shapes: set[tuple[Any, ...]] = set()
         # the decode counters (`sampling.counters`) of every generate_ids call so far, summed
         self.totals: dict[str, int] = dict.fromkeys(KEYS, 0)
@@ -174,16 +175,24 @@ class Sampler:
                   seed: int | jax.Array = 0, params: Params | None = None) -> dict[str, int]:
         """Answers conversations turn after turn on the slot engine, a slot holding a conversation's
         cache across its turns (`sampling.turns.run_turns`: `feeds` its first `Feed`s, `advance` the
-        hook giving the next ones). One process only. Returns the engine's counters (also added to
-        `totals`)."""
+        hook giving the next ones). Returns the engine's counters (also added to `totals`).
+
+        On a mesh over several processes the call is collective and replicated: every process passes
+        the same feeds, sampling config and seed (checked) and hooks that give the same feeds (every
+        process runs every conversation, as a multi-process evaluation does), and every process gets
+        every reply.
+        """
         from jaxrl_mt.sampling.turns import run_turns
 
-        if self.engine.multi:
-            raise ValueError("run_turns runs in one process (a mesh over several: DecodeSession)")
         sampling.validate()
+        key = as_key(seed)
+        if self.engine.multi:
+            from jaxrl_mt.sampling.multiprocess import check_same, feeds_digest
+
+            check_same(feeds_digest(feeds, sampling, key), "run_turns")
         params = self.params if params is None else params
         weights = self.engine.weights(params, self.decode_weights(params))
-        counters = run_turns(weights, self.engine, feeds, sampling, as_key(seed), advance,
+        counters = run_turns(weights, self.engine, feeds, sampling, key, advance,
                              width=self.engine.slot_width(max(len(feeds), 1)), on_shape=self.compiled_shapes.add)
         for k in KEYS:
             self.totals[k] += int(counters.get(k, 0))

@@ -1,10 +1,11 @@
 """The jitted sampler kernels: prefill, then a `lax.while_loop` decode over a preallocated KV cache.
 
-`generate_tokens` starts from an empty cache; `continue_tokens` appends a segment to caches kept
-from earlier calls (multi-turn decoding without re-prefill; `DecodeSession` is its host side).
-Both decode with the same loop (`decode`), whose state is one `DecodeState` struct, and pick
-tokens with a sampling method object (`jaxrl_mt.sampling.methods`). `resize_cache` repacks kept
-caches between calls.
+`generate_tokens` prefills a chunk of rows into an empty cache and decodes them all to the longest
+row with one loop (`decode`), whose state is one `DecodeState` struct, picking tokens with a
+sampling method object (`jaxrl_mt.sampling.methods`). It is only the reference of `benchmarks
+workload` (`Sampler.generate_chunked`): every generation call, and every conversation that keeps
+its cache across turns, runs the slot engine (`sampling.slots`, `scheduler`, `turns`), which
+shares this module's per-row constants (`Rows`), keys and sampling steps.
 
 The decoder stays a pure function of a parameter pytree (`models.decoder.forward`), called
 here: the loop body is one `forward` of the last tokens at their positions, so the same
@@ -40,7 +41,7 @@ Method = Greedy | Categorical
 
 
 def decode_compiler_options(dots: str | None = None, jaxlib_version: str | None = None) -> dict[str, str]:
-    """XLA options of the jitted decode kernels (`generate_tokens`, `continue_tokens`).
+    """XLA options of the jitted decode kernels (`generate_tokens`, the slot programs).
 
     From jaxlib 0.10, XLA:CPU hands every dot to YNNPACK by default. A decode step multiplies B
     (1-32) rows by every weight matrix, and at these row counts Eigen's dot (the one XLA:CPU used
@@ -48,7 +49,7 @@ def decode_compiler_options(dots: str | None = None, jaxlib_version: str | None 
     186-187 to 120-141 ms (`docs/results/bench_decode/dots_session12.txt`), while the scorer's
     long rows (8 x 256 tokens) and the train step were faster with YNNPACK (scoring 9.96 against
     11.12 s), so only the decode kernels opt out. Their prefill runs long rows too: the LiC
-    simulator, whose `continue_tokens` calls prefill whole histories, gained only 1.04x where plain
+    simulator, whose continuation calls then prefilled whole histories, gained only 1.04x where plain
     generation gained 1.19x (`docs/performance.md`). It is an XLA:CPU option: the GPU and TPU
     compilers do not read it (not exercised on a device here).
 
@@ -153,7 +154,7 @@ def init_state(cache: KVCache, logits: jax.Array, rows: Rows, method: Method, ma
 
 def decode(params: Params, cfg: ModelConfig, cache: KVCache, logits: jax.Array, rows: Rows, *,
            method: Method, max_new: int) -> DecodeState:
-    """The decode loop shared by `generate_tokens` and `continue_tokens` (call inside jit).
+    """The decode loop of `generate_tokens` (call inside jit).
 
     Samples each row's first token from `logits`, then feeds every sampled token back at the next
     position until each row has hit a stop id or spent its budget. The last sampled token of a
@@ -182,11 +183,6 @@ def decode(params: Params, cfg: ModelConfig, cache: KVCache, logits: jax.Array, 
     return jax.lax.while_loop(cond, body, init_state(cache, logits, rows, method, max_new))
 
 
-def _offsets(row_offsets: jax.Array | None, budgets: jax.Array) -> jax.Array:
-    """[B] int32 step-counter starts of the rows (zeros by default)."""
-    return jnp.zeros(budgets.shape, jnp.int32) if row_offsets is None else row_offsets.astype(jnp.int32)
-
-
 def _outputs(state: DecodeState) -> dict[str, jax.Array]:
     return {"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths, "finish": state.finish}
 
@@ -209,8 +205,8 @@ def _weights(params: Params, cfg: ModelConfig, fuse: bool, dparams: Params | Non
 def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_mask: jax.Array, rng: jax.Array,
                     stop_ids: jax.Array, max_new_per_row: jax.Array, row_params: RowParams, *, max_new: int,
                     method: Method, fuse: bool = False, dparams: Params | None = None, mesh: Any = None,
-                    row_source: jax.Array | None = None, row_seeds: jax.Array | None = None,
-                    row_offsets: jax.Array | None = None) -> dict[str, jax.Array]:
+                    row_source: jax.Array | None = None, row_seeds: jax.Array | None = None
+                    ) -> dict[str, jax.Array]:
     """The jitted sampler.
 
     Args:
@@ -232,8 +228,6 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
         G completions share one prompt). Without it, row i continues prompt i.
       row_seeds: optional [B] uint32: row r samples with key fold_in(rng, row_seeds[r]) (`row_keys`;
         default: the row index).
-      row_offsets: optional [B] int: output tokens each row drew in earlier calls; its next token is
-        drawn with fold_in(key, offset + its count in this call) (default 0: `_slot_keys`).
 
     Returns:
       tokens [B, N], logprobs [B, N], lengths [B], finish [B] (1 stop, 2 length).
@@ -251,88 +245,9 @@ def generate_tokens(params: Params, cfg: ModelConfig, tokens: jax.Array, token_m
                                    cache.index), mesh)
         logits, prompt_len = logits[row_source], prompt_len[row_source]
     keys = row_keys(rng, row_seeds, max_new_per_row.shape[0])
-    rows = Rows(prompt_len, stop_ids, max_new_per_row, row_params, keys, _offsets(row_offsets, max_new_per_row))
+    rows = Rows(prompt_len, stop_ids, max_new_per_row, row_params, keys, jnp.zeros(max_new_per_row.shape, jnp.int32))
     state = decode(params, cfg, cache, logits, rows, method=method, max_new=max_new)
     return _outputs(state)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "method", "fuse", "mesh"), donate_argnames=("cache",),
-                   compiler_options=_DECODE_OPTIONS)
-def continue_tokens(params: Params, cfg: ModelConfig, cache: KVCache, positions: jax.Array, tokens: jax.Array,
-                    token_mask: jax.Array, rng: jax.Array, stop_ids: jax.Array, max_new_per_row: jax.Array,
-                    row_params: RowParams, *, max_new: int, method: Method, fuse: bool = False,
-                    dparams: Params | None = None, mesh: Any = None, row_seeds: jax.Array | None = None,
-                    row_offsets: jax.Array | None = None) -> tuple[dict[str, jax.Array], KVCache]:
-    """The jitted continuation: appends a segment to each row's cached context, then samples.
-
-    The segment is prefilled at slots cache.index..index+T-1 (slot order is free: RoPE positions
-    are baked into the cached keys, `valid` masks the holes), then decoded by the same loop as
-    `generate_tokens`. Greedy outputs equal those of `generate_tokens` on each row's whole
-    context (cached tokens + segment). The input cache is donated: its buffers become the
-    returned cache's.
-
-    Args:
-      cache: [L, B, Hkv, S, K] caches (see `resize_cache`) with room for T + max_new - 1 slots
-        after cache.index.
-      positions: [B] RoPE position of each row's first segment token (= its cached tokens).
-      tokens: [B, T] left-padded segments; token_mask: [B, T] real tokens. A row with an empty
-        segment must have budget 0 (it is idle: nothing is written or generated for it).
-      rng, stop_ids, max_new_per_row, row_params, max_new, method, fuse, dparams, mesh, row_seeds,
-        row_offsets: as in `generate_tokens`.
-
-    Returns:
-      ({tokens [B, N], logprobs [B, N], lengths [B], finish [B], last [B] (the last sampled token,
-      not in the cache), positions [B] (the next position of each row: tokens now cached)},
-      the updated cache).
-    """
-    params = _weights(params, cfg, fuse, dparams)
-    cache = _constrain(cache, mesh)
-    seg_len = jnp.sum(token_mask, axis=-1).astype(jnp.int32)  # [B]
-    seg_pos = positions[:, None] + positions_from_mask(token_mask)  # [B, T]
-    logits, _, cache = forward(params, cfg, tokens, seg_pos, token_mask, cache, logits="last")
-    rows = Rows(positions + seg_len, stop_ids, max_new_per_row, row_params,
-                row_keys(rng, row_seeds, max_new_per_row.shape[0]), _offsets(row_offsets, max_new_per_row))
-    state = decode(params, cfg, cache, logits, rows, method=method, max_new=max_new)
-    out = _outputs(state)
-    out["last"] = state.last
-    out["positions"] = positions + seg_len + jnp.maximum(state.lengths - 1, 0)
-    return out, state.cache
-
-
 decode_params_jit = jax.jit(decode_params, static_argnames=("cfg",))
-
-
-@functools.partial(jax.jit, static_argnames=("capacity",))
-def resize_cache(cache: KVCache, rows: jax.Array, keep: jax.Array, *, capacity: int) -> KVCache:
-    """Selects rows of a cache and packs each row's valid slots into a cache of `capacity` slots.
-
-    Each selected row's valid slots move, in order, to the right end of [0, C), C being the most
-    valid slots of any selected row; the new index is C. Holes (padding, slots of rows that had
-    stopped) disappear, so the cache never holds more than the longest context.
-
-    Args:
-      cache: [L, B, Hkv, S, K] caches (S may be 0).
-      rows: [B'] int source row of each new row.
-      keep: [B'] bool; False empties the row (no valid slot).
-      capacity: static number of slots S' of the result (>= C).
-
-    Returns:
-      The KVCache [L, B', Hkv, S', K].
-    """
-    valid = cache.valid[rows] & keep[:, None]  # [B', S]
-    k, v = cache.k[:, rows], cache.v[:, rows]  # [L, B', Hkv, S, K]
-    b, s = valid.shape
-    if s == 0:
-        shape = k.shape[:3] + (capacity,) + k.shape[4:]
-        return KVCache(jnp.zeros(shape, k.dtype), jnp.zeros(shape, v.dtype), jnp.zeros((b, capacity), bool),
-                       jnp.zeros((), jnp.int32))
-    counts = jnp.sum(valid, axis=-1).astype(jnp.int32)  # [B']
-    c = jnp.max(counts)
-    order = jnp.argsort(jnp.where(valid, 0, 1), axis=-1, stable=True)  # [B', S] valid slots first, in order
-    rel = jnp.arange(capacity)[None] - (c - counts)[:, None]  # [B', S'] rank of the valid slot to put here
-    new_valid = (rel >= 0) & (rel < counts[:, None])
-    src = jnp.take_along_axis(order, jnp.clip(rel, 0, s - 1), axis=-1)  # [B', S']
-    idx = src[None, :, None, :, None]  # [1, B', 1, S', 1]
-    k = jnp.take_along_axis(k, idx, axis=3)
-    v = jnp.take_along_axis(v, idx, axis=3)
-    return KVCache(k, v, new_valid, c)

@@ -95,3 +95,31 @@ def global_rows(prompts: Sequence[Sequence[int]], budgets: np.ndarray, row_seeds
     return ([q for p in parts for q in p["prompts"]], np.asarray([b for p in parts for b in p["budgets"]], np.int32),
             np.asarray([s for p in parts for s in p["seeds"]], np.uint32), [s for p in parts for s in p["stops"]],
             (lo, lo + rows[jax.process_index()]))
+
+
+def check_same(obj: Any, what: str) -> None:
+    """Refuses (on every process) a collective call whose JSON-able `obj` differs between processes
+    (a collective: every process calls it; only a digest of `obj` is exchanged).
+
+    Raises:
+      ValueError: `what` names the call in the message.
+    """
+    import hashlib
+    import json
+
+    from jaxrl_mt.parallel import allgather_json
+
+    digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=repr).encode()).hexdigest()
+    digests = allgather_json(digest)
+    if len(set(digests)) > 1:
+        raise ValueError(f"{what} over several processes needs the same arguments on every process (a replicated "
+                         f"caller), got {len(set(digests))} different ones")
+
+
+def feeds_digest(feeds: Sequence[Any], what: Any, key: Any) -> list[Any]:
+    """What must agree across processes in a `sampling.turns.run_turns` call: its first feeds, sampling
+    settings and key."""
+    rows = [[f.conv, [int(t) for t in f.tokens], int(f.seed), bool(f.fresh), f.budget,
+             None if f.stop_ids is None else [int(t) for t in f.stop_ids], f.temperature, f.top_p,
+             None if f.key is None else _key_list(f.key)] for f in feeds]
+    return [rows, repr(what), _key_list(key)]

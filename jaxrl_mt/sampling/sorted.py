@@ -2,8 +2,7 @@
 
 The batched multi-turn runner answers conversations of very different lengths in one call (a
 7-turn AtR history next to a FULL prompt). This wrapper of a `Sampler` sorts the rows by prompt
-length and bounds each chunk's prefill memory, with the chunk plan of `batching.plan_chunks`
-(the one a `DecodeSession` uses for its cached chunks).
+length and bounds each chunk's prefill memory, with the chunk plan of `batching.plan_chunks`.
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ A reply's tokens depend on its conversation's context, its row key and its budge
 `sampling.kernels._slot_keys`), not on its slot, its batch-mates or when it ran. A slot's cache
 grows (`widen`, powers of two) when a conversation outgrows it; left-padded segments leave holes
 of at most their bucket's padding, never read.
+
+On a mesh over several processes every process runs this loop on the same conversations, with
+the same feeds and hooks (a replicated caller: a multi-process evaluation simulates every
+conversation on every process): its host values go in replicated and the device values it reads
+come out whole on every process (`sampling.multiprocess.Transfers`, as in `run_slots`), so every
+process takes the same decisions and launches the same programs in the same order.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from jaxrl_mt.chat import left_pad
 from jaxrl_mt.models.decoder import Params
 from jaxrl_mt.sampling.kernels import FINISH_NAMES, Rows, row_keys
 from jaxrl_mt.sampling.methods import RowParams, SamplingConfig
+from jaxrl_mt.sampling.multiprocess import Transfers
 from jaxrl_mt.sampling.scheduler import _fit, _narrow, slot_widths
 from jaxrl_mt.sampling.slot_growth import grow, halt
 from jaxrl_mt.sampling.slots import STAT_KEYS, admit, empty_slots, extend, segment, widen
@@ -104,8 +111,9 @@ def run_turns(params: Params, engine: Any, feeds: Sequence[Feed], sampling: Samp
     """Answers conversations turn after turn through at most W slots (see the module doc).
 
     Args:
-      params: the decode weights; engine: the `DecodeEngine` (cfg, pad and stop ids, buckets, mesh
-        within this process, `segment_steps`).
+      params: the decode weights; engine: the `DecodeEngine` (cfg, pad and stop ids, buckets, mesh,
+        `segment_steps`). A mesh over several processes: every process calls with the same feeds,
+        key and hooks (see the module doc).
       feeds: each conversation's first feed (fresh; may be empty when `poll` brings the work);
         key: the call's PRNG key (a feed's own `key` replaces it for that feed).
       advance: called with the replies that ended (after each segment); returns the feeds of the
@@ -142,7 +150,9 @@ class _Loop:
                  width: int, on_shape: Callable[[tuple[Any, ...]], None] | None):
         from jaxrl_mt.parallel import row_shards
 
-        self.params, self.engine, self.sampling, self.key, self.mesh = params, engine, sampling, key, engine.mesh
+        self.params, self.engine, self.sampling, self.mesh = params, engine, sampling, engine.mesh
+        self.io = Transfers(self.mesh)
+        self.key = self.io.host_key(key)
         m = row_shards(self.mesh)
         self.widths = tuple(w for w in slot_widths(width) if w % m == 0)
         self.most = self.widths[-1]
@@ -195,7 +205,7 @@ class _Loop:
             w = len(self.at.owner)
             idx = np.full(w, w, np.int32)
             idx[: len(held)] = held
-            self.state = halt(self.state, jnp.asarray(idx), mesh=self.mesh)
+            self.state = halt(self.state, self.io.put(idx), mesh=self.mesh)
             for s in held:
                 del self.at.context[int(self.at.owner[s])]
                 self.at.owner[s] = -1
@@ -242,32 +252,32 @@ class _Loop:
             self._admit(take, free)
             self.counters["admissions"] += 1
         self._segment()
-        replies = _collect(self.state, at)
+        replies = _collect(self.state, at, self.io)
         if replies:
             self.ready = _next(advance(replies), replies, at)
         held, w = int((at.owner >= 0).sum()), len(at.owner)
         narrower = max([x for x in self.widths if x < w], default=0)
         if not self.waiting and 0 < held <= narrower:
-            self.state, at.owner = _narrow(self.state, at.owner, _fit(self.widths, held), self.mesh)
+            self.state, at.owner = _narrow(self.state, at.owner, _fit(self.widths, held), self.mesh, self.io)
             self.counters["compactions"] += 1
 
     def _segment(self) -> None:
         """One segment of the live slots: returns once an eighth more of the slots has stopped."""
         w = len(self.at.owner)
-        live = np.asarray(self.state.live)
+        (live,) = self.io.get(self.state.live)
         if not live.any():
             return
         stopped = int((~live).sum())
         self.state, stats = segment(self.params, self.engine.cfg, self.state,
-                                    jnp.int32(min(w, stopped + max(1, w // 8))), method=self.sampling.method(),
-                                    steps=self.engine.segment_steps, mesh=self.mesh)
+                                    self.io.put(np.int32(min(w, stopped + max(1, w // 8)))),
+                                    method=self.sampling.method(), steps=self.engine.segment_steps, mesh=self.mesh)
         self.note(("segment", w, int(self.state.cache.valid.shape[1]), self.out))
         self.counters["segments"] += 1
-        for k, v in zip(STAT_KEYS, np.asarray(stats).tolist()):
+        for k, v in zip(STAT_KEYS, self.io.get(stats)[0].tolist()):
             self.counters[k] += int(v)
 
     def _rows(self, feeds: Sequence[Feed], n: int, next_pos: Sequence[int]) -> Rows:
-        """The constants of n admitted rows (feeds first, padding rows with budget 0)."""
+        """The constants of n admitted rows (feeds first, padding rows with budget 0), on the host."""
         s, k = self.sampling, len(feeds)
         seeds = np.zeros(n, np.uint32)
         seeds[:k] = [f.seed % (1 << 32) for f in feeds]
@@ -283,9 +293,8 @@ class _Loop:
         else:
             base = jnp.stack([self.key if f.key is None else f.key for f in feeds] + [self.key] * (n - k))
             keys = jax.vmap(jax.random.fold_in)(base, jnp.asarray(seeds))
-        return Rows(jnp.asarray(pos), jnp.asarray(stops), jnp.asarray(budget),
-                    RowParams(*(jnp.asarray(x) for x in (rp.temperature, rp.top_k, rp.top_p))), keys,
-                    jnp.zeros(n, jnp.int32))
+        return Rows(pos, stops, budget, RowParams(rp.temperature, rp.top_k, rp.top_p), keys,
+                    np.zeros(n, np.int32))
 
     def _admit(self, take: list[Feed], free: list[int]) -> None:
         """Prefills the fresh feeds `take` into their own slots (restarts) or free ones."""
@@ -295,8 +304,8 @@ class _Loop:
         self.room(p + self._new_bucket(take))
         rows, tokens, mask, idx = _layout(take, slots, len(at.owner), p, eng.pad_id)
         consts = self._rows(take, rows, [len(f.tokens) for f in take])
-        self.state = admit(self.params, eng.cfg, self.state, jnp.asarray(idx), jnp.asarray(tokens), jnp.asarray(mask),
-                           consts, jnp.arange(rows, dtype=jnp.int32), method=self.sampling.method(), mesh=self.mesh)
+        args = self.io.put((idx, tokens, mask, consts, np.arange(rows, dtype=np.int32)))
+        self.state = admit(self.params, eng.cfg, self.state, *args, method=self.sampling.method(), mesh=self.mesh)
         self.note(("admit", rows, rows, p))
         for f, s in zip(take, slots):
             at.owner[s], at.context[f.conv] = f.conv, len(f.tokens)
@@ -306,13 +315,13 @@ class _Loop:
         at, eng = self.at, self.engine
         slots = [at.slot_of(f.conv) for f in ready]
         t = bucket(max(len(f.tokens) for f in ready), eng.min_new_bucket)
-        self.room(int(np.asarray(self.state.cache.index)[slots].max()) + t + self._new_bucket(ready))
+        self.room(int(self.io.get(self.state.cache.index)[0][slots].max()) + t + self._new_bucket(ready))
         rows, tokens, mask, idx = _layout(ready, slots, len(at.owner), t, eng.pad_id)
         pos = np.zeros(rows, np.int32)
         pos[: len(ready)] = [at.context[f.conv] for f in ready]
         consts = self._rows(ready, rows, [at.context[f.conv] + len(f.tokens) for f in ready])
-        self.state = extend(self.params, eng.cfg, self.state, jnp.asarray(idx), jnp.asarray(pos), jnp.asarray(tokens),
-                            jnp.asarray(mask), consts, method=self.sampling.method(), mesh=self.mesh)
+        args = self.io.put((idx, pos, tokens, mask, consts))
+        self.state = extend(self.params, eng.cfg, self.state, *args, method=self.sampling.method(), mesh=self.mesh)
         self.note(("extend", rows, t, int(self.state.cache.valid.shape[1])))
         for f in ready:
             at.context[f.conv] += len(f.tokens)
@@ -343,14 +352,14 @@ def _layout(feeds: Sequence[Feed], slots: list[int], width: int, length: int, pa
     return rows, tokens, mask, idx
 
 
-def _collect(state: Any, at: _Slots) -> list[Reply]:
+def _collect(state: Any, at: _Slots, io: Transfers) -> list[Reply]:
     """The replies that ended (every held slot that stopped: a continued one was seated again before
     the segment); their slots stay held until `_next`."""
-    live = np.asarray(state.live)
+    (live,) = io.get(state.live)
     ended = [i for i in range(len(at.owner)) if at.owner[i] >= 0 and not live[i]]
     if not ended:
         return []
-    toks, lps, count, fin = (np.asarray(x) for x in (state.tokens, state.logprobs, state.count, state.finish))
+    toks, lps, count, fin = io.get(state.tokens, state.logprobs, state.count, state.finish)
     out = []
     for i in ended:
         c, m = int(at.owner[i]), int(count[i])

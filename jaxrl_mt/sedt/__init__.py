@@ -58,8 +58,8 @@ Layout: ``annotate`` (config, the pure math above, prompts, the guard, embedding
 evaluation's ablation arms: one signal alone, uniform relevance, random return-to-go); every
 name is importable from ``jaxrl_mt.sedt``.
 
-Integration: the earlier turns run in ``jaxrl_mt.conversations.run_conversations``'s lockstep
-loop like any strategy's (same KV cache reuse, same seed stream as ``"plain"``); SeDT is its
+Integration: the earlier turns run in ``jaxrl_mt.conversations.run_conversations``' loop like
+any strategy's (same KV cache reuse, same seed stream as ``"plain"``); SeDT is its
 ``final_turn`` hook (:class:`FinalTurnHold`), which holds back each conversation's final planned
 turn and answers all of them in one batch. Importing this module registers the ``"sedt"``
 strategy in ``jaxrl_mt.strategies``, so ``--config.strategy=sedt`` in

@@ -1,7 +1,7 @@
 """SeDT's batched final turn, its strategy for the LiC simulator, and the user API (``respond``).
 
-The earlier turns of a batch run in ``run_conversations``' lockstep loop (KV cache kept, the
-plain seed stream); :class:`FinalTurnHold` is its ``final_turn`` hook, which holds back each
+The earlier turns of a batch run in ``run_conversations``' loop (KV cache kept in a slot with
+``reuse_cache``, the plain seed stream); :class:`FinalTurnHold` is its ``final_turn`` hook, which holds back each
 conversation's final planned turn; :func:`sedt_final_turn` answers all held turns with one
 embedding call, one sampler call for the annotated prompts and one for the corrections.
 Importing this module registers the ``"sedt"`` strategy (``jaxrl_mt.strategies``).
@@ -213,7 +213,7 @@ def sedt_strategy(sampler: Sampler, runs: Sequence[ConversationRun], sampling: S
                   config: SeDTConfig | None = None, embed: Embedder | None = None) -> list[ConversationRun]:
     """The ``"sedt"`` strategy of the LiC simulator (same signature as ``run_conversations``).
 
-    Earlier turns are answered by ``run_conversations`` (lockstep, KV cache kept with
+    Earlier turns are answered by ``run_conversations`` (KV cache kept in a slot with
     ``reuse_cache``, the plain seed stream); every conversation's final turn is held
     (:class:`FinalTurnHold`) and answered by :func:`sedt_final_turn` in one batch, after which
     ``on_turn`` sees them. Conversations that end before their final turn (e.g. the ``lic``
