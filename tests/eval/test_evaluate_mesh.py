@@ -4,8 +4,9 @@ The test starts this file as a script in a subprocess with 8 host devices (this 
 keeps its single device). The script evaluates a tiny chat model twice with the SeDT strategy
 (earlier turns on the slot engine, each conversation's KV cache kept in its slot, then the
 batched final turn with the scorer's embeddings), greedy: on one device (`mesh_shape="none"`)
-and on mesh (8, 1, 1). It records the sharding of every scorer input and of every slot cache a
-later turn is appended to (`sampling.slots.extend`). Compiling both meshes takes about a minute of CPU: marked slow.
+and on mesh (8, 1, 1). It records the sharding of every scorer input and of the slot caches
+every conversation turn is prefilled into (`sampling.slots.admit` / `extend` as `sampling.turns`
+calls them). Compiling both meshes takes about a minute of CPU: marked slow.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def worker(out: Path, model_dir: str) -> None:
     from jaxrl_mt import scoring
     from jaxrl_mt.evaluate import evaluate
     from jaxrl_mt.models.registry import load_model
-    from jaxrl_mt.sampling import turns  # later turns are appended to their slots' caches by turns.extend
+    from jaxrl_mt.sampling import turns  # turns are prefilled into their slots' caches by turns.admit / extend
 
     seen: dict[str, list] = {"score": [], "cache": []}
 
@@ -48,17 +49,21 @@ def worker(out: Path, model_dir: str) -> None:
         spec = [list(a) if isinstance(a, tuple) else a for a in getattr(sh, "spec", ())]
         return {"rows": int(x.shape[0]), "spec": spec, "replicated": sh is None or bool(sh.is_fully_replicated)}
 
-    real_score, real_extend = scoring.score_batch, turns.extend
+    real_score, real_admit, real_extend = scoring.score_batch, turns.admit, turns.extend
 
     def score_batch(params, cfg, tokens, *a, **kw):
         seen["score"].append(placed(tokens))
         return real_score(params, cfg, tokens, *a, **kw)
 
+    def admit(params, cfg, state, *a, **kw):
+        seen["cache"].append(placed(state.cache.k))
+        return real_admit(params, cfg, state, *a, **kw)
+
     def extend(params, cfg, state, *a, **kw):
         seen["cache"].append(placed(state.cache.k))
         return real_extend(params, cfg, state, *a, **kw)
 
-    scoring.score_batch, turns.extend = score_batch, extend
+    scoring.score_batch, turns.admit, turns.extend = score_batch, admit, extend
     model = load_model(model_dir)
     result: dict = {"devices": jax.device_count()}
     for name, mesh_shape in (("one", "none"), ("mesh", "8,1,1")):
@@ -98,7 +103,7 @@ def test_evaluate_on_mesh_8_matches_one_device(tiny_chat_model_dir, tmp_path):
     assert mesh["transcripts"] == one["transcripts"]  # greedy: the same conversations, turn by turn
     # one device: nothing sharded
     assert one["score"] and all(s["replicated"] for s in one["score"] + one["cache"])
-    # mesh: every scorer batch and every slot cache split over the 8 devices, rows on (data, fsdp)
+    # mesh: every scorer batch and the slot caches split over the 8 devices, rows (slots) on (data, fsdp)
     assert mesh["score"] and all(s["rows"] % 8 == 0 and not s["replicated"] and s["spec"][0] == ["data", "fsdp"]
                                  for s in mesh["score"])
     assert mesh["cache"] and all(not c["replicated"] and c["spec"][1] == ["data", "fsdp"] for c in mesh["cache"])
