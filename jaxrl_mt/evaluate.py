@@ -308,8 +308,8 @@ def evaluate(cfg: Any, *, model: Any = None, sampler: Any = None,
     from jaxrl_mt.parallel import is_main_process, maybe_initialize_distributed
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    maybe_initialize_distributed()  # first: checking the config's mesh lists the devices, which initialises JAX
     c = normalize_config(cfg)
-    maybe_initialize_distributed()
     if is_main_process():
         check_writable_dir(c.workdir, "config field 'workdir':")  # OSError: one line, exit 2
     with hold_workdir(c.workdir, what="evaluation", log=log, enabled=is_main_process()):
