@@ -96,7 +96,9 @@ class ConversationObjective(GRPOObjective):
         per_conv: list[list[float]] = [[] for _ in ro.runs]
         for it, r in zip(ro.items, out.rewards):
             per_conv[it.conv].append(float(r))
-        rewards, mask = turn_matrix(per_conv)
+        # a conversation stopped before its first turn (its first prompt leaves no room for a reply) has
+        # no row: it counts in its group as one turn of reward 0
+        rewards, mask = turn_matrix([r or [0.0] for r in per_conv])
         A = advantages(rewards, mask, e.group_size, credit=s.credit, gamma=s.gamma, scale_rewards=e.scale_rewards)
         adv = np.array([A[it.conv, it.turn] for it in ro.items], np.float32)
         rows = _row_bucket(len(ro.items), e.grad_accum)
@@ -184,7 +186,7 @@ def _texts(ro: ConvRollout) -> list[str]:
 def _metrics(ro: ConvRollout, out: Any, rewards: np.ndarray, mask: np.ndarray, G: int) -> dict[str, float]:
     """The step's rollout metrics: rewards per component, returns, turns, lengths, the LiC scores."""
     returns = (rewards * mask).sum(1)
-    lens = np.array([len(c) for c in ro.completions], np.float64)
+    lens = np.array([len(c) for c in ro.completions] or [0], np.float64)
     m = {"reward/total": float(np.mean(out.rewards)), "reward/return": float(returns.mean()),
          "reward/return_group_std": float(returns.reshape(-1, G).std(1).mean()),
          "conv/turns": float(mask.sum(1).mean()), "conv/score": float(np.mean([r["score"] for r in ro.records])),
