@@ -69,11 +69,6 @@ def test_the_rollout_is_the_lic_evaluations_conversation(tiny_chat_model_dir: Pa
             run.turns[it.turn].user.split()[-1] in tok.decode(p)
 
 
-def _item(conv: int, turn: int, *, attempt: bool, complete: bool, last: bool, label: str = "answer_attempt"):
-    return TurnItem(item_id=f"c{conv}|{turn}", conv=conv, turn=turn, answer="12", revealed=f"shards {turn}",
-                    complete=complete, last=last, label=label if attempt else label, attempt=attempt)
-
-
 def test_per_turn_rewards_and_both_advantages_are_the_hand_worked_ones(tiny_chat_model_dir: Path,
                                                                        tmp_path: Path) -> None:
     """2 problems x G 3, up to 3 turns: right +1, wrong -0.5, no attempt 0; clarify 0.25 while incomplete;
