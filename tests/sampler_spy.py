@@ -1,4 +1,5 @@
-"""A real Sampler that records every ``generate_ids`` call (tests of the simulator and SeDT)."""
+"""A real Sampler that records every ``generate_ids`` call (tests of the simulator and SeDT), and a spy on
+the feeds of the slot path (``spy_feeds``)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,21 @@ def recording_sampler(model, *, max_batch: int = 4, **kw) -> RecordingSampler:
     """A RecordingSampler over ``model`` (chunks of ``max_batch`` rows)."""
     return RecordingSampler(model.params, model.cfg, model.tokenizer, eos_ids=model.eos_ids, pad_id=model.pad_id,
                             max_batch=max_batch, **kw)
+
+
+def spy_feeds(monkeypatch) -> list:
+    """Records every feed the slot path hands `Sampler.run_turns` (first ones and the hooks')."""
+    feeds: list = []
+    real = Sampler.run_turns
+
+    def run_turns(self, first, sampling, advance, **kw):
+        def spy(replies):
+            out = advance(replies)
+            feeds.extend(out)
+            return out
+
+        feeds.extend(first)
+        return real(self, first, sampling, spy, **kw)
+
+    monkeypatch.setattr(Sampler, "run_turns", run_turns)
+    return feeds

@@ -23,6 +23,7 @@ from jaxrl_mt.chat import encode_prompt, encode_text, with_template_options
 from jaxrl_mt.conversations import ConversationRun, run_conversations, turn_suffix
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from tests.qwen3_tok import qwen3_tokenizer
+from tests.sampler_spy import spy_feeds
 
 GREEDY8 = SamplingConfig(max_new_tokens=8, temperature=0.0)
 LIKELY_TOKEN = 22477  # a token the random model below emits first in some greedy replies
@@ -73,24 +74,6 @@ def test_prefix_check_is_per_conversation_not_per_template(qwen3):
     assert turn_suffix(no_think, hist, "c", "Be brief.") is None
 
 
-def _spy_feeds(monkeypatch) -> list:
-    """Records every feed the slot path hands `Sampler.run_turns` (first ones and the hooks')."""
-    feeds: list = []
-    real = Sampler.run_turns
-
-    def run_turns(self, first, sampling, advance, **kw):
-        def spy(replies):
-            out = advance(replies)
-            feeds.extend(out)
-            return out
-
-        feeds.extend(first)
-        return real(self, first, sampling, spy, **kw)
-
-    monkeypatch.setattr(Sampler, "run_turns", run_turns)
-    return feeds
-
-
 def _kinds(runs, feeds) -> dict[tuple[str, int], str]:
     """{(conv_id, turn): "reused" | "refilled"} of every later turn (a fresh feed: its prompt whole)."""
     out = {}
@@ -107,7 +90,7 @@ def test_reuse_under_qwen3_thinking_matches_prefill_from_scratch(thinker, qwen3,
     sampler = sampler_for(thinker, qwen3)
     scratch, cached = make_runs(6), make_runs(6)
     run_conversations(sampler, scratch, GREEDY8, seed=0)
-    feeds = _spy_feeds(monkeypatch)
+    feeds = spy_feeds(monkeypatch)
     monkeypatch.setattr(records, "_warned", set())
     with caplog.at_level(logging.WARNING, logger="jaxrl_mt.conversations"):
         run_conversations(sampler, cached, GREEDY8, seed=0, reuse_cache=True)
@@ -137,7 +120,7 @@ def test_no_think_mode_re_prefills_every_later_turn(thinker, qwen3, monkeypatch)
     sampler = sampler_for(thinker, tok)
     scratch, cached = make_runs(4), make_runs(4)
     run_conversations(sampler, scratch, GREEDY8, seed=1)
-    feeds = _spy_feeds(monkeypatch)
+    feeds = spy_feeds(monkeypatch)
     run_conversations(sampler, cached, GREEDY8, seed=1, reuse_cache=True)
     kinds = _kinds(cached, feeds)
     assert set(kinds.values()) == {"refilled"} and len(kinds) == 4 * 2

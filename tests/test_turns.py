@@ -18,6 +18,7 @@ from jaxrl_mt.chat import encode_prompt
 from jaxrl_mt.conversations import run_conversations
 from jaxrl_mt.sampling import Sampler, SamplingConfig
 from jaxrl_mt.sampling.turns import Feed
+from tests.sampler_spy import spy_feeds
 from tests.test_kv_reuse import GREEDY8, PROMPTS, chat_sampler, make_runs
 from tests.test_sampling import TINY, numpy_params
 
@@ -114,24 +115,13 @@ def test_the_cache_is_reused_only_where_it_holds_the_re_rendered_prompt(tiny_cha
     that re-tokenises otherwise) makes the next turn start over with its whole prompt."""
     sampler = chat_sampler(tiny_chat_model_dir)
     runs = make_runs([3, 3])
-    feeds = []
-    real = Sampler.run_turns
-
-    def run_turns(self, first, sampling, advance, **kw):
-        def spy(replies):
-            out = advance(replies)
-            feeds.extend(out)
-            return out
-
-        feeds.extend(first)
-        return real(self, first, sampling, spy, **kw)
+    feeds = spy_feeds(monkeypatch)
 
     def on_turn(live):
         for r in live:
             if r is runs[1] and len(r.turns) == 1:
                 r.turns[-1].assistant = "An edited reply."  # e.g. a guarded self-correction
 
-    monkeypatch.setattr(Sampler, "run_turns", run_turns)
     run_conversations(sampler, runs, GREEDY8, reuse_cache=True, on_turn=on_turn)
     tok = sampler.tokenizer
     for i, r in enumerate(runs):

@@ -208,10 +208,9 @@ def _collect(state: SlotState, owner: np.ndarray, out: dict[str, np.ndarray], io
     return rows
 
 
-def _narrow(state: SlotState, owner: np.ndarray, width: int, mesh: Any, io: Transfers | None = None
+def _narrow(state: SlotState, owner: np.ndarray, width: int, mesh: Any, io: Transfers
             ) -> tuple[SlotState, np.ndarray]:
-    """The held slots gathered into a state of `width` slots (the rest: free slots); `io`: the call's
-    transfers (default: those of `mesh`)."""
+    """The held slots gathered into a state of `width` slots (the rest: free slots); `io`: the call's transfers."""
     held = [i for i in range(len(owner)) if owner[i] >= 0]
     keep = held + [i for i in range(len(owner)) if owner[i] < 0][: width - len(held)]
-    return compact(state, (io or Transfers(mesh)).put(np.asarray(keep, np.int32)), mesh=mesh), owner[keep]
+    return compact(state, io.put(np.asarray(keep, np.int32)), mesh=mesh), owner[keep]
