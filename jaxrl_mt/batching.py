@@ -25,6 +25,14 @@ def bucket(n: int, minimum: int) -> int:
     return b
 
 
+def fine_bucket(n: int, minimum: int, linear: int = 16) -> int:
+    """The smallest multiple of `minimum` >= n up to `linear` multiples, then `bucket`'s powers of two:
+    training rows padded by at most `minimum` - 1 tokens at the short lengths, at most 16 + log2 shapes."""
+    if n <= minimum * linear:
+        return minimum * max(1, -(-n // minimum))
+    return bucket(n, minimum)
+
+
 def plan_chunks(lengths: Sequence[int], max_batch: int | None, cells: Callable[[int, int], int] | None = None,
                 max_cells: int | None = None) -> list[list[int]]:
     """Groups rows by ascending length into chunks of at most `max_batch` rows.

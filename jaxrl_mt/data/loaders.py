@@ -18,6 +18,7 @@ Source specs (:func:`load_source`):
 ``humaneval:FILE[:N]``      HumanEval jsonl(.gz), all problems or the first N, domain ``code``
                             (``humaneval:@`` = the 164 shipped ones); see ``jaxrl_mt.data.humaneval``
 ``family:SET:N[:steps[:seed]]``  N templated add/subtract problems of template set SET
+``arith:SET:N[:steps[:seed]]``   N templated problems over + - * / with worked solutions (SET train|heldout)
                             (``train`` | ``heldout``, see :mod:`jaxrl_mt.data.families`)
 ``hf:ID[:config[:split]]``  a GSM8K-shaped Hugging Face dataset (needs the hub or its cache)
 ``tfds:NAME[:split]``       a GSM8K-shaped tensorflow-datasets dataset (needs the package)
@@ -352,7 +353,8 @@ def _lic_tasks(path, task: str) -> list[ShardedTask]:
 
 # --------------------------------------------------------------------------- source specs
 
-SOURCE_KINDS = ("gsm8k", "rlsta_add", "rlsta_refine", "lic", "synthetic", "hf", "tfds", "tasks", "humaneval", "family")
+SOURCE_KINDS = ("gsm8k", "rlsta_add", "rlsta_refine", "lic", "synthetic", "hf", "tfds", "tasks", "humaneval", "family",
+                "arith")
 
 
 def _resolve(kind: str, file: str) -> str:
@@ -409,8 +411,8 @@ def load_source(spec: str, *, segmenter=None) -> list[ShardedTask]:
         except ValueError:
             raise DataError(f"source {spec!r}: expected synthetic:N[:steps] with integers") from None
         return synthetic_tasks(n, steps=steps)
-    if kind == "family":
-        return _family_source(spec, rest)
+    if kind in ("family", "arith"):
+        return _family_source(spec, rest, kind)
     if kind == "hf":
         parts = rest.split(":")
         dataset_id = parts[0]
@@ -423,8 +425,10 @@ def load_source(spec: str, *, segmenter=None) -> list[ShardedTask]:
     raise DataError(f"unhandled source {kind!r}")  # pragma: no cover
 
 
-def _family_source(spec: str, rest: str) -> list[ShardedTask]:
-    """``family:SET:N[:steps[:seed]]`` (see :func:`jaxrl_mt.data.families.family_tasks`)."""
+def _family_source(spec: str, rest: str, kind: str = "family") -> list[ShardedTask]:
+    """``family|arith:SET:N[:steps[:seed]]`` (:func:`jaxrl_mt.data.families.family_tasks`,
+    :func:`jaxrl_mt.data.arith.arith_tasks`)."""
+    from jaxrl_mt.data.arith import arith_tasks
     from jaxrl_mt.data.families import family_tasks
 
     parts = rest.split(":")
@@ -433,9 +437,10 @@ def _family_source(spec: str, rest: str) -> list[ShardedTask]:
             raise ValueError
         nums = [int(x) for x in parts[1:]]
     except ValueError:
-        raise DataError(f"source {spec!r}: expected family:SET:N[:steps[:seed]] with integers") from None
+        raise DataError(f"source {spec!r}: expected {kind}:SET:N[:steps[:seed]] with integers") from None
     n, steps, seed = (nums + [1, 0])[:3] if len(nums) == 1 else (nums + [0])[:3]
+    make = arith_tasks if kind == "arith" else family_tasks
     try:
-        return family_tasks(parts[0], n, steps=steps, seed=seed)
+        return make(parts[0], n, steps=steps, seed=seed)
     except DataError as e:
         raise DataError(f"source {spec!r}: {e}") from None

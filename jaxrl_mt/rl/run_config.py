@@ -260,9 +260,14 @@ class ICPOSection:
 @dataclasses.dataclass(frozen=True)
 class SFTSection:
     val_fraction: float  # problems held out for the validation loss (the kept checkpoint's criterion)
+    # "history": the correct single-turn response after the multi-turn history (RLSTA's SFT baseline);
+    # "solution": single-turn only, the full prompt and the task's worked solution (metadata "solution")
+    targets: str = "history"
 
     def check(self) -> None:
-        _require((0.0 <= self.val_fraction < 1.0, f"sft.val_fraction must be in [0, 1), got {self.val_fraction}"))
+        _require((0.0 <= self.val_fraction < 1.0, f"sft.val_fraction must be in [0, 1), got {self.val_fraction}"),
+                 (self.targets in ("history", "solution"),
+                  f"sft.targets must be 'history' or 'solution', got {self.targets!r}"))
 
 
 @dataclasses.dataclass(frozen=True)

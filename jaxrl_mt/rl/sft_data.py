@@ -26,6 +26,7 @@ import numpy as np
 from jaxrl_mt.chat import ChatError, encode_conversation, encode_prompt
 from jaxrl_mt.rewards.verifier import verify
 from jaxrl_mt.rl.histories import TrainItem
+from jaxrl_mt.rl.run_config import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,23 @@ def sft_items(samples: Sequence[FilterSample]) -> list[SftItem]:
         target = _first(s.st_texts, s.st_correct, True)
         if target is not None:
             out.append(SftItem(s.item.item_id, s.item.task_id, _messages(s.item), target))
+    return out
+
+
+def solution_items(tasks: Sequence[Any]) -> list[SftItem]:
+    """One single-turn SFT item per task: its full prompt as the only user turn, its worked solution
+    (metadata ``solution``, e.g. :func:`jaxrl_mt.data.arith.arith_tasks`') as the target.
+
+    Raises:
+      ConfigError: a task without a ``solution``, named by its id.
+    """
+    out = []
+    for t in tasks:
+        target = t.meta.get("solution")
+        if not isinstance(target, str) or not target.strip():
+            raise ConfigError(f"task {t.task_id!r}: sft.targets='solution' needs a worked solution in its "
+                              "metadata ('solution'); arith:... sources have one")
+        out.append(SftItem(t.task_id, t.task_id, (("user", t.full_prompt),), target))
     return out
 
 

@@ -37,8 +37,8 @@ from typing import Any, Callable, ClassVar, Sequence
 import jax
 import numpy as np
 
-from jaxrl_mt.batching import bucket
-from jaxrl_mt.rl.data import load_scenarios
+from jaxrl_mt.batching import bucket, fine_bucket
+from jaxrl_mt.rl.data import load_scenarios, load_tasks
 from jaxrl_mt.rl.dpo import dpo_objective, pair_logprobs, preference_batch
 from jaxrl_mt.rl.histories import TrainItem, filter_items, load_texts, save_texts, single_and_multi_texts, texts_key
 from jaxrl_mt.rl.batch import place
@@ -49,14 +49,14 @@ from jaxrl_mt.parallel import agree_max, agree_max_many, allgather_ints, broadca
 from jaxrl_mt.rl.sft import SftBatch, sft_objective, sft_rows, target_tokens
 from jaxrl_mt.rl.step import LossConfig, loss_config
 from jaxrl_mt.rl.sft_data import DpoPair, SftItem, dpo_pairs, encode_target, filter_samples, sft_items, \
-    split_validation
+    solution_items, split_validation
 from jaxrl_mt.sampling import SamplingConfig
 
 __all__ = ["DPOData", "FILTER_TEXTS", "SFTData", "SELECT"]
 
 SELECT = ("eval/val_loss", "min")  # the checkpoint kept and exported: the lowest validation loss
 FILTER_TEXTS = "filter_texts.jsonl"  # the filter's samples, cached (reused by a run with the same key)
-LENGTH_QUANTUM = 32  # row lengths are bucketed (powers of two times this) to bound recompiles
+LENGTH_QUANTUM = 32  # row lengths are bucketed (multiples of this, powers of two past 512) to bound recompiles
 
 
 def _write_rows(path: Path, rows: Sequence[Any]) -> None:
@@ -113,20 +113,24 @@ class _Supervised(SupervisedRecipe):
                                else None)
         if texts is not None:
             return _read_rows(paths[0], self.row_cls, texts[0]), _read_rows(paths[1], self.row_cls, texts[1])
-        hist = answered_histories(env, "histories.jsonl", train, c.seed)
-        rows = self._rows(env, hist)
+        rows, origin = self.all_rows(env, train)
         tr, val = split_validation(rows, self._section(c).val_fraction, c.seed)
         if len(tr) < c.rl.batch_size:
             raise ConfigError(f"empty dataset: {len(tr)} {self.name} training rows < rl.batch_size "
-                              f"{c.rl.batch_size} (from {len(hist)} histories)")
+                              f"{c.rl.batch_size} (from {origin})")
         if env.is_main:
             _write_rows(paths[0], tr)
             _write_rows(paths[1], val)
         epochs = c.rl.steps * c.rl.batch_size / len(tr)
         env.log(f"data: {len(tr)} {self.name} training rows, {len(val)} validation rows "
-                f"(from {len(hist)} histories); rl.steps={c.rl.steps} x rl.batch_size={c.rl.batch_size} "
+                f"(from {origin}); rl.steps={c.rl.steps} x rl.batch_size={c.rl.batch_size} "
                 f"is {epochs:.2f} epochs")
         return tr, val
+
+    def all_rows(self, env: RecipeEnv, train: Sequence[Any]) -> tuple[list[Any], str]:
+        """Every row before the validation split, and where they came from (for the log)."""
+        hist = answered_histories(env, "histories.jsonl", train, env.config.seed)
+        return self._rows(env, hist), f"{len(hist)} histories"
 
     def _rows(self, env: RecipeEnv, hist: list[TrainItem]) -> list[Any]:
         """The filter's samples of every history, the filter applied when enabled, the method's rows."""
@@ -213,13 +217,27 @@ class SFTData(_Supervised):
     name = "sft"
     row_cls = SftItem
 
+    def load(self, c: TrainConfig) -> tuple[list[Any], list[Any]]:
+        """RLSTA's scenarios; with ``sft.targets = "solution"`` the add_source tasks themselves."""
+        if c.sft.targets != "solution":
+            return super().load(c)
+        tasks = load_tasks(c.data.add_source, c.data, require_each=True)
+        if not tasks:
+            raise ConfigError("empty dataset: sft.targets='solution' needs data.add_source tasks")
+        return tasks, []
+
+    def all_rows(self, env: RecipeEnv, train: Sequence[Any]) -> tuple[list[Any], str]:
+        if env.config.sft.targets != "solution":
+            return super().all_rows(env, train)
+        return solution_items(train), f"{len(train)} problems' worked solutions, single-turn"
+
     def make_rows(self, samples: Sequence[Any]) -> list[SftItem]:
         return sft_items(samples)
 
     def batch(self, env: RecipeEnv, rows: Sequence[SftItem]) -> SftBatch:
         """The rows, each carrying the step's target tokens / ``rl.grad_accum`` (the loss's normaliser)."""
         enc = [encode_target(env.sampler.tokenizer, r.messages, r.target, system=env.system) for r in rows]
-        width = agree_max(bucket(max(len(p) + len(t) for p, t in enc), LENGTH_QUANTUM))  # one shape everywhere
+        width = agree_max(fine_bucket(max(len(p) + len(t) for p, t in enc), LENGTH_QUANTUM))  # one shape everywhere
         tokens, mask, target = sft_rows([p for p, _ in enc], [t for _, t in enc], env.sampler.pad_id, width=width)
         n = target_tokens(mask, target)
         n = int(allgather_ints([n]).sum())  # the step's tokens over every process
