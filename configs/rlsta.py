@@ -103,6 +103,7 @@ def get_config(preset: str = "paper") -> ConfigDict:
     c.eval.probe_limit = 0  # probe: the first N problems of probe_source (0 = all)
     c.eval.probe_kinds = "sharded,mt_refine"  # probe: scenario kinds answered greedily as real conversations
     c.eval.probe_every = 0  # probe every N steps (0 = only before and after training)
+    c.eval.select = ""  # kept and exported checkpoint "METRIC:min|max" (held-out or probe/...); "" = the method's
 
     c.log = ConfigDict()
     c.log.every = 1  # metrics every N steps

@@ -123,7 +123,8 @@ class Trainer:
         self.env = RecipeEnv(config=c, workdir=self.wd, is_main=self.is_main, multi=self.multi, system=self.system,
                              sampler=self.sampler, mesh=self.mesh, log=self.log, ref_params=self.ref_params,
                              ref_cfg=self.ref_cfg)
-        select = self.data.select  # the kept and exported checkpoint: best held-out metric
+        # the kept and exported checkpoint: the best held-out (or probe) metric, eval.select or the method's
+        select = c.eval.selection() or self.data.select
         self.best = BestKeeper(self.wd, *select, write=self.is_main, log=self.log) if select else None
         self.optimizer = optimizer_from_config(c.rl)
         self.lc = loss_config(c.rl)
@@ -261,7 +262,10 @@ class Trainer:
             if self.best is not None:
                 self.best.offer(done, info.state.params, ev)
         if self.probe is not None and self.probe.due(done, c.rl.steps):
-            self.metrics.scalars(done, self.probe(self.sampler.bound(self.trainable.policy(info.state.params))))
+            probed = self.probe(self.sampler.bound(self.trainable.policy(info.state.params)))
+            self.metrics.scalars(done, probed)
+            if self.best is not None:  # eval.select may name a probe metric
+                self.best.offer(done, info.state.params, probed)
 
     def _checkpoint_hook(self, info: StepInfo) -> None:
         """A checkpoint every ``checkpoint.every`` steps, at the last step and on a stop signal."""

@@ -232,6 +232,25 @@ class EvalSection:
     probe_limit: int
     probe_kinds: str
     probe_every: int
+    # the kept and exported checkpoint: "METRIC:min|max" over the held-out metrics and the probe's
+    # (e.g. "probe/multi_turn_strict:max"); "" = the method's own (SFT / DPO: the lowest validation loss)
+    select: str = ""
+
+    def check(self) -> None:
+        if not self.select:
+            return
+        metric, _, mode = self.select.rpartition(":")
+        _require((bool(metric) and mode in ("min", "max"),
+                  f"eval.select must be 'METRIC:min' or 'METRIC:max', got {self.select!r}"),
+                 (not metric.startswith("probe/") or bool(self.probe_source),
+                  f"eval.select {self.select!r} reads the probe, but eval.probe_source is empty"))
+
+    def selection(self) -> tuple[str, str] | None:
+        """``(metric, mode)`` of ``select``, or None for the method's own."""
+        if not self.select:
+            return None
+        metric, _, mode = self.select.rpartition(":")
+        return metric, mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,7 +416,8 @@ class TrainConfig:
         _require(*field_checks(self.to_dict()),
                  (self.attention in ATTENTION_IMPLS,
                   f"attention must be one of {ATTENTION_IMPLS}, got {self.attention!r}"))
-        for sec in (self.data, self.rl, self.icpo, self.sft, self.dpo, self.rlaar, self.lora, self.rlsta_conv):
+        for sec in (self.data, self.rl, self.eval, self.icpo, self.sft, self.dpo, self.rlaar, self.lora,
+                    self.rlsta_conv):
             if sec is not None:
                 sec.check()
 

@@ -199,7 +199,8 @@ def test_every_committed_run_config_loads() -> None:
         raw = json.loads(path.read_text())
         t = typed_config(raw)
         out = t.to_dict()
-        assert {k for k in set(raw) | set(out) if raw.get(k) != out.get(k)} <= added | {"rl", "sft"}, path
+        assert {k for k in set(raw) | set(out) if raw.get(k) != out.get(k)} <= added | {"rl", "sft", "eval"}, path
+        assert out["eval"] == {**raw["eval"], "select": raw["eval"].get("select", "")}, path  # added later
         if "sft" in raw:  # sft.targets was added later: older runs read as the multi-turn ("history") targets
             assert out["sft"] == {**raw["sft"], "targets": raw["sft"].get("targets", "history")}, path
         old_rl = {k: v for k, v in raw["rl"].items()}

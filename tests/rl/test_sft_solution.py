@@ -57,3 +57,32 @@ def test_bad_targets_fail_at_start(tmp_path: Path) -> None:
     c.workdir, c.sft.targets = str(tmp_path / "w"), "answers"
     with pytest.raises(ConfigError, match=r"sft.targets must be 'history' or 'solution', got 'answers'"):
         validate_config(c)
+
+
+def test_eval_select_keeps_the_best_probe_checkpoint(tiny_chat_model_dir: Path, tmp_path: Path) -> None:
+    """``eval.select`` names a probe metric: the kept (and exported) checkpoint is the probe's best, not
+    the method's own validation loss; a tie keeps the earlier (the tiny model scores 0 every time)."""
+    c = sft_config("stage0")
+    c.model, c.workdir = str(tiny_chat_model_dir), str(tmp_path / "w")
+    c.data.add_source, c.sft.val_fraction = "arith:train:8:1", 0.25
+    c.rl.steps, c.rl.batch_size, c.rl.warmup_steps = 2, 2, 0
+    c.eval.every, c.checkpoint.every, c.export = 1, 2, False
+    c.eval.probe_source, c.eval.probe_limit, c.eval.probe_kinds, c.eval.probe_every = "arith:train:2:1:9", 0, "full", 1
+    c.eval.max_new_tokens = c.rl.max_new_tokens = 4
+    c.eval.select = "probe/full_strict:max"
+    Trainer(c).run()
+    best = json.loads((tmp_path / "w" / "best.json").read_text())
+    assert best == {"step": 1, "value": 0.0, "metric": "probe/full_strict"}
+    probed = [json.loads(x) for x in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(m["step"] for m in probed if "probe/full_strict" in m) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("select", "probe", "msg"), [
+    ("probe/full_strict", "arith:train:2", r"eval.select must be 'METRIC:min' or 'METRIC:max'"),
+    ("probe/full_strict:best", "arith:train:2", r"eval.select must be 'METRIC:min' or 'METRIC:max'"),
+    ("probe/full_strict:max", "", r"reads the probe, but eval.probe_source is empty")])
+def test_bad_select_fails_at_start(select: str, probe: str, msg: str, tmp_path: Path) -> None:
+    c = sft_config("stage0")
+    c.workdir, c.eval.select, c.eval.probe_source = str(tmp_path / "w"), select, probe
+    with pytest.raises(ConfigError, match=msg):
+        validate_config(c)
