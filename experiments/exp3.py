@@ -1,0 +1,180 @@
+"""Experiment 3 (issue 56; the plan: docs/results/experiment3_plan.md), one command per stage.
+
+    python -m experiments.exp3 stage0     # train the stage-0 model (resumable), keep its small files
+    python -m experiments.exp3 premise    # the plan's gates on the validation split, and the budget
+
+``stage0`` trains ``configs/sft.py:stage0`` through ``experiments.train_arm`` into ``runs/exp3/stage0``
+(a killed run resumes when the command is run again) and copies its small files (``RUN_FILES``) to
+``docs/results/exp3/stage0/``; the weights (540 MB) are not committed: the command rebuilds them.
+
+``premise`` evaluates the stage-0 model on the validation split (never the held-out one) through
+``experiments.calibrate``: greedy FULL, MT-Add (``sharded``) and MT-Refine, the plan's system prompt,
+``CEILING`` tokens per reply; then applies the plan's rules and writes ``premise.json`` and
+``premise.md`` under ``docs/results/exp3/premise/`` (transcripts gzipped beside them):
+
+- threshold: FULL strict accuracy >= ``THRESHOLD``;
+- premise: FULL - MT-Add strict accuracy (paired by problem) >= ``PREMISE_GAP`` with a 95% CI above 0;
+- shortcuts: each rule (add every number, last, first, largest, echo MT-Add's last user message) at
+  least ``SHORTCUT_MARGIN`` under FULL;
+- budget: the smallest of ``BUDGETS`` that at most ``CUT_LIMIT`` of the FULL and of the MT-Add last
+  replies reach (greedy: a reply's first B tokens do not depend on the budget), else ``CEILING``.
+
+``--recompute`` rebuilds ``premise.json`` / ``premise.md`` from the committed transcripts alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from experiments.analysis import bootstrap_mean, bootstrap_paired, last_reply_scores
+from experiments.calibrate import cut_shares
+from experiments.common import ROOT, compress_transcripts, load_records, write_json
+from experiments.exp2 import finished, keep_small_files
+from experiments.exp2_audit import rule_answers
+
+__all__ = ["BUDGETS", "decide", "main", "shortcut_scores"]
+
+RUNS = Path("runs/exp3")
+RESULTS = Path("docs/results/exp3")
+VALIDATION = "docs/results/exp3/data/validation.jsonl"
+STAGE0_CONFIG = "configs/sft.py:stage0"
+THRESHOLD = 0.50
+PREMISE_GAP = 0.10
+SHORTCUT_MARGIN = 0.25
+BUDGETS = (64, 96)
+CEILING = 128
+CUT_LIMIT = 0.05
+SCENARIOS = "full,sharded,mt_refine"
+
+
+def system_prompt() -> str:
+    """The plan's one system prompt: experiment 2's S2, the one stage 0 trains under."""
+    return runpy.run_path(str(ROOT / "configs/rlsta.py"))["EXP2_SYSTEM"]
+
+
+def train_stage0(runs: Path, results: Path, extra: list[str]) -> int:
+    """Trains (or resumes) stage 0 and copies its small files for commit; the exit status."""
+    wd = runs / "stage0"
+    if not finished(wd):
+        rc = subprocess.call([sys.executable, "-m", "experiments.train_arm", "--config", STAGE0_CONFIG,
+                              f"--config.workdir={wd}", *extra], cwd=ROOT)
+        if rc != 0:
+            return rc
+    keep_small_files(wd, results / "stage0")
+    return 0
+
+
+def shortcut_scores(records: list[dict[str, Any]], tasks: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Rule -> task -> 0/1: the rules of ``exp2_audit.rule_answers`` on each FULL prompt, and ``echo``
+    (MT-Add's last user message taken as the reply, read by the strict verifier)."""
+    from jaxrl_mt.rewards.verifier import verify
+
+    out: dict[str, dict[str, float]] = {r: {} for r in ("add", "last", "first", "largest", "echo")}
+    for tid, t in tasks.items():
+        gold = float(t.answer)
+        for rule, v in rule_answers(t.full_prompt).items():
+            out[rule][tid] = float(v is not None and math.isclose(v, gold))
+    for r in records:
+        if r["kind"] == "sharded" and r["task_id"] in tasks and r["turns"]:
+            out["echo"][r["task_id"]] = verify(r["turns"][-1]["user"], tasks[r["task_id"]].answer, "strict")
+    return out
+
+
+def decide(records: list[dict[str, Any]], tasks: dict[str, Any]) -> dict[str, Any]:
+    """The plan's gates and budget from the stage-0 model's validation transcripts (``records``)."""
+    full, multi = (last_reply_scores(records, k, "strict") for k in ("full", "sharded"))
+    refine = last_reply_scores(records, "mt_refine", "strict")
+    acc = {k: bootstrap_mean(s) for k, s in (("full", full), ("sharded", multi), ("mt_refine", refine))}
+    gap = bootstrap_paired(multi, full)  # FULL - MT-Add ("diff"), paired by problem
+    rules = {r: bootstrap_mean(s) for r, s in shortcut_scores(records, tasks).items()}
+    cuts = {k: cut_shares(records, k, lambda _: True, list(BUDGETS)) for k in ("full", "sharded")}
+    budget = next((b for b in BUDGETS if all(c is not None and c["cut_at"][str(b)] <= CUT_LIMIT
+                                             for c in cuts.values())), CEILING)
+    f = acc["full"]["mean"]
+    return {
+        "accuracy": acc, "full_minus_mt_add": gap, "shortcuts": rules, "cuts": cuts,
+        "threshold_met": f >= THRESHOLD,
+        "premise_met": gap["diff"] >= PREMISE_GAP and gap["lo"] > 0,
+        "shortcuts_ok": all(r["mean"] <= f - SHORTCUT_MARGIN for r in rules.values()),
+        "budget": budget,
+        "rules": {"threshold": THRESHOLD, "premise_gap": PREMISE_GAP, "shortcut_margin": SHORTCUT_MARGIN,
+                  "budgets": list(BUDGETS), "ceiling": CEILING, "cut_limit": CUT_LIMIT},
+    }
+
+
+def _pct(x: dict[str, float]) -> str:
+    """``mean [lo, hi]`` in % of a bootstrap result (a mean's or a paired difference's)."""
+    m = x["mean"] if "mean" in x else x["diff"]
+    return f"{100 * m:+.1f} [{100 * x['lo']:+.1f}, {100 * x['hi']:+.1f}]" if "diff" in x else \
+        f"{100 * m:.1f} [{100 * x['lo']:.1f}, {100 * x['hi']:.1f}]"
+
+
+def markdown(d: dict[str, Any], n: int) -> str:
+    """The gates' table (strict accuracy, 95% bootstrap CIs over the ``n`` validation problems)."""
+    ok = {True: "met", False: "**not met**"}
+    lines = [f"# Experiment 3: the stage-0 model on the validation split ({n} problems)", "",
+             "Recomputed by `python -m experiments.exp3 premise --recompute` from the transcripts here. Greedy, "
+             f"strict verifier, {d['rules']['ceiling']} tokens per reply, the plan's system prompt.", "",
+             "| what | value | rule | verdict |", "|---|---|---|---|",
+             f"| FULL | {_pct(d['accuracy']['full'])} | >= {100 * THRESHOLD:.0f} | {ok[d['threshold_met']]} |",
+             f"| MT-Add | {_pct(d['accuracy']['sharded'])} | | |",
+             f"| MT-Refine | {_pct(d['accuracy']['mt_refine'])} | | |",
+             f"| FULL - MT-Add (paired) | {_pct(d['full_minus_mt_add'])} | >= {100 * PREMISE_GAP:.0f}, CI above 0 "
+             f"| {ok[d['premise_met']]} |"]
+    for rule, x in d["shortcuts"].items():
+        lines.append(f"| shortcut: {rule} | {_pct(x)} | <= FULL - {100 * SHORTCUT_MARGIN:.0f} | "
+                     f"{ok[x['mean'] <= d['accuracy']['full']['mean'] - SHORTCUT_MARGIN]} |")
+    for kind, c in d["cuts"].items():
+        shares = ", ".join(f">= {b}: {100 * v:.1f}%" for b, v in c["cut_at"].items())
+        lines.append(f"| {kind} last replies: median {c['median_tokens']:.0f} tokens | {shares} | | |")
+    lines += ["", f"Budget chosen by the plan's rule: **{d['budget']} tokens**."]
+    return "\n".join(lines) + "\n"
+
+
+def premise(runs: Path, results: Path, recompute: bool) -> int:
+    """Evaluates the stage-0 model on the validation split (unless ``recompute``) and writes the gates."""
+    from experiments import calibrate
+    from jaxrl_mt.data.loaders import load_source
+
+    out = results / "premise"
+    if not recompute:
+        model = runs / "stage0" / "export"
+        if not (model / "config.json").is_file():
+            raise SystemExit(f"{model}: no exported stage-0 model; run `python -m experiments.exp3 stage0` first")
+        rc = calibrate.main(["--out", str(out), "--families", f"validation=tasks:{VALIDATION}", "--temps", "0",
+                             "--model", str(model), "--max-new-tokens", str(CEILING), "--system", system_prompt(),
+                             "--scenarios", SCENARIOS, "--budgets", ",".join(map(str, BUDGETS))])
+        if rc:
+            return rc
+        compress_transcripts(out / "T0")
+    tasks = {t.task_id: t for t in load_source(f"tasks:{VALIDATION}")}
+    d = decide(load_records(out / "T0"), tasks)
+    write_json(out / "premise.json", d)
+    (out / "premise.md").write_text(markdown(d, len(tasks)), encoding="utf-8")
+    print(markdown(d, len(tasks)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stage", choices=("stage0", "premise"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="stage0: a config override, e.g. --set rl.steps=2")
+    ap.add_argument("--recompute", action="store_true", help="premise: rebuild the verdicts from the transcripts")
+    ap.add_argument("--runs", default=str(RUNS))
+    ap.add_argument("--results", default=str(RESULTS))
+    a = ap.parse_args(argv)
+    runs, results = Path(a.runs), Path(a.results)
+    if a.stage == "stage0":
+        return train_stage0(runs, results, [f"--config.{kv}" for kv in a.set])
+    return premise(runs, results, a.recompute)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
