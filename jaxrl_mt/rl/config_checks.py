@@ -10,7 +10,18 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-__all__ = ["field_checks", "flatten"]
+__all__ = ["ConfigError", "field_checks", "flatten", "require"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; raised at start-up, before any model is loaded."""
+
+
+def require(*checks: tuple[Any, str]) -> None:
+    """Raises ConfigError with the message of the first failed ``(ok, message)``."""
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
 
 # interval and count fields: (dotted name, least value)
 _LEAST = (("checkpoint.every", 1), ("checkpoint.keep", 1), ("log.every", 1), ("log.samples_every", 0),
