@@ -12,7 +12,10 @@ Writes three tasks JSONL files (read with ``tasks:FILE``), each a pure function 
 - ``heldout.jsonl``: the ``heldout`` templates (no sentence, name or object shared), seed 0: only
   ever evaluated.
 
-and ``checks.json``: sizes, the share of problems holding each operation, and the shortcut rules'
+two subsets, the first problems of each step count of their split: ``arms.jsonl`` (128 of train: the
+arms' multi-turn training problems, histories and rollouts) and ``probe.jsonl`` (96 of validation:
+the probe every arm's checkpoint is selected on); and ``checks.json``: sizes, the share of problems
+holding each operation, and the shortcut rules'
 accuracy (add every number, the last, the first, the largest) per split, read by the plan's rules.
 """
 
@@ -37,6 +40,7 @@ __all__ = ["SIZES", "build", "split_checks"]
 # problems per number of steps (1, 2, 3); the step mix keeps every operation under 40% of problems
 SIZES = {"train": (800, 800, 400), "validation": (104, 88, 48), "heldout": (160, 160, 96)}
 SEEDS = {"train": 0, "validation": 1, "heldout": 0}
+SUBSETS = {"arms": ("train", (60, 48, 20)), "probe": ("validation", (40, 40, 16))}  # per step count
 
 
 def _split(name: str, skip: set[str] = frozenset()) -> list[ShardedTask]:
@@ -52,12 +56,17 @@ def _split(name: str, skip: set[str] = frozenset()) -> list[ShardedTask]:
 
 
 def build() -> dict[str, list[ShardedTask]]:
-    """The three splits; validation without any problem whose normalised text is a training problem's."""
+    """The three splits (validation without any problem whose normalised text is a training problem's)
+    and the two subsets."""
     train = _split("train")
     validation = _split("validation", {normalise(t.full_prompt) for t in train})
     heldout = _split("heldout")
     check_disjoint(heldout, train + validation)
-    return {"train": train, "validation": validation, "heldout": heldout}
+    out = {"train": train, "validation": validation, "heldout": heldout}
+    for name, (of, sizes) in SUBSETS.items():
+        by_steps = {k: [x for x in out[of] if x.meta["steps"] == k] for k in (1, 2, 3)}
+        out[name] = [t for k, n in zip((1, 2, 3), sizes) for t in by_steps[k][:n]]
+    return out
 
 
 def split_checks(tasks: list[ShardedTask]) -> dict[str, Any]:

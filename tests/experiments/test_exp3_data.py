@@ -14,7 +14,7 @@ DATA = Path(__file__).resolve().parents[2] / "docs/results/exp3/data"
 
 def test_the_committed_files_are_what_the_command_writes(tmp_path: Path) -> None:
     assert main(["--out", str(tmp_path)]) == 0
-    for name in ("train.jsonl", "validation.jsonl", "heldout.jsonl", "checks.json"):
+    for name in ("train.jsonl", "validation.jsonl", "heldout.jsonl", "arms.jsonl", "probe.jsonl", "checks.json"):
         assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), name
 
 
@@ -29,6 +29,9 @@ def test_splits_are_disjoint_and_balanced() -> None:
         c = split_checks(tasks)
         assert max(c["holding_op_pct"].values()) <= 40.0, name  # no operation in more than 40% of problems
         assert c["shortcut_pct"]["add"] < 16 and c["shortcut_pct"]["last"] == c["shortcut_pct"]["largest"] == 0
+    ids = {name: {t.task_id for t in tasks} for name, tasks in splits.items()}
+    assert ids["arms"] <= ids["train"] and ids["probe"] <= ids["validation"]  # subsets, never held-out problems
+    assert [len(splits["arms"]), len(splits["probe"])] == [128, 96]
     # what a run reads through its source spec is the split itself
     key = lambda t: (t.task_id, t.full_prompt, t.conditions, t.answer, t.meta)  # noqa: E731
     assert [key(t) for t in load_source(f"tasks:{DATA / 'validation.jsonl'}")] == [key(t) for t in val]
