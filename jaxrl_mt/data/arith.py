@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import random
 
+from jaxrl_mt.data.families import HELDOUT_NAMES, TRAIN_NAMES  # the same people as the add/subtract families
 from jaxrl_mt.data.records import DataError, ShardedTask
 
 __all__ = ["ARITH_SETS", "OPS", "STEPS", "TEMPLATES", "ArithTemplate", "arith_tasks", "solution_text"]
@@ -55,9 +56,6 @@ class ArithTemplate:
 def _t(tid, start, plus, minus, times, divide, question, objects=("",)) -> ArithTemplate:
     return ArithTemplate(tid, start, {"+": plus, "-": minus, "*": times, "/": divide}, question, objects)
 
-
-TRAIN_NAMES = ("Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro")
-HELDOUT_NAMES = ("Nadia", "Oscar", "Priya", "Quentin", "Rosa", "Sven", "Tomas", "Uma")
 
 TEMPLATES: dict[str, tuple[ArithTemplate, ...]] = {
     "train": (
