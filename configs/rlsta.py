@@ -20,6 +20,10 @@ EXP2_BUDGET = 128
 EXP2_SYSTEM = ("You are a helpful assistant. Solve the problem briefly, in at most three short sentences, and end "
                "with: The answer is N.")
 EXP2_LORA_LR = 1e-4  # 10x the full fine-tuning lr (1e-5), the usual ratio for LoRA (Schulman et al. 2025)
+# Issue 56's comparison (docs/results/experiment3_plan.md): every arm starts from the stage-0 model
+EXP3_MODEL = "runs/exp3/stage0/export"  # `python -m experiments.exp3 stage0` writes (or rebuilds) it
+EXP3_DATA = "docs/results/exp3/data"  # `python -m experiments.exp3_data`: arms.jsonl, probe.jsonl, ...
+EXP3_BUDGET = 0  # the plan's rule on the stage-0 model (`experiments.exp3 premise` -> premise.json); 0: not run yet
 
 
 def get_config(preset: str = "paper") -> ConfigDict:
@@ -156,9 +160,12 @@ def get_config(preset: str = "paper") -> ConfigDict:
         _experiment(c)
     elif preset == "experiment2":
         _experiment2(c)
+    elif preset in ("experiment3", "experiment3_official"):
+        _experiment3(c, as_run=preset == "experiment3_official")
     else:
         raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'paper_described', 'paper_shapes', 'cpu', "
-                         "'experiment', 'experiment2', 'no_verifier' or 'no_verifier_cpu'")
+                         "'experiment', 'experiment2', 'experiment3', 'experiment3_official', 'no_verifier' or "
+                         "'no_verifier_cpu'")
     return c
 
 
@@ -282,3 +289,30 @@ def _experiment2(c: ConfigDict) -> None:
     # single-turn probe accuracy too (RLSTA's Fig. 7); added after rlsta_s0 and grpo_s0 had trained (the probe
     # does not touch training: experiment2_plan.md, "Changes")
     c.eval.probe_kinds = "full,sharded,mt_refine"
+
+
+def _experiment3(c: ConfigDict, *, as_run: bool) -> None:
+    """Issue 56's recipe, shared by every training arm (docs/results/experiment3_plan.md).
+
+    `experiment2`'s recipe (steps, batch, G, filter, LoRA, lr, system prompt) from the stage-0 model
+    (`EXP3_MODEL`) on the arms' problems (`EXP3_DATA/arms.jsonl`, as MT-Add and MT-Refine) at the
+    plan's budget (`EXP3_BUDGET`), RLSTA's reward as the paper describes it (`experiment3`) or as the
+    official code runs it (`experiment3_official`); the probe answers the validation subset
+    (`probe.jsonl`) at every quarter of the run, when a checkpoint is saved, and the kept and exported
+    checkpoint is its best multi-turn accuracy (`eval.select`; the held-out set is never read).
+    """
+    if not EXP3_BUDGET:
+        raise ValueError("experiment3: the reply budget is not chosen yet; run `python -m experiments.exp3 premise` "
+                         "and set EXP3_BUDGET in configs/rlsta.py from docs/results/exp3/premise/premise.json")
+    _experiment2(c)
+    _paper(c, as_run=as_run)
+    c.workdir = "runs/exp3/rlsta_official" if as_run else "runs/exp3/rlsta"
+    c.model = EXP3_MODEL
+    c.data.add_source = c.data.refine_source = f"tasks:{EXP3_DATA}/arms.jsonl"
+    c.history.max_new_tokens = c.rl.max_new_tokens = c.eval.max_new_tokens = EXP3_BUDGET
+    c.eval.probe_source = f"tasks:{EXP3_DATA}/probe.jsonl"
+    c.eval.probe_limit = 0
+    c.eval.probe_kinds = "sharded,mt_refine"
+    c.eval.probe_every = c.checkpoint.every = c.rl.steps // 4
+    c.eval.select = "probe/multi_turn_strict:max"
+
