@@ -11,15 +11,7 @@ from pathlib import Path
 import pytest
 
 from jaxrl_mt.runtime import load_config_file
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
+from tests.experiments.test_presets import CONFIGS, _flat
 
 
 @pytest.fixture
