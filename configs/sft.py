@@ -57,9 +57,6 @@ def get_config(preset: str = "paper") -> ConfigDict:
     return c
 
 
-EXP3_DATA = "docs/results/exp3/data"  # python -m experiments.exp3_data (train, validation, heldout)
-
-
 def _stage0(c: ConfigDict) -> None:
     """Experiment 3's stage 0 (docs/results/experiment3_plan.md): single-turn SFT on worked solutions.
 
@@ -68,14 +65,13 @@ def _stage0(c: ConfigDict) -> None:
     checkpoint; the probe answers the validation split (training templates, another seed) greedily,
     FULL and MT-Add (sharded), so the premise is read off the run's own curves.
     """
-    # the worked solutions end as exp2's system prompt asks: "The answer is N."
-    system = runpy.run_path(str(Path(__file__).with_name("rlsta.py")))["EXP2_SYSTEM"]
-
+    shared = runpy.run_path(str(Path(__file__).with_name("rlsta.py")))
+    data = shared["EXP3_DATA"]  # python -m experiments.exp3_data (train, validation, heldout, ...)
     c.workdir = "runs/exp3/stage0"
-    c.system_prompt = system
+    c.system_prompt = shared["EXP2_SYSTEM"]  # the worked solutions end as it asks: "The answer is N."
     c.sft.targets = "solution"
     c.sft.val_fraction = 0.05
-    c.data.add_source = f"tasks:{EXP3_DATA}/train.jsonl"
+    c.data.add_source = f"tasks:{data}/train.jsonl"
     c.data.refine_source = ""
     c.data.limit = c.data.heldout = c.data.max_turns = 0
     c.filter.enabled = False
@@ -87,7 +83,7 @@ def _stage0(c: ConfigDict) -> None:
     c.rl.warmup_steps = 10
     c.rl.max_new_tokens = c.eval.max_new_tokens = 64  # a 3-step solution is under 45 tokens
     c.eval.every = 40
-    c.eval.probe_source = f"tasks:{EXP3_DATA}/validation.jsonl"
+    c.eval.probe_source = f"tasks:{data}/validation.jsonl"
     c.eval.probe_limit = 0
     c.eval.probe_kinds = "full,sharded"
     c.eval.probe_every = 120

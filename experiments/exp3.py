@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import runpy
 import subprocess
 import sys
@@ -36,7 +35,8 @@ from experiments.analysis import bootstrap_mean, bootstrap_paired, last_reply_sc
 from experiments.calibrate import cut_shares
 from experiments.common import ROOT, compress_transcripts, load_records, write_json
 from experiments.exp2 import finished, keep_small_files
-from experiments.exp2_audit import rule_answers
+from experiments.exp2_audit import RULES
+from experiments.exp2_audit import shortcut_scores as audit_shortcuts
 
 __all__ = ["BUDGETS", "decide", "main", "shortcut_scores"]
 
@@ -71,19 +71,13 @@ def train_stage0(runs: Path, results: Path, extra: list[str]) -> int:
 
 
 def shortcut_scores(records: list[dict[str, Any]], tasks: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Rule -> task -> 0/1: the rules of ``exp2_audit.rule_answers`` on each FULL prompt, and ``echo``
-    (MT-Add's last user message taken as the reply, read by the strict verifier)."""
-    from jaxrl_mt.rewards.verifier import verify
-
-    out: dict[str, dict[str, float]] = {r: {} for r in ("add", "last", "first", "largest", "echo")}
-    for tid, t in tasks.items():
-        gold = float(t.answer)
-        for rule, v in rule_answers(t.full_prompt).items():
-            out[rule][tid] = float(v is not None and math.isclose(v, gold))
-    for r in records:
-        if r["kind"] == "sharded" and r["task_id"] in tasks and r["turns"]:
-            out["echo"][r["task_id"]] = verify(r["turns"][-1]["user"], tasks[r["task_id"]].answer, "strict")
-    return out
+    """Rule -> task -> 0/1: ``exp2_audit.shortcut_scores``' rules on each FULL prompt, and ``echo`` (MT-Add's
+    last user message in ``records`` taken as the reply)."""
+    last_users = {r["task_id"]: r["turns"][-1]["user"] for r in records
+                  if r["kind"] == "sharded" and r["task_id"] in tasks and r["turns"]}
+    problems = [{"task_id": tid, "answer": t.answer, "full_prompt": t.full_prompt} for tid, t in tasks.items()]
+    scores = audit_shortcuts(problems, last_users)
+    return {**{r: scores[r] for r in RULES}, "echo": scores["echo_mt_add"]}
 
 
 def decide(records: list[dict[str, Any]], tasks: dict[str, Any]) -> dict[str, Any]:

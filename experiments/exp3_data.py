@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from experiments.exp2_audit import rule_answers
+from experiments.exp2_audit import RULES, shortcut_scores
 from experiments.heldout import check_disjoint, normalise
 from jaxrl_mt.data.arith import OPS, arith_tasks
 from jaxrl_mt.data.loaders import save_tasks_jsonl
@@ -73,14 +72,11 @@ def split_checks(tasks: list[ShardedTask]) -> dict[str, Any]:
     """Size, steps, the % of problems holding each operation, and each shortcut rule's accuracy (%)."""
     n = len(tasks)
     holding = Counter(op for t in tasks for op in set(t.meta["synthetic_ops"]))
-    rules: Counter[str] = Counter()
-    for t in tasks:
-        gold = float(t.answer)
-        for rule, value in rule_answers(t.full_prompt).items():
-            rules[rule] += value is not None and math.isclose(value, gold)
+    problems = [{"task_id": t.task_id, "answer": t.answer, "full_prompt": t.full_prompt} for t in tasks]
+    rules = {r: sum(v.values()) for r, v in shortcut_scores(problems, {}).items()}
     return {"problems": n, "steps": dict(sorted(Counter(t.meta["steps"] for t in tasks).items())),
             "holding_op_pct": {op: round(100 * holding[op] / n, 1) for op in OPS},
-            "shortcut_pct": {r: round(100 * rules[r] / n, 1) for r in ("add", "last", "first", "largest")}}
+            "shortcut_pct": {r: round(100 * rules[r] / n, 1) for r in RULES}}
 
 
 def main(argv: list[str] | None = None) -> int:

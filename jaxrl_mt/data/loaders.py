@@ -18,8 +18,8 @@ Source specs (:func:`load_source`):
 ``humaneval:FILE[:N]``      HumanEval jsonl(.gz), all problems or the first N, domain ``code``
                             (``humaneval:@`` = the 164 shipped ones); see ``jaxrl_mt.data.humaneval``
 ``family:SET:N[:steps[:seed]]``  N templated add/subtract problems of template set SET
-``arith:SET:N[:steps[:seed]]``   N templated problems over + - * / with worked solutions (SET train|heldout)
                             (``train`` | ``heldout``, see :mod:`jaxrl_mt.data.families`)
+``arith:SET:N[:steps[:seed]]``   N templated problems over + - * / with worked solutions (SET train|heldout)
 ``hf:ID[:config[:split]]``  a GSM8K-shaped Hugging Face dataset (needs the hub or its cache)
 ``tfds:NAME[:split]``       a GSM8K-shaped tensorflow-datasets dataset (needs the package)
 ``tasks:FILE``              tasks saved with :func:`save_tasks_jsonl`

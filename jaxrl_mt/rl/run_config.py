@@ -231,7 +231,7 @@ class EvalSection:
     def check(self) -> None:
         if not self.select:
             return
-        metric, _, mode = self.select.rpartition(":")
+        metric, mode = self.selection()
         _require((bool(metric) and mode in ("min", "max"),
                   f"eval.select must be 'METRIC:min' or 'METRIC:max', got {self.select!r}"),
                  (not metric.startswith("probe/") or bool(self.probe_source),
