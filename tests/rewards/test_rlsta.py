@@ -153,8 +153,8 @@ def test_paper_presets_settings():
     for k in ("lr", "batch_size", "group_size", "beta", "max_new_tokens", "verifier_mode"):
         assert paper.rl[k] == described.rl[k], k  # everything else is shared
     assert (cpu.rl.loss_type, cpu.rl.anchor_prompt) == ("grpo", "full")  # other presets unchanged
-    presets = ("'paper', 'paper_described', 'paper_shapes', 'cpu', 'experiment', 'experiment2', 'no_verifier' or "
-               "'no_verifier_cpu'")
+    presets = ("unknown preset 'papers'; expected 'paper', 'paper_described', 'paper_shapes', 'cpu', 'experiment', "
+               "'experiment2', 'experiment3', 'experiment3_official', 'no_verifier' or 'no_verifier_cpu'$")
     with pytest.raises(ValueError, match=presets):
         get_config("papers")
 
