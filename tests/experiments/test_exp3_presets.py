@@ -4,6 +4,7 @@ RLSTA readings differing only where the paper and its code differ."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -24,12 +25,15 @@ def budgeted(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_refused_until_the_budget_is_chosen() -> None:
-    budget = re.search(r"^EXP3_BUDGET = (\d+)", (CONFIGS / "rlsta.py").read_text(), re.M)
-    if budget and int(budget.group(1)):
-        pytest.skip("the budget is chosen")
+def test_the_committed_budget_is_the_premise_run_s_choice(tmp_path: Path) -> None:
+    """EXP3_BUDGET is what `experiments.exp3 premise` chose (premise.json); with 0 (not run) it is refused."""
+    text = (CONFIGS / "rlsta.py").read_text()
+    budget = int(re.search(r"^EXP3_BUDGET = (\d+)", text, re.M).group(1))
+    premise = json.loads((CONFIGS.parent / "docs/results/exp3/premise/premise.json").read_text())
+    assert budget == premise["budget"] == 64
+    (tmp_path / "rlsta.py").write_text(re.sub(r"^EXP3_BUDGET = \d+", "EXP3_BUDGET = 0", text, flags=re.M))
     with pytest.raises(ValueError, match="experiment3: the reply budget is not chosen yet"):
-        load_config_file(CONFIGS / "rlsta.py", "experiment3")
+        load_config_file(tmp_path / "rlsta.py", "experiment3")
 
 
 def test_every_arm_starts_from_stage0_on_the_subsets(budgeted: Path) -> None:
