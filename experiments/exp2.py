@@ -35,17 +35,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shutil
-import subprocess
+import subprocess  # noqa: F401  (tests replace subprocess.call, which arm_runs.train calls)
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from experiments.common import ROOT, evaluation_finished, refresh_copy
-from experiments import compare
+from experiments import arm_runs, compare
+from experiments.arm_runs import (FILTER_TEXTS, PROBLEMS, Arm, ArmPlan, committed_adapter,  # noqa: F401
+                                  copy_shared_items, finished, keep_small_files, same_training)
+from experiments.common import ROOT, evaluation_finished  # noqa: F401
 from experiments.compare import Comparison
-from experiments.report import RUN_FILES
 
 __all__ = ["ARMS", "Arm", "DATA_ARM", "arm_command", "best_other_arm", "comparison", "finished", "main",
            "model_spec", "reproduction", "same_training", "unevaluable", "weights_here"]
@@ -54,8 +54,6 @@ RUNS = Path("runs/exp2")
 RESULTS = Path("docs/results/exp2/runs")
 DATA = Path("docs/results/exp2/data")  # the data stage's files, committed: a new checkout skips that stage
 DATA_ARM = "rlsta_s0"
-SHARED = ("histories.jsonl", "train_items.jsonl")
-PROBLEMS = "train_problems.jsonl"  # the filtered items' problems (ICPO's and RLAAR's prompts are made from them)
 ARMS_CONFIG = "configs/rlsta.py:experiment2"  # the data stage's config (its problem sources)
 BASE = "builtin:smollm2-135m-instruct"
 HELDOUT = Path("docs/results/heldout.jsonl")
@@ -71,18 +69,6 @@ PAIRS_WITH = ("base", "grpo_full_s0", "rlsta_full_s0")  # paired differences aga
 # RLAAR's control, the base model with RLAAR's abstain instruction (added after RLAAR's evaluation, see the plan)
 ABSTAIN_CONTROL = "base_abstain"
 INFERENCE = ("sedt", "recap", ABSTAIN_CONTROL)
-FILTER_TEXTS = "filter_texts.jsonl"  # jaxrl_mt.rl.supervised.FILTER_TEXTS (not imported: no JAX in `list`)
-
-
-@dataclasses.dataclass(frozen=True)
-class Arm:
-    """One training run: a config preset, a seed, overrides, and whether it trains on the shared items."""
-
-    config: str
-    seed: int
-    overrides: tuple[str, ...] = ()
-    shares_items: bool = True
-    shares_texts: bool = False  # SFT and DPO: the filter's samples (FILTER_TEXTS), sampled once for both
 
 
 ON_PROBLEMS = ("--config.data.add_source=tasks:{data}/" + PROBLEMS,)
@@ -107,100 +93,17 @@ ARMS: dict[str, Arm] = {
     "grpo_full_s2": Arm("configs/grpo.py:experiment2", 2, FULL),
     "rlsta_full_s2": Arm("configs/rlsta.py:experiment2", 2, FULL),
 }
+PLAN = ArmPlan("exp2", ARMS, DATA_ARM, ARMS_CONFIG)
 
 
 def arm_command(name: str, runs: Path = RUNS, data: Path = DATA, extra: Sequence[str] = ()) -> list[str]:
-    """The ``experiments.train_arm`` arguments of arm ``name`` (``{data}`` in an override: the data
-    stage's folder), then ``extra`` overrides (``train --set``, e.g. a smaller run)."""
-    a = ARMS[name]
-    return ["--config", a.config, f"--config.seed={a.seed}", f"--config.workdir={runs / name}",
-            *(o.format(data=data) for o in a.overrides), *extra]
-
-
-def finished(workdir: Path) -> bool:
-    """The arm's training ended with exit status 0 (its last ``train_arm`` invocation)."""
-    path = workdir / "run_info.json"
-    if not path.is_file():
-        return False
-    info = json.loads(path.read_text())
-    return (info.get("invocations") or [info])[-1].get("exit_status") == 0
-
-
-def copy_shared_items(src: Path, dst: Path, *, require_items: bool = True) -> list[Path]:
-    """Copies the data arm's histories and filtered items (and their sidecar files) into ``dst``.
-
-    Raises:
-      SystemExit: ``require_items`` and the data arm has not written its filtered items yet.
-    """
-    files = sorted(p for p in src.glob("*.jsonl*") if p.name.startswith(SHARED))
-    if require_items and not any(p.name == "train_items.jsonl" for p in files):
-        raise SystemExit(f"{src}/train_items.jsonl: not there; train {DATA_ARM} first (it runs the data stage)")
-    dst.mkdir(parents=True, exist_ok=True)
-    out = []
-    for p in files:
-        if not (dst / p.name).exists():
-            shutil.copyfile(p, dst / p.name)
-            out.append(dst / p.name)
-    return out
+    """The ``experiments.train_arm`` arguments of arm ``name`` (``arm_runs.arm_command`` of ``PLAN``)."""
+    return arm_runs.arm_command(PLAN, name, runs, data, extra)
 
 
 def write_item_problems(data: Path, config: str = ARMS_CONFIG) -> Path:
-    """``data/PROBLEMS``: the problems of the data stage's filtered items, from ``config``'s sources.
-
-    ICPO and RLAAR train on their own prompts (underspecified ones; sharded ones with abstention)
-    made from these problems, so every training arm sees the same problems.
-
-    Raises:
-      SystemExit: an item's problem is not among the sources' problems.
-    """
-    from jaxrl_mt.data.loaders import load_source, save_tasks_jsonl
-    from jaxrl_mt.rl.histories import load_items
-    from jaxrl_mt.runtime import load_config_file
-
-    ids = {it.task_id for it in load_items(data / "train_items.jsonl")}
-    path, preset = config.split(":")
-    c = load_config_file(ROOT / path, preset)
-    by_id = {t.task_id: t for spec in c.data.add_source.split(",") for t in load_source(spec.strip())}
-    missing = sorted(ids - set(by_id))
-    if missing:
-        raise SystemExit(f"{data / 'train_items.jsonl'}: problems {missing[:3]} not in {c.data.add_source}")
-    out = data / PROBLEMS
-    save_tasks_jsonl(out, [by_id[i] for i in sorted(ids)])
-    return out
-
-
-def keep_small_files(workdir: Path, dst: Path) -> list[Path]:
-    """Copies the run's small files and its adapter (bfloat16 PEFT folder) to ``dst`` (for commit)."""
-    dst.mkdir(parents=True, exist_ok=True)
-    out = []
-    for f in RUN_FILES:
-        if (workdir / f).is_file():
-            out.append(Path(shutil.copyfile(workdir / f, dst / f)))
-    if (workdir / "adapter" / "adapter_config.json").is_file():
-        from jaxrl_mt.models.lora import copy_peft
-
-        out.append(copy_peft(workdir / "adapter", dst / "adapter", dtype="bfloat16"))
-    return out
-
-
-def same_training(committed: Path, new: Path) -> list[str]:
-    """The differences between two runs' ``metrics.jsonl`` (``perf/`` timings ignored): one line per
-    differing record, ``[]`` when the retrained run repeats the committed one number for number."""
-    def rows(path: Path) -> list[dict]:
-        recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in recs]
-
-    old, cur = rows(committed / "metrics.jsonl"), rows(new / "metrics.jsonl")
-    diff = [f"record {i}: {a} != {b}" for i, (a, b) in enumerate(zip(old, cur)) if a != b]
-    if len(old) != len(cur):
-        diff.append(f"{len(old)} records committed, {len(cur)} now")
-    return diff
-
-
-def committed_adapter(name: str, results: Path) -> Path | None:
-    """Arm ``name``'s committed adapter (a LoRA arm's bfloat16 PEFT folder), or None (full fine-tuning)."""
-    adapter = results / name / "adapter"
-    return adapter if (adapter / "adapter_config.json").is_file() else None
+    """``data/PROBLEMS``: the problems of the data stage's filtered items (``arm_runs.write_item_problems``)."""
+    return arm_runs.write_item_problems(data, config)
 
 
 def evaluated(report_dir: Path, name: str, sub: str = "greedy") -> bool:
@@ -215,52 +118,8 @@ def weights_here(name: str, runs: Path, results: Path) -> bool:
 
 def train(names: list[str], runs: Path, results: Path, data: Path = DATA, extra: Sequence[str] = (),
           again: bool = False) -> int:
-    """Trains ``names`` in order (finished ones skipped); returns the first non-zero exit status.
-
-    The data stage's files are kept in ``data`` once written, and copied from there into the data
-    arm's workdir when it lacks them (a fresh checkout resumes after the data stage) and into every
-    arm that shares them. An arm whose committed files (``results/<arm>``) say it finished, with no
-    workdir here, is skipped: it was trained in an earlier checkout. With ``again``, such an arm
-    without a committed adapter (a fully fine-tuned one, whose weights are not committed) is trained
-    again, and must repeat its committed ``metrics.jsonl`` (``same_training``; else status 1 and the
-    committed files are kept).
-    """
-    for name in names:
-        wd = runs / name
-        # a fully fine-tuned arm of an earlier checkout trained again (or resumed doing so): checked at the end
-        retrain = again and finished(results / name) and committed_adapter(name, results) is None
-        if finished(results / name) and not wd.is_dir() and not retrain:
-            continue  # trained in an earlier checkout: its committed files are the record
-        if not finished(wd):
-            if name == DATA_ARM and data.is_dir():  # what the stage kept: histories, and items once filtered
-                copy_shared_items(data, wd, require_items=False)
-            if ARMS[name].shares_items and name != DATA_ARM:
-                copy_shared_items(data if (data / "train_items.jsonl").is_file() else runs / DATA_ARM, wd)
-            if not ARMS[name].shares_items and not (data / PROBLEMS).is_file():
-                write_item_problems(data)
-            if ARMS[name].shares_texts and (data / FILTER_TEXTS).is_file():  # a differing copy: refreshed
-                had = (wd / FILTER_TEXTS).exists()
-                if refresh_copy(data / FILTER_TEXTS, wd / FILTER_TEXTS) and had:
-                    print(f"exp2: {wd / FILTER_TEXTS} differed from {data / FILTER_TEXTS} (checksum): copied again",
-                          file=sys.stderr, flush=True)
-            print(f"exp2: training {name}", file=sys.stderr, flush=True)
-            rc = subprocess.call([sys.executable, "-m", "experiments.train_arm", *arm_command(name, runs, data, extra)],
-                                 cwd=ROOT)
-            if name == DATA_ARM:
-                copy_shared_items(wd, data, require_items=False)
-            if ARMS[name].shares_texts and (wd / FILTER_TEXTS).is_file() and not (data / FILTER_TEXTS).exists():
-                shutil.copyfile(wd / FILTER_TEXTS, data / FILTER_TEXTS)  # the next supervised arm reads it
-            if rc != 0:
-                return rc
-        if retrain:
-            diff = same_training(results / name, wd)
-            if diff:
-                print(f"exp2: {name} trained again differs from its committed run:\n  " + "\n  ".join(diff[:5]),
-                      file=sys.stderr, flush=True)
-                return 1
-            print(f"exp2: {name} trained again repeats its committed metrics.jsonl", file=sys.stderr, flush=True)
-        keep_small_files(wd, results / name)
-    return 0
+    """Trains ``names`` in ``ARMS`` order, finished ones skipped (``arm_runs.train`` of ``PLAN``)."""
+    return arm_runs.train(PLAN, names, runs, results, data, extra, again)
 
 
 def model_spec(name: str, runs: Path, results: Path, base: str = BASE) -> str:

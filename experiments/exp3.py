@@ -34,7 +34,7 @@ from typing import Any
 from experiments.analysis import bootstrap_mean, bootstrap_paired, last_reply_scores
 from experiments.calibrate import cut_shares
 from experiments.common import ROOT, compress_transcripts, load_records, write_json
-from experiments.exp2 import finished, keep_small_files
+from experiments.arm_runs import finished, keep_small_files
 from experiments.exp2_audit import RULES
 from experiments.exp2_audit import shortcut_scores as audit_shortcuts
 

@@ -54,7 +54,7 @@ def test_finished_reads_the_last_invocation(tmp_path: Path) -> None:
 def test_shared_items_are_copied_not_overwritten(tmp_path: Path) -> None:
     src, dst = tmp_path / "data", tmp_path / "arm"
     with pytest.raises(SystemExit, match="train rlsta_s0 first"):
-        exp2.copy_shared_items(src, dst)
+        exp2.copy_shared_items(src, dst, data_arm=exp2.DATA_ARM)
     src.mkdir()
     for f in ("histories.jsonl", "histories.jsonl.meta.json", "train_items.jsonl", "train_items.jsonl.stats.json",
               "metrics.jsonl"):
