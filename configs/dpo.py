@@ -4,7 +4,7 @@ wrong multi-turn response on the same history (jaxrl_mt/rl/supervised.py), TRL's
 The paper: lr 5e-7, batch 16, 1 epoch; beta 0.1 (TRL's default). `rl.steps` counts optimizer steps:
 one epoch is rows / 16 (the run logs how many epochs its steps make). The reference is the frozen
 initial policy (or `ref_model`). Presets: `paper`, `cpu` (embedded SmolLM2-135M, minutes on 2 cores),
-`experiment2` (issue 35's DPO arm).
+`experiment2` / `experiment3` (issues 35's and 56's DPO arms).
 Use: python -m jaxrl_mt.train --config configs/dpo.py:cpu
 """
 
@@ -15,10 +15,15 @@ from ml_collections import ConfigDict
 from jaxrl_mt.rl.run_config import ROLLOUT_KEYS
 from jaxrl_mt.runtime import load_config_file
 
+# experiment 3 (docs/results/experiment3_plan.md): 1 epoch of the data stage's training pairs at batch 4, a multiple
+# of 4 (a checkpoint every quarter): 240 filtered items of 128 problems, 214 training pairs at seed 0
+EXP3_PAIRS = 214
+EXP3_STEPS = 56  # 1.05 epochs of 214 pairs
+
 
 def get_config(preset: str = "paper") -> ConfigDict:
-    if preset not in ("paper", "cpu", "experiment2"):
-        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'cpu' or 'experiment2'")
+    if preset not in ("paper", "cpu", "experiment2", "experiment3"):
+        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'cpu', 'experiment2' or 'experiment3'")
     c = load_config_file(Path(__file__).with_name("rlsta.py"), preset)
     c.method = "dpo"
     c.reward = ""  # no reward: preference pairs
@@ -39,6 +44,10 @@ def get_config(preset: str = "paper") -> ConfigDict:
         c.rl.steps = 19  # the paper's 1 epoch: the data stage's 84 items give 76 training pairs (8 validation)
         c.eval.every = 5
         c.checkpoint.every = 10
+    elif preset == "experiment3":  # rlsta:experiment3's items, budget, LoRA, lr, probe and checkpoint selection
+        c.rl.batch_size = 4
+        c.rl.steps = EXP3_STEPS  # the paper's 1 epoch of the data stage's training pairs
+        c.eval.every = c.eval.probe_every = c.checkpoint.every = c.rl.steps // 4
     else:
         c.filter.enabled = False
         c.filter.k = 4

@@ -1,6 +1,7 @@
 """ICPO: GRPO that rewards asking or hedging on underspecified prompts and correct answers on complete ones.
 
-Presets: `paper` (lr 1e-6, batch 64, G = 8) and `cpu` (embedded model, minutes on 2 cores).
+Presets: `paper` (lr 1e-6, batch 64, G = 8), `cpu` (embedded model, minutes on 2 cores), `experiment`,
+`experiment2` and `experiment3` (the comparisons' ICPO arms: RLSTA's problems, budget and probe).
 """
 
 from pathlib import Path
@@ -12,6 +13,7 @@ from jaxrl_mt.runtime import load_config_file
 
 def get_config(preset: str = "paper") -> ConfigDict:
     c = load_config_file(Path(__file__).with_name("rlsta.py"), preset)
+    shared_problems = c.data.add_source
     c.method = "icpo"
     c.reward = "icpo"  # the verifier on complete prompts, a non-answer on underspecified ones
     c.workdir = c.workdir.replace("rlsta", "icpo")
@@ -31,6 +33,9 @@ def get_config(preset: str = "paper") -> ConfigDict:
     elif preset in ("experiment", "experiment2"):  # ICPO's arm (issues 15, 35): rlsta's problems, budget, probe
         c.workdir = "runs/icpo_exp" if preset == "experiment" else "runs/exp2/icpo"
         c.data.add_source = "family:train:96:1,family:train:32:2"
+        c.data.heldout = 0
+    elif preset == "experiment3":  # issue 56's ICPO arm: rlsta:experiment3's problems, budget, LoRA and probe
+        c.data.add_source = shared_problems
         c.data.heldout = 0
     elif preset == "cpu":
         c.data.add_source = "synthetic:24:0,gsm8k:@"  # two-shard problems the 135M model can solve + GSM8K

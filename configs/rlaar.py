@@ -8,7 +8,7 @@ reward, one more shard when the window mean exceeds it and >= 10 steps passed, a
 [1, max_shards] once max_shards is reached. The system prompt tells the model how to abstain (our
 wording: the paper's is not published). Presets: `paper` (RLSTA's GRPO settings), `cpu`, `experiment2` (issue
 35's RLAAR arm: rlsta:experiment2's problems, budgets, LoRA, lr and probe; its system prompt is the chosen one
-with the abstain instruction appended).
+with the abstain instruction appended) and `experiment3` (issue 56's, the same from rlsta:experiment3).
 Use: python -m jaxrl_mt.train --config configs/rlaar.py:cpu
 """
 
@@ -21,8 +21,8 @@ from jaxrl_mt.runtime import load_config_file
 
 
 def get_config(preset: str = "paper") -> ConfigDict:
-    if preset not in ("paper", "cpu", "experiment2"):
-        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'cpu' or 'experiment2'")
+    if preset not in ("paper", "cpu", "experiment2", "experiment3"):
+        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'cpu', 'experiment2' or 'experiment3'")
     c = load_config_file(Path(__file__).with_name("rlsta.py"), preset)
     chosen_system = c.system_prompt
     c.method = "rlaar"
@@ -47,5 +47,9 @@ def get_config(preset: str = "paper") -> ConfigDict:
         c.system_prompt = with_abstain(chosen_system)
         c.data.add_source = "family:train:96:1,family:train:32:2"  # = rlsta's problems, as RLAAR samples
         c.rlaar.max_shards = 4  # the families' problems have 3-4 shards (the question + 2-3 facts)
+        c.eval.every = 0
+    elif preset == "experiment3":  # rlsta:experiment3's problems (data.add_source), budget, LoRA, lr and probe
+        c.system_prompt = with_abstain(chosen_system)
+        c.rlaar.max_shards = 5  # the arith problems have 3-5 shards (the question + 2-4 facts)
         c.eval.every = 0
     return c

@@ -23,7 +23,7 @@ EXP2_LORA_LR = 1e-4  # 10x the full fine-tuning lr (1e-5), the usual ratio for L
 # Issue 56's comparison (docs/results/experiment3_plan.md): every arm starts from the stage-0 model
 EXP3_MODEL = "runs/exp3/stage0/export"  # `python -m experiments.exp3 stage0` writes (or rebuilds) it
 EXP3_DATA = "docs/results/exp3/data"  # `python -m experiments.exp3_data`: arms.jsonl, probe.jsonl, ...
-EXP3_BUDGET = 64  # the plan's rule on the stage-0 model: docs/results/exp3/premise/premise.json (64: 0.0% of replies reach it)
+EXP3_BUDGET = 64  # the plan's rule on the stage-0 model (exp3/premise/premise.json: no reply reaches 64)
 
 
 def get_config(preset: str = "paper") -> ConfigDict:

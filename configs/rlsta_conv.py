@@ -7,7 +7,9 @@ the last turn's verifier as the outcome) and trains every reply with GRPO's loss
 "RL over whole conversations".
 
 Presets: `cpu` (the embedded SmolLM2-135M on synthetic three-shard problems, minutes on 2 cores)
-and `paper_shapes` (RLSTA's `paper_shapes` recipe and model at the conversation level, for a device).
+`paper_shapes` (RLSTA's `paper_shapes` recipe and model at the conversation level, for a device) and
+`experiment3` (issue 56's arm: rlsta:experiment3's model, problems, steps, batch, G, budget, LoRA, lr, probe and
+checkpoint selection; the arms' problems are its held-out-free training set, the probe its selection).
 Use: python -m jaxrl_mt.train --config configs/rlsta_conv.py:cpu
 """
 
@@ -19,8 +21,8 @@ from jaxrl_mt.runtime import load_config_file
 
 
 def get_config(preset: str = "cpu") -> ConfigDict:
-    if preset not in ("cpu", "paper_shapes"):
-        raise ValueError(f"unknown preset {preset!r}; expected 'cpu' or 'paper_shapes'")
+    if preset not in ("cpu", "paper_shapes", "experiment3"):
+        raise ValueError(f"unknown preset {preset!r}; expected 'cpu', 'paper_shapes' or 'experiment3'")
     c = load_config_file(Path(__file__).with_name("rlsta.py"), preset)
     c.method = "rlsta_conv"
     c.reward = "rlsta_conv"  # rewards.conversation: the per-turn reward

@@ -5,7 +5,8 @@ policy's first correct response to the full single-turn prompt among `filter.k` 
 target (jaxrl_mt/rl/supervised.py). The paper: lr 1e-6, batch 32, 5 epochs, the checkpoint with the
 lowest validation loss (kept in <workdir>/best and exported). `rl.steps` counts optimizer steps:
 5 epochs are 5 * rows / 32 steps (the run logs how many epochs its steps make).
-Presets: `paper`, `cpu` (embedded SmolLM2-135M, minutes on 2 cores), `experiment2` (issue 35's SFT arm),
+Presets: `paper`, `cpu` (embedded SmolLM2-135M, minutes on 2 cores), `experiment2` / `experiment3` (issues
+35's and 56's SFT arms),
 `stage0` (experiment 3's stage 0: the embedded model fine-tuned on single-turn worked solutions only;
 docs/results/experiment3_plan.md).
 Use: python -m jaxrl_mt.train --config configs/sft.py:cpu
@@ -19,10 +20,16 @@ from ml_collections import ConfigDict
 from jaxrl_mt.rl.run_config import ROLLOUT_KEYS
 from jaxrl_mt.runtime import load_config_file
 
+# experiment 3 (docs/results/experiment3_plan.md): 5 epochs of the data stage's training rows at batch 4, a multiple
+# of 4 (a checkpoint every quarter): 240 filtered items of 128 problems, 214 training rows at seed 0 (216, 219 at 1, 2)
+EXP3_ROWS = 214
+EXP3_STEPS = 268  # 5.01 epochs of 214 rows
+
 
 def get_config(preset: str = "paper") -> ConfigDict:
-    if preset not in ("paper", "cpu", "experiment2", "stage0"):
-        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'cpu', 'experiment2' or 'stage0'")
+    if preset not in ("paper", "cpu", "experiment2", "experiment3", "stage0"):
+        raise ValueError(f"unknown preset {preset!r}; expected 'paper', 'cpu', 'experiment2', 'experiment3' or "
+                         "'stage0'")
     c = load_config_file(Path(__file__).with_name("rlsta.py"), "paper" if preset == "stage0" else preset)
     c.method = "sft"
     c.reward = ""  # no reward: fixed targets
@@ -44,6 +51,10 @@ def get_config(preset: str = "paper") -> ConfigDict:
         c.rl.steps = 95  # the paper's 5 epochs: the data stage's 84 items give 76 training rows (8 validation)
         c.eval.every = 19  # once per epoch (the paper keeps the best epoch); the last step is evaluated too
         c.checkpoint.every = 19
+    elif preset == "experiment3":  # rlsta:experiment3's items, budget, LoRA, lr, probe and checkpoint selection
+        c.rl.batch_size = 4
+        c.rl.steps = EXP3_STEPS  # the paper's 5 epochs of the data stage's training rows
+        c.eval.every = c.eval.probe_every = c.checkpoint.every = c.rl.steps // 4
     else:
         c.filter.enabled = False  # the 135M model is rarely better single-turn than multi-turn on these
         c.filter.k = 4

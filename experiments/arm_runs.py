@@ -206,9 +206,10 @@ def train(plan: ArmPlan, names: list[str], runs: Path, results: Path, data: Path
             print(f"{plan.name}: training {name}", file=sys.stderr, flush=True)
             rc = subprocess.call([sys.executable, "-m", "experiments.train_arm",
                                   *arm_command(plan, name, runs, data, extra)], cwd=ROOT)
-            _keep_stage_files(plan, name, runs, data)
             if rc != 0:
+                _keep_stage_files(plan, name, runs, data)
                 return rc
+        _keep_stage_files(plan, name, runs, data)  # also for an arm trained before: what it wrote is kept
         if retrain:
             diff = same_training(results / name, wd)
             if diff:

@@ -2,6 +2,9 @@
 
     python -m experiments.exp3 stage0     # train the stage-0 model (resumable), keep its small files
     python -m experiments.exp3 premise    # the plan's gates on the validation split, and the budget
+    python -m experiments.exp3 list       # the arms (experiments.exp3_arms), their commands and what is done
+    python -m experiments.exp3 train [--arms a,b]  # train the arms not finished yet, in the table's order
+    python -m experiments.exp3 evaluate [--problems FILE] [--arms a,b]  # the comparison (experiments.exp3_eval)
 
 ``stage0`` trains ``configs/sft.py:stage0`` through ``experiments.train_arm`` into ``runs/exp3/stage0``
 (a killed run resumes when the command is run again) and copies its small files (``RUN_FILES``) to
@@ -155,19 +158,96 @@ def premise(runs: Path, results: Path, recompute: bool) -> int:
     return 0
 
 
+def list_arms(names: list[str], runs: Path, results: Path, data: Path, extra: list[str]) -> int:
+    """Prints each arm, whether it finished (here or in the committed files) and its command."""
+    from experiments import arm_runs
+    from experiments.exp3_arms import PLAN
+
+    for n in names:
+        state = "finished" if finished(runs / n) or finished(results / n) else "to train"
+        cmd = " ".join(arm_runs.arm_command(PLAN, n, runs, data, extra))
+        print(f"{n:17s} {state:9s} python -m experiments.train_arm {cmd}")
+    return 0
+
+
+def stage0_here(runs: Path, results: Path) -> int:
+    """Makes sure the stage-0 model is here (its weights are not committed): trains it again when it is
+    not, saying so and how long that takes, and checks the run repeats the committed metrics."""
+    from experiments.arm_runs import same_training
+
+    wd = runs / "stage0"
+    if (wd / "export" / "config.json").is_file():
+        return 0
+    print(f"exp3: the stage-0 model is not here ({wd}/export; its 540 MB are not committed): training it again "
+          f"with `python -m experiments.exp3 stage0` (240 steps, about 2 h on 2 cores; deterministic)",
+          file=sys.stderr, flush=True)
+    rc = train_stage0(runs, results, [])
+    if rc:
+        return rc
+    diff = same_training(results / "stage0", wd)
+    if diff:
+        print("exp3: the stage-0 model trained again differs from its committed run:\n  " + "\n  ".join(diff[:5]),
+              file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def evaluate(names: list[str], runs: Path, results: Path, problems: Path, out: Path | None, lic: bool,
+             passed: list[str]) -> int:
+    """``experiments.compare`` on ``problems`` for the finished arms among ``names`` (``exp3_eval``)."""
+    from experiments import compare, exp3_eval
+
+    done = [n for n in names if finished(runs / n) or finished(results / n)]
+    if set(names) - set(done):
+        print(f"exp3: not finished, not evaluated: {sorted(set(names) - set(done))}", file=sys.stderr, flush=True)
+    rc = stage0_here(runs, results.parent)
+    if rc:
+        return rc
+    if out is None:
+        out = exp3_eval.REPORT if problems == exp3_eval.HELDOUT else runs / "eval" / problems.stem / "report.md"
+    print(f"exp3: evaluating the stage-0 model, the original model, {', '.join(done) or 'no arm'} and "
+          f"{', '.join(exp3_eval.INFERENCE)} on {problems} into {out}", file=sys.stderr, flush=True)
+    c = exp3_eval.comparison(done, runs, results, out, problems, lic=lic)
+    return compare.run(compare.parse(passed, c))
+
+
 def main(argv: list[str] | None = None) -> int:
+    from experiments import arm_runs, exp3_arms, exp3_eval
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=("stage0", "premise"))
+    ap.add_argument("stage", choices=("stage0", "premise", "list", "train", "evaluate"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="stage0: a config override, e.g. --set rl.steps=2")
+                    help="stage0, train: a config override (every arm's), e.g. --set rl.steps=2")
     ap.add_argument("--recompute", action="store_true", help="premise: rebuild the verdicts from the transcripts")
+    ap.add_argument("--arms", default=",".join(exp3_arms.ARMS), help="list, train: comma-separated arm names "
+                    "(default: all, in the table's order)")
     ap.add_argument("--runs", default=str(RUNS))
     ap.add_argument("--results", default=str(RESULTS))
-    a = ap.parse_args(argv)
-    runs, results = Path(a.runs), Path(a.results)
+    ap.add_argument("--data", default=str(exp3_arms.DATA), help="the data stage's files are kept in (and restored "
+                    "from) here")
+    ap.add_argument("--problems", default=str(exp3_eval.HELDOUT), help="evaluate: a tasks JSONL file (default: "
+                    "the held-out split)")
+    ap.add_argument("--out", default=None, help="evaluate: the report (default: docs/results/exp3/report.md for "
+                    "the held-out split, else runs/exp3/eval/<file stem>/report.md)")
+    ap.add_argument("--no-lic", action="store_true", help="evaluate: greedy only (no LiC at T = 1)")
+    a, passed = ap.parse_known_args(argv)
+    if passed and a.stage != "evaluate":
+        ap.error(f"unrecognized arguments: {' '.join(passed)}")
+    runs, results, extra = Path(a.runs), Path(a.results), [f"--config.{kv}" for kv in a.set]
     if a.stage == "stage0":
-        return train_stage0(runs, results, [f"--config.{kv}" for kv in a.set])
-    return premise(runs, results, a.recompute)
+        return train_stage0(runs, results, extra)
+    if a.stage == "premise":
+        return premise(runs, results, a.recompute)
+    names = [n.strip() for n in a.arms.split(",") if n.strip()]
+    unknown = [n for n in names if n not in exp3_arms.ARMS]
+    if unknown:
+        raise SystemExit(f"--arms: unknown {unknown}; expected names among {list(exp3_arms.ARMS)}")
+    if a.stage == "list":
+        return list_arms(names, runs, results / "runs", Path(a.data), extra)
+    if a.stage == "evaluate":
+        return evaluate(names, runs, results / "runs", Path(a.problems), Path(a.out) if a.out else None,
+                        not a.no_lic, passed)
+    return arm_runs.train(exp3_arms.PLAN, names, runs, results / "runs", Path(a.data), extra)
 
 
 if __name__ == "__main__":
