@@ -5,6 +5,8 @@
     python -m experiments.exp3 list       # the arms (experiments.exp3_arms), their commands and what is done
     python -m experiments.exp3 train [--arms a,b]  # train the arms not finished yet, in the table's order
     python -m experiments.exp3 evaluate [--problems FILE] [--arms a,b]  # the comparison (experiments.exp3_eval)
+    python -m experiments.exp3 reproduce --arms a  # train arm a again from the stage-0 model and the committed
+                                                   # data stage, in runs/exp3/reproduce/: the same metrics?
 
 ``stage0`` trains ``configs/sft.py:stage0`` through ``experiments.train_arm`` into ``runs/exp3/stage0``
 (a killed run resumes when the command is run again) and copies its small files (``RUN_FILES``) to
@@ -211,11 +213,32 @@ def evaluate(names: list[str], runs: Path, results: Path, problems: Path, out: P
     return compare.run(compare.parse(passed, c))
 
 
+def reproduce(names: list[str], runs: Path, results: Path, data: Path) -> int:
+    """Trains each arm again in ``runs/reproduce/<arm>`` (from the stage-0 model and the committed data
+    stage) and compares its ``metrics.jsonl`` with the committed one; 1 when one differs."""
+    from experiments import arm_runs
+    from experiments.exp3_arms import PLAN
+
+    rc = stage0_here(runs, results.parent)
+    if rc:
+        return rc
+    out, bad = runs / "reproduce", 0
+    for name in names:
+        rc = arm_runs.train(PLAN, [name], out, out / "files", data)
+        if rc:
+            return rc
+        diff = arm_runs.same_training(results / name, out / name)
+        print(f"exp3 reproduce: {name}: " + ("the same metrics.jsonl as the committed run" if not diff else
+              f"{len(diff)} differences, e.g.\n  " + "\n  ".join(diff[:5])), flush=True)
+        bad += bool(diff)
+    return int(bad > 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     from experiments import arm_runs, exp3_arms, exp3_eval
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=("stage0", "premise", "list", "train", "evaluate"))
+    ap.add_argument("stage", choices=("stage0", "premise", "list", "train", "evaluate", "reproduce"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="stage0, train: a config override (every arm's), e.g. --set rl.steps=2")
     ap.add_argument("--recompute", action="store_true", help="premise: rebuild the verdicts from the transcripts")
@@ -244,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--arms: unknown {unknown}; expected names among {list(exp3_arms.ARMS)}")
     if a.stage == "list":
         return list_arms(names, runs, results / "runs", Path(a.data), extra)
+    if a.stage == "reproduce":
+        if a.arms == ap.get_default("arms"):
+            ap.error("reproduce: name the arms (--arms a,b)")
+        return reproduce(names, runs, results / "runs", Path(a.data))
     if a.stage == "evaluate":
         return evaluate(names, runs, results / "runs", Path(a.problems), Path(a.out) if a.out else None,
                         not a.no_lic, passed)

@@ -108,3 +108,16 @@ def test_sft_and_dpo_steps_are_the_papers_epochs_of_the_committed_items() -> Non
     for c in (sft, dpo):
         assert c.rl.batch_size == 4 and c.rl.steps % 4 == 0
         assert c.eval.probe_every == c.checkpoint.every == c.rl.steps // 4
+
+
+def test_the_cli_names_its_mistakes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        exp3.main(["reproduce"])
+    assert e.value.code == 2 and "reproduce: name the arms" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"--arms: unknown \['gpro_s0'\]"):
+        exp3.main(["train", "--arms", "gpro_s0"])
+    with pytest.raises(SystemExit) as e:
+        exp3.main(["train", "--limit", "3"])  # compare's options go to evaluate only
+    assert e.value.code == 2 and "unrecognized arguments: --limit 3" in capsys.readouterr().err
+    assert exp3.main(["list", "--arms", "grpo_s1", "--runs", "/nonexistent"]) == 0
+    assert capsys.readouterr().out.split()[:2] == ["grpo_s1", "to"]
