@@ -32,6 +32,7 @@ from jaxrl_mt.models.attention import MaskSpec, attend, causal_spec, einsum_atte
 from jaxrl_mt.models.cache_attention import cached_attention
 from jaxrl_mt.models.config import ModelConfig, ModelError
 from jaxrl_mt.models.prefix_attention import PrefixCache, prefix_attention
+from jaxrl_mt.models.sharding import constrain_rows
 
 PROJ = "proj"  # checkpoint name of a weight projection's output (`dense`, `remat_layer`)
 attention = einsum_attention  # the dense-mask attention (`models.attention.einsum_attention`)
@@ -149,6 +150,7 @@ def dense(h: jax.Array, lp: Params, key: str, dt: Any) -> jax.Array:
 def layer_qkv(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array
               ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The attention half's projections of one block: RoPE'd q [B, T, Hq, K], k, v [B, T, Hkv, K]."""
+    x = constrain_rows(x)  # rows over (data, fsdp) on a mesh (`models.sharding`); else the identity
     b, t, _ = x.shape
     dt = cfg.jnp_dtype
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
@@ -183,7 +185,7 @@ def layer_out(cfg: ModelConfig, lp: Params, x: jax.Array, att: jax.Array) -> jax
         mlp = jax.nn.silu(gu[..., :f]) * gu[..., f:]
     else:
         mlp = jax.nn.silu(dense(h, lp, "gate", dt)) * dense(h, lp, "up", dt)
-    return x + dense(mlp, lp, "down", dt)
+    return constrain_rows(x + dense(mlp, lp, "down", dt))
 
 
 def _layer(cfg: ModelConfig, lp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,

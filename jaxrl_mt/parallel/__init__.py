@@ -11,7 +11,10 @@ What is sharded how:
 - optimizer state (`opt_state_shardings`): the same rules, since optax moments keep the
   parameter's path as a suffix (`.../mu/layers/q`); step counters are scalars (replicated);
 - KV cache (`CACHE_RULES`, `shard_cache`): rows over (data, fsdp), KV heads over tensor;
-- batches: leading axis over (data, fsdp) (`shard_batch`; per-process rows: `global_batch`).
+- batches: leading axis over (data, fsdp) (`shard_batch`; per-process rows: `global_batch`);
+- activations: inside the jitted programs, the decoder's layer inputs and outputs are pinned to
+  rows over (data, fsdp) (`constrain_rows`, from ``models.sharding``), so the partitioner
+  gathers the fsdp-sharded weights layer by layer instead of the hidden states over the rows.
 
 Modules: ``rules`` (meshes, partition rules, shardings, batch placement) and ``hosts``
 (multi-host initialisation, per-process rows); every name is importable from here.
@@ -25,6 +28,7 @@ on per-process rows: `agree_max` (the same buckets everywhere), `put_rows` (rows
 to the single-process path (`shard_batch`, `jax.device_get`, the identity).
 """
 
+from jaxrl_mt.models.sharding import constrain_rows
 from jaxrl_mt.parallel.hosts import (agree_max, agree_max_many,
                                      allgather_ints, allgather_json, broadcast_json, check_same_rows,
                                      distributed_settings, fetch_rows, gather_to_host, is_main_process, local_copy,
@@ -37,9 +41,10 @@ from jaxrl_mt.parallel.rules import (AXES, BATCH_AXES, CACHE_RULES, PARAM_RULES,
 
 __all__ = [
     "AXES", "BATCH_AXES", "CACHE_RULES", "PARAM_RULES", "agree_max", "agree_max_many", "allgather_ints",
-    "allgather_json", "batch_sharding", "broadcast_json", "cache_shardings", "check_same_rows", "distributed_settings",
-    "fetch_rows", "gather_to_host", "global_batch", "is_main_process", "local_copy", "local_mesh", "local_rows", "log0",
-    "make_mesh", "maybe_initialize_distributed", "mean_over_processes", "mesh_from_spec", "opt_state_shardings",
-    "param_shardings", "param_spec", "process_block", "put_replicated", "put_rows", "row_shards", "rows_multiple",
-    "shard_batch", "shard_cache", "shard_params", "shard_train_state", "shard_train_step", "spans_processes",
+    "allgather_json", "batch_sharding", "broadcast_json", "cache_shardings", "check_same_rows", "constrain_rows",
+    "distributed_settings", "fetch_rows", "gather_to_host", "global_batch", "is_main_process", "local_copy",
+    "local_mesh", "local_rows", "log0", "make_mesh", "maybe_initialize_distributed", "mean_over_processes",
+    "mesh_from_spec", "opt_state_shardings", "param_shardings", "param_spec", "process_block", "put_replicated",
+    "put_rows", "row_shards", "rows_multiple", "shard_batch", "shard_cache", "shard_params", "shard_train_state",
+    "shard_train_step", "spans_processes",
 ]

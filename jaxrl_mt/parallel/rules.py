@@ -13,8 +13,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxrl_mt.models.sharding import ROW_AXES
+
 AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")  # the batch (row) axis of activations, caches and inputs
+BATCH_AXES = ROW_AXES  # ("data", "fsdp"): the batch (row) axis of activations (`constrain_rows`), caches and inputs
 
 # (regex on the parameter path, spec). Stacked layer weights have a leading layer axis.
 PARAM_RULES: tuple[tuple[str, P], ...] = (
