@@ -17,7 +17,6 @@ from jaxrl_mt.runtime import load_config_file
 
 # experiment 3 (docs/results/experiment3_plan.md): 1 epoch of the data stage's training pairs at batch 4, a multiple
 # of 4 (a checkpoint every quarter): 240 filtered items of 128 problems, 214 training pairs at seed 0
-EXP3_PAIRS = 214
 EXP3_STEPS = 56  # 1.05 epochs of 214 pairs
 
 

@@ -22,7 +22,6 @@ from jaxrl_mt.runtime import load_config_file
 
 # experiment 3 (docs/results/experiment3_plan.md): 5 epochs of the data stage's training rows at batch 4, a multiple
 # of 4 (a checkpoint every quarter): 240 filtered items of 128 problems, 214 training rows at seed 0 (216, 219 at 1, 2)
-EXP3_ROWS = 214
 EXP3_STEPS = 268  # 5.01 epochs of 214 rows
 
 

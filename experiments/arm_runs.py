@@ -27,7 +27,8 @@ from experiments.common import ROOT, refresh_copy
 from experiments.report import RUN_FILES
 
 __all__ = ["Arm", "ArmPlan", "FILTER_TEXTS", "PROBLEMS", "SHARED", "arm_command", "committed_adapter",
-           "copy_shared_items", "finished", "keep_small_files", "same_training", "train", "write_item_problems"]
+           "copy_shared_items", "finished", "keep_small_files", "list_arms", "same_training", "train",
+           "write_item_problems"]
 
 SHARED = ("histories.jsonl", "train_items.jsonl")
 PROBLEMS = "train_problems.jsonl"  # the filtered items' problems (ICPO's and RLAAR's prompts are made from them)
@@ -68,6 +69,15 @@ def arm_command(plan: ArmPlan, name: str, runs: Path, data: Path, extra: Sequenc
     a = plan.arms[name]
     return ["--config", a.config, f"--config.seed={a.seed}", f"--config.workdir={runs / name}",
             *(o.format(data=data) for o in a.overrides), *extra]
+
+
+def list_arms(plan: ArmPlan, names: Sequence[str], runs: Path, results: Path, data: Path,
+              extra: Sequence[str] = ()) -> None:
+    """Prints each arm, whether it finished (here or in its committed files) and its command."""
+    for n in names:
+        state = "finished" if finished(runs / n) or finished(results / n) else "to train"
+        cmd = " ".join(arm_command(plan, n, runs, data, extra))
+        print(f"{n:17s} {state:9s} python -m experiments.train_arm {cmd}")
 
 
 def finished(workdir: Path) -> bool:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
-import subprocess  # noqa: F401  (tests replace subprocess.call, which arm_runs.train calls)
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -257,10 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     runs, results = Path(a.runs), Path(a.results)
     extra = [f"--config.{kv}" for kv in a.set]
     if a.stage == "list":
-        for n in names:
-            state = "finished" if finished(runs / n) or finished(results / n) else "to train"
-            cmd = " ".join(arm_command(n, runs, Path(a.data), extra))
-            print(f"{n:17s} {state:9s} python -m experiments.train_arm {cmd}")
+        arm_runs.list_arms(PLAN, names, runs, results, Path(a.data), extra)
         return 0
     if a.stage == "evaluate":
         done = [n for n in names if finished(runs / n) or finished(results / n)]

@@ -36,7 +36,7 @@ from experiments import analysis as A
 from experiments.common import load_records, write_json
 from experiments.report import kind_scores
 
-__all__ = ["legacy_value", "legacy_verify", "main", "rule_answers", "shortcut_scores"]
+__all__ = ["legacy_value", "legacy_verify", "main", "rlaar_training", "rule_answers", "shortcut_scores"]
 
 HELDOUT = Path("docs/results/heldout.jsonl")
 DATA = Path("docs/results/exp2/data")
@@ -151,7 +151,7 @@ def _ops_shares(path: Path) -> dict[str, Any]:
     return {"problems": n, "all_plus": all_plus, "ops": dict(sorted(ops.items()))}
 
 
-def _rlaar_training(metrics: Path) -> dict[str, Any]:
+def rlaar_training(metrics: Path) -> dict[str, Any]:
     """RLAAR's training steps: how many rewarded an abstention, and the share of unsolvable prompts."""
     steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("kind") == "train"]
     frac = [r.get("curriculum/unsolvable_frac", 0.0) for r in steps]
@@ -212,7 +212,7 @@ def audit(report: Path = REPORT, heldout: Path = HELDOUT, data: Path = DATA) -> 
     for k in ("sharded", "mt_refine"):
         diff = A.bootstrap_paired(echo["base"][k], echo["rlsta_nv_full_s0"][k])
         out[f"rlsta_nv_full_s0 - base echo {k}"] = _diff(diff)
-    out["rlaar_full_s0 training"] = _rlaar_training(report / "runs" / "rlaar_full_s0" / "metrics.jsonl")
+    out["rlaar_full_s0 training"] = rlaar_training(report / "runs" / "rlaar_full_s0" / "metrics.jsonl")
     for m in ("rlsta_full_s0", "rlsta_nv_full_s0", "rlsta_full_s1"):  # point 2
         out[f"{m} multi-turn"] = _pct(A.bootstrap_mean(sc[m]["multi"]))
     for m in ("icpo_full_s0", "rlaar_full_s0"):  # point 5: the share of last replies the budget cut

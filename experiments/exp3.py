@@ -160,18 +160,6 @@ def premise(runs: Path, results: Path, recompute: bool) -> int:
     return 0
 
 
-def list_arms(names: list[str], runs: Path, results: Path, data: Path, extra: list[str]) -> int:
-    """Prints each arm, whether it finished (here or in the committed files) and its command."""
-    from experiments import arm_runs
-    from experiments.exp3_arms import PLAN
-
-    for n in names:
-        state = "finished" if finished(runs / n) or finished(results / n) else "to train"
-        cmd = " ".join(arm_runs.arm_command(PLAN, n, runs, data, extra))
-        print(f"{n:17s} {state:9s} python -m experiments.train_arm {cmd}")
-    return 0
-
-
 def stage0_here(runs: Path, results: Path) -> int:
     """Makes sure the stage-0 model is here (its weights are not committed): trains it again when it is
     not, saying so and how long that takes, and checks the run repeats the committed metrics."""
@@ -266,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--arms: unknown {unknown}; expected names among {list(exp3_arms.ARMS)}")
     if a.stage == "list":
-        return list_arms(names, runs, results / "runs", Path(a.data), extra)
+        arm_runs.list_arms(exp3_arms.PLAN, names, runs, results / "runs", Path(a.data), extra)
+        return 0
     if a.stage == "reproduce":
         if a.arms == ap.get_default("arms"):
             ap.error("reproduce: name the arms (--arms a,b)")

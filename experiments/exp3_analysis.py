@@ -30,6 +30,7 @@ from typing import Any
 
 from experiments import analysis as A
 from experiments.common import load_records, write_json
+from experiments.exp2_audit import rlaar_training as audit_rlaar_training
 from experiments.exp2_audit import shortcut_scores
 from experiments.report import kind_scores
 from jaxrl_mt.rewards.verifier import extract_answer, find_numbers, parse_number
@@ -113,13 +114,11 @@ def echo_rates(records: Mapping[str, Sequence[Mapping[str, Any]]],
 
 
 def rlaar_training(metrics: Path) -> dict[str, Any]:
-    """RLAAR's training steps: how many had unsolvable samples, and how many rewarded an abstention on them."""
+    """RLAAR's training steps (``exp2_audit.rlaar_training``: how many had unsolvable samples, how many
+    rewarded an abstention on them) and the mean over steps of that reward."""
     steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("kind") == "train"]
-    frac = [r.get("curriculum/unsolvable_frac", 0.0) for r in steps]
-    return {"steps": len(steps), "steps_with_unsolvable": sum(f > 0 for f in frac),
-            "steps_unsolvable_abstain_above_0": sum(r.get("reward/unsolvable_abstain", 0.0) > 0 for r in steps),
-            "mean_unsolvable_abstain": sum(r.get("reward/unsolvable_abstain", 0.0) for r in steps) / max(len(steps), 1),
-            "mean_unsolvable_frac": sum(frac) / max(len(frac), 1)}
+    mean = sum(r.get("reward/unsolvable_abstain", 0.0) for r in steps) / max(len(steps), 1)
+    return {**audit_rlaar_training(metrics), "mean_unsolvable_abstain": mean}
 
 
 def analyse(report: Path = REPORT, heldout: Path = HELDOUT, runs: Path = RUNS) -> dict[str, Any]:

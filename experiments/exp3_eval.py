@@ -11,12 +11,10 @@ committed (540 MB): ``python -m experiments.exp3 stage0`` rebuilds it determinis
 
 from __future__ import annotations
 
-import runpy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.common import ROOT
 from experiments.compare import Comparison
 from experiments.exp2 import model_spec
 
@@ -30,17 +28,14 @@ ABSTAIN_CONTROL = "base_abstain"
 INFERENCE = ("sedt", "recap", ABSTAIN_CONTROL)  # on the stage-0 model
 
 
-def _shared() -> dict[str, Any]:
-    return runpy.run_path(str(ROOT / "configs/rlsta.py"))
-
-
 def settings(names: Sequence[str], heldout: Path = HELDOUT) -> dict[str, Any]:
     """The ``Comparison`` fields every evaluation shares: the stage-0 model as base, the problems, the
     plan's budget and system prompt, RLAAR's abstain instruction for its arms and their control."""
-    shared = _shared()
+    from configs.rlsta import EXP2_SYSTEM, EXP3_BUDGET, EXP3_MODEL
+
     abstain = tuple(n for n in names if n.startswith("rlaar") or n == ABSTAIN_CONTROL)
-    return dict(base=shared["EXP3_MODEL"], abstain_models=abstain, heldout=str(heldout),
-                max_new_tokens=shared["EXP3_BUDGET"], system=shared["EXP2_SYSTEM"], gzip=True)
+    return dict(base=EXP3_MODEL, abstain_models=abstain, heldout=str(heldout), max_new_tokens=EXP3_BUDGET,
+                system=EXP2_SYSTEM, gzip=True)
 
 
 def lic_models(names: Sequence[str]) -> list[str]:
@@ -52,7 +47,7 @@ def comparison(names: Sequence[str], runs: Path, results: Path, out: Path, heldo
                lic: bool = True) -> Comparison:
     """The ``experiments.compare`` comparison of the stage-0 model, the original model, the arms ``names``
     (trained: their workdirs or committed adapters) and ``INFERENCE``; without ``lic``, greedy only."""
-    base = _shared()["EXP3_MODEL"]
+    from configs.rlsta import EXP3_MODEL as base
     models = ("base", f"original={ORIGINAL}", *(f"{n}={model_spec(n, runs, results, base)}" for n in names),
               *(f"{n}={base}" for n in INFERENCE))
     with_lic = set(lic_models(names)) if lic else set()

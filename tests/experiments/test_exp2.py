@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,7 @@ def test_data_stage_files_are_kept_and_restored(tmp_path: Path, monkeypatch: pyt
         (wd / "run_info.json").write_text(json.dumps({"exit_status": 0}))
         return 0
 
-    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    monkeypatch.setattr(subprocess, "call", fake_train_arm)
     runs, results, data = tmp_path / "runs", tmp_path / "results", tmp_path / "data"
     (runs / "rlsta_s0").mkdir(parents=True)
     assert exp2.train(["rlsta_s0", "grpo_s0"], runs, results, data) == 0
@@ -121,7 +122,7 @@ def test_a_fresh_checkout_skips_committed_arms_and_shares_the_committed_items(tm
         (wd / "run_info.json").write_text(json.dumps({"exit_status": 0}))
         return 0
 
-    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    monkeypatch.setattr(subprocess, "call", fake_train_arm)
     results, data = tmp_path / "results", tmp_path / "data"
     (results / "rlsta_s0").mkdir(parents=True)
     (results / "rlsta_s0" / "run_info.json").write_text(json.dumps({"exit_status": 0}))
@@ -145,7 +146,7 @@ def test_the_filter_samples_of_the_first_supervised_arm_go_to_the_next(tmp_path:
         (wd / "run_info.json").write_text(json.dumps({"exit_status": 0}))
         return 0
 
-    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    monkeypatch.setattr(subprocess, "call", fake_train_arm)
     data = tmp_path / "data"
     data.mkdir()
     for f in ("histories.jsonl", "train_items.jsonl"):
@@ -239,7 +240,7 @@ def test_icpo_and_rlaar_train_on_the_problems_of_the_shared_items(tmp_path: Path
         (wd / "run_info.json").write_text(json.dumps({"exit_status": 0}))
         return 0
 
-    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    monkeypatch.setattr(subprocess, "call", fake_train_arm)
     (data / exp2.PROBLEMS).unlink()
     (tmp_path / "runs" / "icpo_full_s0").mkdir(parents=True)
     assert exp2.train(["icpo_full_s0"], tmp_path / "runs", tmp_path / "results", data) == 0
@@ -292,7 +293,7 @@ def test_again_retrains_lost_full_weights_and_checks_the_committed_metrics(tmp_p
         (wd / "run_info.json").write_text(json.dumps({"exit_status": 0, "wall_s": 7.0}))
         return 0
 
-    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    monkeypatch.setattr(subprocess, "call", fake_train_arm)
     results, data = tmp_path / "results", tmp_path / "data"
     data.mkdir()
     for f in ("histories.jsonl", "train_items.jsonl"):

@@ -34,7 +34,7 @@ def test_add_every_number_on_the_committed_heldout_set():
 
 
 def test_rlaar_never_rewarded_an_abstention_in_training():
-    t = E._rlaar_training(E.REPORT / "runs" / "rlaar_full_s0" / "metrics.jsonl")
+    t = E.rlaar_training(E.REPORT / "runs" / "rlaar_full_s0" / "metrics.jsonl")
     assert t["steps"] == 36 and t["steps_with_unsolvable"] == 32
     assert t["steps_abstain_reward_above_0"] == t["steps_unsolvable_abstain_above_0"] == 0
 

@@ -88,7 +88,7 @@ def test_exp2_refreshes_a_damaged_copy_from_its_repaired_source(tmp_path, monkey
         (wd / "run_info.json").write_text(json.dumps({"exit_status": 0}))
         return 0
 
-    monkeypatch.setattr(exp2.subprocess, "call", fake_train_arm)
+    monkeypatch.setattr(subprocess, "call", fake_train_arm)
     data, wd = tmp_path / "data", tmp_path / "runs" / "dpo_full_s0"
     data.mkdir()
     wd.mkdir(parents=True)
